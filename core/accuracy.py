@@ -1,0 +1,214 @@
+"""The accuracy constraint: which candidates are close enough to the FP32 reference.
+
+An expression is a comma-separated list of terms; a term may be scoped to one output
+with an ``output:`` prefix::
+
+    cos>=0.999
+    l0<=0.001,atol=1e-3,rtol=1e-3
+    out0:linf<=0.01,rel_l2<=1e-2
+
+A metric term is ``metric<=value`` or ``metric>=value`` (also ``<`` and ``>``); ``atol``
+and ``rtol`` set the tolerances of ``l0`` (trtexec's ``--atol``/``--rtol``). An
+output-scoped term replaces the unscoped term of the same metric for that output.
+Whatever the terms, an output with NaN or Inf where the reference is finite fails.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from routetune.errors import UsageError
+from routetune.registry import Registry
+
+DEFAULT_ACCURACY = "l0<=0.001,atol=1e-3,rtol=1e-3"
+"""The default constraint: at most 0.1% of elements outside 1e-3 + 1e-3·|ref|. It
+combines a relative bound with an absolute floor, so outputs near zero stay judged."""
+
+DEFAULT_TOL = 1e-5
+"""atol and rtol when an expression sets neither (trtexec's defaults)."""
+
+_OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+_TERM = re.compile(
+    r"^(?:(?P<out>.+):)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op><=|>=|<|>|=)\s*(?P<val>\S+)$"
+)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One bound on one metric, for one output or (``output=None``) for all."""
+
+    metric: str
+    op: str
+    value: float
+    output: str | None = None
+
+    def __str__(self) -> str:
+        prefix = f"{self.output}:" if self.output else ""
+        return f"{prefix}{self.metric}{self.op}{self.value:g}"
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A parsed accuracy expression.
+
+    Args:
+        text: The expression as given.
+        thresholds: Every metric bound.
+        atol: Absolute tolerance per output name (key None: every output).
+        rtol: Relative tolerance per output name (key None: every output).
+    """
+
+    text: str
+    thresholds: tuple[Threshold, ...]
+    atol: Mapping[str | None, float] = field(default_factory=dict)
+    rtol: Mapping[str | None, float] = field(default_factory=dict)
+
+    def tolerances(self, output: str) -> tuple[float, float]:
+        """Return ``(atol, rtol)`` for one output."""
+        atol = self.atol.get(output, self.atol.get(None, DEFAULT_TOL))
+        rtol = self.rtol.get(output, self.rtol.get(None, DEFAULT_TOL))
+        return atol, rtol
+
+    def for_output(self, output: str) -> list[Threshold]:
+        """The thresholds that apply to one output (scoped ones replace unscoped ones)."""
+        scoped = {t.metric for t in self.thresholds if t.output == output}
+        return [
+            t for t in self.thresholds
+            if t.output == output or (t.output is None and t.metric not in scoped)
+        ]
+
+
+def parse_accuracy(text: str, registry: Registry, outputs: Sequence[str]) -> Constraint:
+    """Parse an ``--accuracy`` expression.
+
+    Args:
+        text: The expression.
+        registry: For the installed metric names.
+        outputs: The model's output names, to check output-scoped terms.
+
+    Raises:
+        UsageError: A term does not parse, names an unknown metric or output, or bounds
+            a metric in the wrong direction.
+    """
+    thresholds: list[Threshold] = []
+    atol: dict[str | None, float] = {}
+    rtol: dict[str | None, float] = {}
+    for raw in text.split(","):
+        term = raw.strip()
+        m = _TERM.match(term)
+        if not m:
+            raise UsageError(
+                f"--accuracy '{text}': cannot parse '{term}'; write terms like "
+                "cos>=0.999, l0<=0.001, atol=1e-3 or out0:linf<=0.01"
+            )
+        out, name, op, val = m["out"], m["name"], m["op"], m["val"]
+        if out is not None and out not in outputs:
+            raise UsageError(
+                f"--accuracy '{text}': unknown output '{out}'; outputs: {', '.join(outputs)}"
+            )
+        try:
+            value = float(val)
+        except ValueError as e:
+            raise UsageError(f"--accuracy '{text}': '{val}' is not a number") from e
+        if not math.isfinite(value):
+            raise UsageError(f"--accuracy '{text}': '{val}' must be a finite number")
+        if name in ("atol", "rtol"):
+            if op != "=" or value < 0:
+                raise UsageError(f"--accuracy '{text}': write {name}=<non-negative number>")
+            (atol if name == "atol" else rtol)[out] = value
+            continue
+        if op == "=":
+            raise UsageError(f"--accuracy '{text}': '{term}' needs <= or >=, not =")
+        metric = _metric(registry, name, text)
+        if metric.higher_is_better != (op in (">=", ">")):
+            want = ">=" if metric.higher_is_better else "<="
+            kind = "a similarity" if metric.higher_is_better else "an error"
+            raise UsageError(f"--accuracy '{text}': {name} is {kind}; bound it with {want}")
+        thresholds.append(Threshold(name, op, value, out))
+    if not thresholds:
+        raise UsageError(f"--accuracy '{text}': no metric bound; add one such as cos>=0.999")
+    return Constraint(text, tuple(thresholds), atol, rtol)
+
+
+def _metric(registry: Registry, name: str, text: str):  # noqa: ANN202
+    try:
+        return registry.metric(name)
+    except UsageError as e:
+        raise UsageError(f"--accuracy '{text}': {e}") from e
+
+
+@dataclass(frozen=True)
+class AccuracyResult:
+    """The verdict on one candidate's outputs.
+
+    Args:
+        passed: Whether every output met every threshold and stayed finite.
+        metrics: Per output name, every registered metric's value.
+        failures: One line per failed bound, with the margin
+            (``"out0: cos 0.9962, needs >= 0.999"``).
+        notes: Remarks such as an almost-constant reference output.
+    """
+
+    passed: bool
+    metrics: Mapping[str, Mapping[str, float]]
+    failures: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        """The failures as one line ("" when passed)."""
+        return "; ".join(self.failures)
+
+
+def check_accuracy(
+    constraint: Constraint,
+    registry: Registry,
+    outputs: Sequence[Mapping[str, np.ndarray]],
+    references: Sequence[Mapping[str, np.ndarray]],
+) -> AccuracyResult:
+    """Compare a candidate's outputs with the reference outputs, set by set.
+
+    Args:
+        constraint: The parsed accuracy expression.
+        registry: For the metric functions.
+        outputs: One mapping of output name to array per validation input set.
+        references: The reference outputs, in the same order and with the same names.
+
+    Returns:
+        The verdict. Metrics are computed over all input sets at once.
+    """
+    metrics: dict[str, dict[str, float]] = {}
+    failures: list[str] = []
+    notes: list[str] = []
+    for name in references[0]:
+        try:
+            out = np.concatenate([np.asarray(o[name]).ravel() for o in outputs])
+        except KeyError:
+            failures.append(f"{name}: output missing")
+            continue
+        ref = np.concatenate([np.asarray(r[name]).ravel() for r in references])
+        if out.shape != ref.shape:
+            failures.append(f"{name}: {out.size} elements, reference has {ref.size}")
+            continue
+        bad = ~np.isfinite(out.astype(np.float64)) & np.isfinite(ref.astype(np.float64))
+        if bad.any():
+            failures.append(f"{name}: {int(bad.sum())} NaN/Inf where the reference is finite")
+        atol, rtol = constraint.tolerances(name)
+        metrics[name] = {m: registry.metric(m)(out, ref, atol, rtol) for m in registry.metrics}
+        for t in constraint.for_output(name):
+            got = metrics[name][t.metric]
+            if not _OPS[t.op](got, t.value):
+                failures.append(f"{name}: {t.metric} {got:.6g}, needs {t.op} {t.value:g}")
+        span = float(np.ptp(ref.astype(np.float64))) if ref.size else 0.0
+        if span <= atol:
+            notes.append(
+                f"{name}: the reference is almost constant (range {span:.3g}); "
+                "relative metrics say little here"
+            )
+    return AccuracyResult(not failures, metrics, tuple(failures), tuple(notes))

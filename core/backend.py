@@ -1,0 +1,153 @@
+"""The backend interface: build an engine from an ONNX model and build options, run it.
+
+A backend plugin registers a `Backend` subclass through ``routetune_register_backends``.
+Timing is not the backend's job: `routetune.measure` times every backend the same way,
+through `Runner.prepare`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from routetune.errors import BackendError
+
+Feed = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One build option a backend accepts.
+
+    Args:
+        type: The Python type of the value (``str``, ``int``, ``bool``).
+        default: The value the backend's default build uses.
+        choices: The allowed values, or empty when any value of `type` is allowed.
+        help: One line.
+    """
+
+    type: type
+    default: Any
+    choices: tuple[Any, ...] = ()
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A built engine, ready to open.
+
+    Args:
+        model_path: The ONNX model the engine was built from.
+        settings: The full build options, defaults included.
+        path: The engine file (for ONNX Runtime, the model itself).
+        size_bytes: The engine's size in bytes.
+        handle: A backend-private in-memory object (a session), or None.
+    """
+
+    model_path: Path
+    settings: Mapping[str, Any]
+    path: Path
+    size_bytes: int
+    handle: Any = field(default=None, compare=False, repr=False)
+
+
+class Runner:
+    """An opened engine. A context manager; `infer` and `prepare` run it.
+
+    Subclasses implement `infer` and `prepare`; `synchronize` matters for devices
+    that run asynchronously.
+    """
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the engine's resources."""
+
+    def infer(self, feed: Feed) -> dict[str, np.ndarray]:
+        """Run once and return every output as a host array, by output name."""
+        raise NotImplementedError
+
+    def prepare(self, feed: Feed) -> Callable[[], None]:
+        """Return a call that runs one inference on `feed`, with setup done up front.
+
+        `routetune.measure` times calls to it; whatever can be done once (binding
+        inputs, allocating outputs) belongs here, not in the call.
+        """
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait until queued work has finished (a no-op on synchronous devices)."""
+
+
+class Backend:
+    """Base class of backends.
+
+    Class attributes:
+        name: The ``--backend`` value.
+    """
+
+    name: ClassVar[str]
+
+    def available(self) -> str | None:
+        """Return why this backend cannot be used here, or None when it can."""
+        return None
+
+    def version(self) -> str:
+        """The backend's version string, recorded with every trial."""
+        raise NotImplementedError
+
+    def device(self) -> str:
+        """A one-line description of the device that runs and times engines."""
+        raise NotImplementedError
+
+    def options(self) -> Mapping[str, OptionSpec]:
+        """The build options this backend accepts, by namespaced key."""
+        return {}
+
+    def full_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Check `settings` against `options` and fill in every default.
+
+        Raises:
+            BackendError: An unknown option key, or a value of the wrong type or
+                outside its choices.
+        """
+        specs = self.options()
+        for key, value in settings.items():
+            if key not in specs:
+                raise BackendError(
+                    f"unknown option '{key}' for backend '{self.name}'; known: "
+                    + ", ".join(sorted(specs))
+                )
+            spec = specs[key]
+            if not isinstance(value, spec.type) or (spec.choices and value not in spec.choices):
+                allowed = "|".join(map(str, spec.choices)) or spec.type.__name__
+                raise BackendError(f"option '{key}': bad value {value!r}; allowed: {allowed}")
+        return {**{k: s.default for k, s in specs.items()}, **settings}
+
+    def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path) -> Engine:
+        """Build an engine from an ONNX file with full `settings`.
+
+        Raises:
+            BuildError: The backend refused the model or the options.
+        """
+        raise NotImplementedError
+
+    def open(self, engine: Engine) -> Runner:
+        """Open a built engine for inference."""
+        raise NotImplementedError
+
+    def reference(self, model_path: Path) -> Runner:
+        """Open `model_path` as the FP32 accuracy reference, with no optimisation.
+
+        Raises:
+            BackendError: This backend cannot serve as the reference.
+        """
+        raise BackendError(f"backend '{self.name}' cannot compute reference outputs")

@@ -1,0 +1,106 @@
+"""The ``routetune`` command line (typer). Bad input exits 2 with one line, no traceback."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from routetune.accuracy import DEFAULT_ACCURACY
+from routetune.display import components_table, seasonings_table, trials_table
+from routetune.errors import RoutetuneError
+from routetune.measure import MeasureSettings
+from routetune.plugin_manager import load_registry
+from routetune.tune import Prepared, TuneOptions, tune
+
+app = typer.Typer(
+    add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+    help="Find the fastest engine for an ONNX model that still meets an accuracy constraint.",
+)
+console = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True)
+
+
+@app.command("tune")
+def tune_command(
+    model: Annotated[Path | None, typer.Argument(help="ONNX model file.")] = None,
+    example: Annotated[str | None, typer.Option(help="Bundled example model, e.g. ppocr-det.")] = None,
+    output: Annotated[Path | None, typer.Option(help="Output directory [default: routetune-out/<model stem>].")] = None,
+    backend: Annotated[str, typer.Option(help="Backend that builds and runs engines.")] = "onnxruntime",
+    seasonings: Annotated[str | None, typer.Option(help="Restrict the space to these seasonings, comma-separated [default: all applicable].")] = None,
+    search: Annotated[str, typer.Option(help="Search strategy: beam or exhaustive.")] = "beam",
+    beam_width: Annotated[int, typer.Option(help="Routes kept per depth by beam search.")] = 3,
+    max_depth: Annotated[int, typer.Option(help="Seasonings per route at most.")] = 3,
+    accuracy: Annotated[str, typer.Option(help="Accuracy constraint, e.g. 'cos>=0.999' or 'out0:linf<=0.01'.")] = DEFAULT_ACCURACY,
+    inputs: Annotated[Path | None, typer.Option(help="Validation inputs: an .npz file or a directory of them.")] = None,
+    shapes: Annotated[str | None, typer.Option(help="Shapes of dynamic inputs, trtexec style: x:1x3x320x320.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Ignore stored trials (the old store is moved aside).")] = False,
+    max_trials: Annotated[int | None, typer.Option(help="Stop after this many trials.")] = None,
+    time_budget: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
+    min_runs: Annotated[int, typer.Option(help="Timed runs per candidate, at least.")] = MeasureSettings.min_runs,
+    min_time: Annotated[float, typer.Option(help="Seconds of timed runs per candidate, at least.")] = MeasureSettings.min_time_s,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each trial.")] = False,
+) -> None:
+    """Search the route space and keep the fastest route that meets the accuracy constraint."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    opts = TuneOptions(
+        model=model, example=example, output=output, backend=backend,
+        seasonings=tuple(s.strip() for s in seasonings.split(",") if s.strip())
+        if seasonings is not None else None,
+        search=search, beam_width=beam_width, max_depth=max_depth, accuracy=accuracy,
+        inputs=inputs, shapes=shapes, fresh=fresh, max_trials=max_trials,
+        time_budget_s=time_budget,
+        measure=MeasureSettings(min_runs=min_runs, min_time_s=min_time),
+    )
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, transient=False)
+    task = progress.add_task("preparing", total=None)
+    registry = load_registry()
+
+    def on_start(run: Prepared, planned: int | None) -> None:
+        err.print(f"model {run.model.source} (sha256 {run.model.source_sha256[:16]}), "
+                  f"backend {run.backend.name} {run.backend.version()} on {run.backend.device()}")
+        err.print(f"route space: {run.space.size()} routes from {len(run.space.infos)} "
+                  f"seasonings; search {opts.search}, "
+                  f"{'up to ' + str(planned) if planned else 'unknown number of'} trials")
+        progress.update(task, description="tuning", total=(planned or 0) + 1)
+
+    def on_trial(trial, cached: bool) -> None:  # noqa: ANN001
+        progress.update(task, advance=1, description=f"{'stored ' if cached else ''}{trial.route}"[:60])
+
+    with progress:
+        result = tune(opts, registry, on_start, on_trial)
+    console.print(trials_table(list(result.trials), result.base, result.winner, registry,
+                               title=f"{len(result.trials)} trials, winner first"))
+    w = result.winner
+    speed = result.speedup(w)
+    console.print(
+        f"winner: [bold]{w.route}[/bold]"
+        + (f", p50 {w.latency.p50:.3f} ms" if w.latency else "")
+        + (f", {speed:.2f}x the base route" if speed else "")
+        + f" ({result.winner_reason})"
+    )
+    console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {result.outdir}")
+
+
+@app.command("seasonings")
+def seasonings_command() -> None:
+    """List the installed seasonings, backends, search strategies and metrics."""
+    registry = load_registry()
+    console.print(seasonings_table(registry))
+    console.print(components_table(registry))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``routetune`` script. Exits 2 on bad input, with one line."""
+    try:
+        app(args=argv, prog_name="routetune")
+    except RoutetuneError as e:
+        print(f"routetune: error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,100 @@
+"""Terminal tables (rich) for trials and for the installed plugins."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rich.table import Table
+
+from routetune.registry import Registry
+from routetune.store import Trial
+
+STATUS_STYLE = {
+    "ok": "green", "accuracy-failed": "yellow", "build-failed": "red",
+    "crashed": "red", "skipped": "dim",
+}
+
+
+def accuracy_text(trial: Trial, registry: Registry) -> str:
+    """The worst value of each headline metric across outputs (``l0 0 cos 0.99999``)."""
+    if not trial.accuracy:
+        return ""
+    parts = []
+    for name in ("l0", "cos", "rel_l2", "linf"):
+        values = [m[name] for m in trial.accuracy.values() if name in m]
+        if not values:
+            continue
+        higher = name in registry.metrics and registry.metrics[name].item.higher_is_better
+        worst = min(values) if higher else max(values)
+        parts.append(f"{name} {worst:.6g}")
+    return " ".join(parts)
+
+
+def trials_table(
+    trials: list[Trial] | tuple[Trial, ...], base: Trial, winner: Trial, registry: Registry,
+    title: str = "",
+) -> Table:
+    """A table of trials in the given order: route, status and reason, latency, accuracy.
+
+    Latency columns are in ms: p50, p90, and ``±`` the half-width of the median's 95%
+    confidence interval. Speed-up is the base route's p50 over the trial's p50.
+    """
+    table = Table(title=title, show_lines=False, expand=False)
+    for col, justify in (("#", "right"), ("route", "left"), ("status", "left"),
+                         ("p50 ms", "right"), ("p90 ms", "right"), ("±", "right"),
+                         ("speed-up", "right"), ("accuracy", "left"), ("reason", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    base_p50 = base.latency.p50 if base.latency else None
+    for i, t in enumerate(trials, 1):
+        lat = t.latency
+        speed = f"{base_p50 / lat.p50:.2f}x" if lat and base_p50 else ""
+        route = f"[bold]{t.route}[/bold]" if t is winner else t.route
+        status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
+        table.add_row(
+            str(i), route, status,
+            f"{lat.p50:.3f}" if lat else "", f"{lat.p90:.3f}" if lat else "",
+            f"{lat.spread:.3f}" if lat else "", speed, accuracy_text(t, registry), t.reason,
+        )
+    return table
+
+
+def seasonings_table(registry: Registry, not_applicable: Mapping[str, str] | None = None) -> Table:
+    """Every installed seasoning: name, stage, parameters, constraints, backends, plugin."""
+    table = Table(title="seasonings")
+    for col in ("name", "stage", "parameters (choices; default)", "constraints", "backends",
+                "plugin", "summary"):
+        table.add_column(col, overflow="fold")
+    for name, entry in sorted(registry.seasonings.items()):
+        info = entry.item.info
+        params = "; ".join(
+            f"{p.name}={'|'.join(map(str, p.choices))} (default {p.default})" for p in info.params
+        )
+        cons = " ".join(
+            f"{label} {','.join(sorted(v))}" for label, v in (
+                ("requires", info.requires), ("conflicts", info.conflicts),
+                ("after", info.after), ("before", info.before)) if v
+        )
+        summary = info.summary
+        if not_applicable and name in not_applicable:
+            summary += f" [yellow](not applicable: {not_applicable[name]})[/]"
+        plugin = f"{entry.plugin} ({registry.plugins.get(entry.plugin, '?')})"
+        table.add_row(name, info.stage, params, cons, ",".join(sorted(info.backends)) or "all",
+                      plugin, summary)
+    return table
+
+
+def components_table(registry: Registry) -> Table:
+    """The installed backends, search strategies and metrics, with their plugins."""
+    table = Table(title="backends, search strategies, accuracy metrics")
+    for col in ("kind", "name", "plugin", "note"):
+        table.add_column(col, overflow="fold")
+    for name, entry in sorted(registry.backends.items()):
+        backend = entry.item()
+        reason = backend.available()
+        note = f"unavailable: {reason}" if reason else f"version {backend.version()}"
+        table.add_row("backend", name, entry.plugin, note)
+    for name, entry in sorted(registry.strategies.items()):
+        table.add_row("search", name, entry.plugin, (entry.item.__doc__ or "").splitlines()[0])
+    for name, entry in sorted(registry.metrics.items()):
+        table.add_row("metric", name, entry.plugin, entry.item.help)
+    return table

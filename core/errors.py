@@ -1,0 +1,50 @@
+"""The error hierarchy. Every error routetune raises on purpose is a `RoutetuneError`.
+
+The CLI prints a `UsageError` as one line, ``<input>: <problem>; <fix>``, and exits
+with code 2 and no traceback (pytest's ``UsageError`` convention).
+"""
+
+from __future__ import annotations
+
+
+class RoutetuneError(Exception):
+    """Base class of every error routetune raises on purpose."""
+
+
+class UsageError(RoutetuneError):
+    """Bad user input: a file, a flag or an expression. Shown as one line, exit code 2."""
+
+
+class PluginError(RoutetuneError):
+    """A plugin failed to load, or registered something invalid or clashing."""
+
+
+class SeasoningError(RoutetuneError):
+    """A seasoning failed while it was applied to a route.
+
+    Args:
+        seasoning: The name of the seasoning that failed.
+        applied: The route text of the steps applied before it.
+        message: What went wrong.
+    """
+
+    def __init__(self, seasoning: str, applied: str, message: str) -> None:
+        self.seasoning = seasoning
+        self.applied = applied
+        super().__init__(f"seasoning '{seasoning}' failed after '{applied}': {message}")
+
+
+class PostconditionError(RoutetuneError):
+    """A rewritten model failed the ONNX checker or changed its input/output signature."""
+
+
+class BackendError(RoutetuneError):
+    """A backend is unavailable, or rejected its options."""
+
+
+class BuildError(BackendError):
+    """A backend could not build an engine from a candidate model."""
+
+
+class StorageError(RoutetuneError):
+    """The trial store could not be opened, read or written."""

@@ -1,0 +1,170 @@
+"""Validation inputs: read from ``.npz`` files, or synthesised from the input specs.
+
+Shapes use trtexec's spelling: ``--shapes x:1x3x320x320,mask:1x128``.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from routetune.errors import UsageError
+from routetune.model import TensorSpec
+
+Feed = dict[str, np.ndarray]
+
+SYNTH_SEED = 0
+SYNTH_SETS = 2
+"""Synthesised inputs: two sets from ``numpy.random.default_rng(0)``. Floats are uniform
+in [0, 1) and integers and booleans uniform in {0, 1}: Polygraphy's ``DataLoader``
+default value range (polygraphy/comparator/data_loader.py, ``val_range=(0.0, 1.0)``),
+chosen because it is safe for index-like integer inputs."""
+
+
+def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
+    """Parse ``name:1x3x224x224[,name2:…]`` into a mapping.
+
+    Raises:
+        UsageError: A term is not ``name:dims`` with positive integer dims.
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    if not text:
+        return shapes
+    for term in text.split(","):
+        name, sep, dims = term.strip().rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.split("x"))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or min(shape) <= 0:
+            raise UsageError(
+                f"--shapes '{text}': cannot read '{term}'; write name:1x3x224x224 "
+                "with positive sizes, several separated by commas"
+            )
+        shapes[name] = shape
+    return shapes
+
+
+def resolve_shapes(
+    specs: Sequence[TensorSpec], given: Mapping[str, tuple[int, ...]]
+) -> dict[str, tuple[int, ...]]:
+    """Fix every input's shape from the model and ``--shapes``.
+
+    Raises:
+        UsageError: An unknown input name, a wrong rank, a size that contradicts a fixed
+            dimension, or a dynamic dimension with no size given.
+    """
+    names = [s.name for s in specs]
+    for name in given:
+        if name not in names:
+            raise UsageError(
+                f"--shapes: the model has no input '{name}'; inputs: {', '.join(names)}"
+            )
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        shape = given.get(spec.name)
+        if shape is None:
+            dynamic = [i for i, d in enumerate(spec.shape) if not isinstance(d, int)]
+            if dynamic:
+                i = dynamic[0]
+                raise UsageError(
+                    f"input '{spec.name}' ({spec}): dimension {i} ('{spec.shape[i]}') is "
+                    f"dynamic; give its size with --shapes {spec.name}:"
+                    + "x".join(str(d) if isinstance(d, int) else "N" for d in spec.shape)
+                )
+            shape = tuple(int(d) for d in spec.shape)
+        _check_shape(spec, shape, "--shapes")
+        shapes[spec.name] = shape
+    return shapes
+
+
+def _check_shape(spec: TensorSpec, shape: tuple[int, ...], source: str) -> None:
+    if len(shape) != len(spec.shape):
+        raise UsageError(
+            f"{source}: input '{spec.name}' has rank {len(spec.shape)} ({spec}), "
+            f"got shape {'x'.join(map(str, shape)) or 'scalar'}; give {len(spec.shape)} dims"
+        )
+    for i, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
+        if isinstance(want, int) and want != got:
+            raise UsageError(
+                f"{source}: input '{spec.name}' dimension {i} is {got} but the model fixes "
+                f"it at {want} ({spec}); use {want}"
+            )
+
+
+def synthesize(
+    specs: Sequence[TensorSpec], shapes: Mapping[str, tuple[int, ...]],
+    seed: int = SYNTH_SEED, count: int = SYNTH_SETS,
+) -> list[Feed]:
+    """Make `count` seeded input sets (see `SYNTH_SETS` for the value ranges).
+
+    Returns:
+        One feed per set, each mapping input name to an array of the resolved shape.
+    """
+    rng = np.random.default_rng(seed)
+    feeds: list[Feed] = []
+    for _ in range(count):
+        feed: Feed = {}
+        for spec in specs:
+            shape = shapes[spec.name]
+            if np.issubdtype(spec.dtype, np.floating):
+                feed[spec.name] = rng.random(shape).astype(spec.dtype)
+            else:
+                feed[spec.name] = rng.integers(0, 2, size=shape).astype(spec.dtype)
+        feeds.append(feed)
+    return feeds
+
+
+def load_npz(path: Path, specs: Sequence[TensorSpec]) -> list[Feed]:
+    """Read validation inputs from one ``.npz`` file or a directory of them.
+
+    Each file is one input set mapping input names to arrays. Files load with
+    ``allow_pickle=False``.
+
+    Raises:
+        UsageError: A missing path, an empty directory, a file that is not an ``.npz``,
+            a missing or unknown input, or an array of the wrong dtype or shape.
+    """
+    if path.is_dir():
+        files = sorted(path.glob("*.npz"))
+        if not files:
+            raise UsageError(f"--inputs {path}: no .npz files in this directory; add some")
+    elif path.exists():
+        files = [path]
+    else:
+        raise UsageError(f"--inputs {path}: no such file or directory")
+    return [_load_one(f, specs) for f in files]
+
+
+def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        raise UsageError(
+            f"--inputs {path}: not a readable .npz file ({e}); save with numpy.savez"
+        ) from e
+    names = [s.name for s in specs]
+    for extra in set(arrays) - set(names):
+        raise UsageError(
+            f"--inputs {path}: '{extra}' is not a model input; inputs: {', '.join(names)}"
+        )
+    feed: Feed = {}
+    for spec in specs:
+        if spec.name not in arrays:
+            raise UsageError(
+                f"--inputs {path}: missing input '{spec.name}' ({spec}); "
+                f"add it with numpy.savez(..., {spec.name}=array)"
+            )
+        arr = arrays[spec.name]
+        if arr.dtype != spec.dtype:
+            raise UsageError(
+                f"--inputs {path}: input '{spec.name}' is {arr.dtype}, the model wants "
+                f"{spec.dtype}; convert it with .astype(numpy.{spec.dtype})"
+            )
+        _check_shape(spec, tuple(arr.shape), f"--inputs {path}")
+        feed[spec.name] = arr
+    return feed

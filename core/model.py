@@ -1,0 +1,203 @@
+"""The base pipeline every route starts with: load, validate, shape inference, sanitise.
+
+It also holds the postcondition that every graph or precision seasoning must keep: the
+model passes ``onnx.checker.check_model(full_check=True)`` and keeps its input/output
+signature (names and element types, in order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import helper
+
+from routetune.errors import PostconditionError, UsageError
+
+Dim = int | str
+"""A dimension: a fixed size, or the name of a dynamic dimension."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A graph input or output.
+
+    Args:
+        name: The tensor's name.
+        dtype: Its numpy dtype (``float32``, ``int64`` …).
+        shape: Its dimensions; a str names a dynamic dimension.
+    """
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+
+    def __str__(self) -> str:
+        dims = ",".join(str(d) for d in self.shape)
+        return f"{self.name} {self.dtype}[{dims}]"
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    """The model after the base pipeline.
+
+    Args:
+        source: Where the model was read from.
+        source_sha256: sha256 of the file's bytes, hex.
+        proto: The prepared model.
+        data: The prepared model, serialized.
+        inputs: The graph inputs (initializers excluded).
+        outputs: The graph outputs.
+    """
+
+    source: Path
+    source_sha256: str
+    proto: onnx.ModelProto
+    data: bytes
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def signature(self) -> tuple[tuple[str, int], ...]:
+        """Input and output names with their ONNX element types, in order."""
+        return signature(self.proto)
+
+
+def sha256(data: bytes) -> str:
+    """Hex sha256 of `data`."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_model(path: Path) -> tuple[onnx.ModelProto, bytes]:
+    """Read and parse an ONNX file.
+
+    Returns:
+        The model and the file's bytes.
+
+    Raises:
+        UsageError: The file is missing, unreadable, truncated or not an ONNX model.
+    """
+    fix = "pass the path of an .onnx model file"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as e:
+        raise UsageError(f"{path}: no such file; {fix}") from e
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read ({e.strerror}); {fix}") from e
+    try:
+        model = onnx.load_from_string(data)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise UsageError(f"{path}: not a valid ONNX file (truncated or corrupt); {fix}") from e
+    if not model.graph.node or not model.opset_import:
+        raise UsageError(f"{path}: not an ONNX model (no graph nodes or no opset); {fix}")
+    return model, data
+
+
+def prepare(path: Path) -> PreparedModel:
+    """Run the base pipeline on an ONNX file: load, validate, infer shapes, sanitise.
+
+    Raises:
+        UsageError: The file is not a valid ONNX model.
+    """
+    model, data = load_model(path)
+    try:
+        model = sanitize(onnx.shape_inference.infer_shapes(model))
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise UsageError(f"{path}: the ONNX checker rejects the model: {first}") from e
+    return PreparedModel(
+        path, sha256(data), model, model.SerializeToString(),
+        tuple(_specs(graph_inputs(model))), tuple(_specs(model.graph.output)),
+    )
+
+
+def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Make a model safe to rewrite, without changing what it computes.
+
+    1. Every node gets a unique, non-empty name (``<op>_<index>`` where missing).
+    2. Graph inputs that are initializers (an IR < 4 habit) are dropped from the inputs.
+    3. Input and output dimensions stored as ``dim_value <= 0`` or named ``?`` become
+       named dynamic dimensions (``<input>_dim<i>``), so that unrelated unknown
+       dimensions do not share one name.
+
+    Returns:
+        The same model object, changed in place.
+    """
+    seen: Counter[str] = Counter(n.name for n in model.graph.node if n.name)
+    for i, node in enumerate(model.graph.node):
+        if not node.name or seen[node.name] > 1:
+            seen[node.name] -= 1
+            name = f"{node.op_type}_{i}"
+            while name in seen:
+                name += "_"
+            node.name = name
+            seen[name] += 1
+    inits = {t.name for t in model.graph.initializer}
+    keep = [i for i in model.graph.input if i.name not in inits]
+    if len(keep) != len(model.graph.input):
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
+    for value in (*model.graph.input, *model.graph.output):
+        for i, dim in enumerate(value.type.tensor_type.shape.dim):
+            unknown = dim.HasField("dim_value") and dim.dim_value <= 0
+            if unknown or dim.dim_param == "?":
+                dim.dim_param = f"{value.name}_dim{i}"
+    return model
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs that are not initializers."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def signature(model: onnx.ModelProto) -> tuple[tuple[str, int], ...]:
+    """Input and output names with their ONNX element types, inputs first."""
+    return tuple(
+        (v.name, v.type.tensor_type.elem_type)
+        for v in (*graph_inputs(model), *model.graph.output)
+    )
+
+
+def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...]) -> None:
+    """The postcondition of every graph and precision seasoning.
+
+    Raises:
+        PostconditionError: The full ONNX checker rejects the model, or its signature
+            differs from `expected`.
+    """
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        first = " ".join(str(e).split())[:400]
+        raise PostconditionError(f"the ONNX checker rejects the rewritten model: {first}") from e
+    got = signature(model)
+    if got != expected:
+        raise PostconditionError(
+            f"the rewrite changed the model's signature from {_sig(expected)} to {_sig(got)}"
+        )
+
+
+def _sig(sig: tuple[tuple[str, int], ...]) -> str:
+    return ", ".join(f"{n}:{helper.tensor_dtype_to_np_dtype(t) if t else '?'}" for n, t in sig)
+
+
+def _specs(values: list[onnx.ValueInfoProto]) -> list[TensorSpec]:
+    specs = []
+    for v in values:
+        tt = v.type.tensor_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else None
+        dims: list[Dim] = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                dims.append(d.dim_value)
+            else:
+                dims.append(d.dim_param or f"{v.name}_dim{i}")
+        specs.append(TensorSpec(v.name, dtype, tuple(dims)))
+    return specs

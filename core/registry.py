@@ -1,0 +1,203 @@
+"""The registry that plugins fill: seasonings, backends, search strategies, metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from routetune.errors import PluginError, UsageError
+from routetune.seasoning import Seasoning
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from routetune.backend import Backend
+    from routetune.metrics import Metric
+    from routetune.search.strategy import Strategy
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """One registered item and the plugin (entry-point name) that registered it."""
+
+    item: T
+    plugin: str
+
+
+class Registry:
+    """Everything the installed plugins registered, sorted by name.
+
+    Plugins call the ``add_*`` methods from their registration hooks. Lookups raise
+    `UsageError` naming the known items, since a name usually comes from the user.
+    """
+
+    def __init__(self) -> None:
+        self.seasonings: dict[str, Entry[type[Seasoning]]] = {}
+        self.backends: dict[str, Entry[type[Backend]]] = {}
+        self.strategies: dict[str, Entry[type[Strategy]]] = {}
+        self.metrics: dict[str, Entry[Metric]] = {}
+        self.plugins: dict[str, str] = {}
+        self._current = "<direct>"
+
+    @classmethod
+    def from_plugin_manager(cls, pm: pluggy.PluginManager, dists: dict[str, str]) -> Registry:
+        """Call every registration hook of `pm`, one plugin at a time, and validate.
+
+        Args:
+            pm: A plugin manager from `routetune.plugins.get_plugin_manager`.
+            dists: Plugin name to ``"distribution version"``, for introspection.
+
+        Raises:
+            PluginError: Two plugins registered one name, or an ordering cycle.
+        """
+        registry = cls()
+        for hook in (
+            pm.hook.routetune_register_seasonings,
+            pm.hook.routetune_register_backends,
+            pm.hook.routetune_register_strategies,
+            pm.hook.routetune_register_metrics,
+        ):
+            for impl in hook.get_hookimpls():
+                registry._current = impl.plugin_name
+                registry.plugins.setdefault(impl.plugin_name, dists.get(impl.plugin_name, "?"))
+                impl.function(registry=registry)
+        registry._current = "<direct>"
+        registry.validate()
+        return registry
+
+    def _add(self, table: dict[str, Entry[Any]], kind: str, name: str, item: Any) -> None:
+        if name in table:
+            raise PluginError(
+                f"{kind} '{name}' is registered by both plugin '{table[name].plugin}' "
+                f"and plugin '{self._current}'; disable one with ROUTETUNE_DISABLE_PLUGINS"
+            )
+        table[name] = Entry(item, self._current)
+        self.plugins.setdefault(self._current, "?")
+
+    def add_seasoning(self, cls: type[Seasoning]) -> None:
+        """Register a seasoning class.
+
+        Raises:
+            PluginError: Not a `Seasoning` subclass with an ``info``, or a duplicate name.
+        """
+        if not (isinstance(cls, type) and issubclass(cls, Seasoning)) or not hasattr(cls, "info"):
+            raise PluginError(
+                f"plugin '{self._current}' registered {cls!r}, which is not a Seasoning "
+                "subclass with an info attribute"
+            )
+        self._add(self.seasonings, "seasoning", cls.info.name, cls)
+
+    def add_backend(self, cls: type[Backend]) -> None:
+        """Register a backend class (its ``name`` is the ``--backend`` value)."""
+        self._add(self.backends, "backend", cls.name, cls)
+
+    def add_strategy(self, cls: type[Strategy]) -> None:
+        """Register a search strategy class (its ``name`` is the ``--search`` value)."""
+        self._add(self.strategies, "strategy", cls.name, cls)
+
+    def add_metric(self, metric: Metric) -> None:
+        """Register an accuracy metric (its ``name`` is usable in ``--accuracy``)."""
+        self._add(self.metrics, "metric", metric.name, metric)
+
+    def validate(self) -> None:
+        """Check the seasonings' constraint graph once, after registration.
+
+        A reference to an unknown seasoning is logged as a warning (it may come from a
+        plugin that is not installed). An ordering cycle raises.
+
+        Raises:
+            PluginError: The ``after``/``before`` declarations form a cycle.
+        """
+        infos = {name: e.item.info for name, e in self.seasonings.items()}
+        edges: dict[str, set[str]] = {name: set() for name in infos}
+        for name, info in infos.items():
+            for other in info.requires | info.conflicts | info.after | info.before:
+                if other not in infos:
+                    logger.warning("seasoning '%s' refers to unknown seasoning '%s'", name, other)
+            for other in info.after:
+                if other in infos:
+                    edges[other].add(name)
+            for other in info.before:
+                if other in infos:
+                    edges[name].add(other)
+        cycle = _find_cycle(edges)
+        if cycle:
+            raise PluginError(
+                "seasoning ordering cycle: " + " -> ".join(cycle)
+                + "; fix the after/before declarations of these seasonings"
+            )
+
+    def seasoning(self, name: str) -> type[Seasoning]:
+        """Return the seasoning class called `name`.
+
+        Raises:
+            UsageError: No such seasoning; the message lists the installed ones.
+        """
+        return _lookup(self.seasonings, name, "seasoning", "routetune seasonings")
+
+    def backend(self, name: str) -> type[Backend]:
+        """Return the backend class called `name`.
+
+        Raises:
+            UsageError: No such backend.
+        """
+        return _lookup(self.backends, name, "backend", "routetune seasonings")
+
+    def strategy(self, name: str) -> type[Strategy]:
+        """Return the search strategy class called `name`.
+
+        Raises:
+            UsageError: No such strategy.
+        """
+        return _lookup(self.strategies, name, "search strategy", "routetune seasonings")
+
+    def metric(self, name: str) -> Metric:
+        """Return the accuracy metric called `name`.
+
+        Raises:
+            UsageError: No such metric.
+        """
+        return _lookup(self.metrics, name, "accuracy metric", "routetune seasonings")
+
+
+def _lookup(table: dict[str, Entry[T]], name: str, kind: str, where: str) -> T:
+    if name not in table:
+        known = ", ".join(sorted(table)) or "none installed"
+        raise UsageError(f"unknown {kind} '{name}'; known: {known} (see `{where}`)")
+    return table[name].item
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> list[str]:
+    """Return one cycle of the directed graph `edges` as a list of names, or []."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return []
+
+
+RegisterHook = Callable[[Registry], None]

@@ -1,0 +1,50 @@
+"""Beam search: grow routes one seasoning at a time, keeping the fastest accurate ones.
+
+Depth 0 is the base route. At depth d every route of the beam is extended by one
+seasoning (every parameter choice, every ordering that can matter); the ``beam_width``
+fastest accurate routes of depth d form the next beam. The search ends at the depth
+limit, or when no route of a depth is accurate.
+"""
+
+from __future__ import annotations
+
+from routetune.errors import UsageError
+from routetune.route import Route
+from routetune.search.strategy import Strategy, rank_key
+from routetune.store import Trial
+
+
+class Beam(Strategy):
+    """Beam search of width ``config.beam_width`` up to ``space.max_depth`` seasonings."""
+
+    name = "beam"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        if self.config.beam_width < 1:
+            raise UsageError(f"--beam-width {self.config.beam_width}: must be 1 or more")
+        self._beam: list[Route] = [Route()]
+        self._seen: set[Route] = {Route()}
+        self._depth_results: list[tuple[Route, Trial]] = []
+        self._started = False
+
+    def ask(self) -> list[Route]:
+        """The next depth's routes: every extension of the current beam not yet tried."""
+        if self._started:
+            accurate = [(r, t) for r, t in self._depth_results if t.status == "ok"]
+            accurate.sort(key=lambda rt: rank_key(rt[1]))
+            self._beam = [r for r, _ in accurate[: self.config.beam_width]]
+        self._started = True
+        self._depth_results = []
+        frontier: list[Route] = []
+        for route in self._beam:
+            for ext in self.space.extensions(route):
+                if ext not in self._seen:
+                    self._seen.add(ext)
+                    frontier.append(ext)
+        return frontier
+
+    def tell(self, route: Route, trial: Trial) -> None:
+        """Record a trial of the current depth."""
+        if not route.is_base:
+            self._depth_results.append((route, trial))

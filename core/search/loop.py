@@ -1,0 +1,292 @@
+"""The search loop: apply a route, build its engine, check accuracy, measure, store.
+
+The loop owns everything a strategy must not do: building, timing, budgets and
+persistence. A failure inside one candidate becomes that trial's status and reason;
+the search goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+import routetune
+from routetune.accuracy import Constraint, check_accuracy
+from routetune.backend import Backend
+from routetune.errors import (
+    BackendError,
+    PluginError,
+    PostconditionError,
+    RoutetuneError,
+    SeasoningError,
+)
+from routetune.measure import MeasureSettings, measure
+from routetune.model import PreparedModel, check_candidate, sha256
+from routetune.registry import Registry
+from routetune.route import Route, Step
+from routetune.search.strategy import Strategy
+from routetune.seasoning import RouteContext, RouteState
+from routetune.store import Trial, TrialStore
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOTS = 16
+"""Model snapshots kept at route prefixes (branch points), least recently used out."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When to stop a search early.
+
+    Args:
+        max_trials: Trials at most, the base route included; None for no limit.
+        time_s: Wall-clock seconds at most; None for no limit.
+    """
+
+    max_trials: int | None = None
+    time_s: float | None = None
+
+
+class SearchLoop:
+    """Evaluates routes for one model, backend, input set and constraint.
+
+    Args:
+        registry: The installed plugins.
+        model: The model after the base pipeline.
+        backend: The backend that builds and runs engines.
+        feeds: The validation input sets.
+        references: The reference outputs, one mapping per input set.
+        constraint: The accuracy constraint.
+        store: The trial store.
+        outdir: The output directory; candidate models go under ``artifacts/``.
+        measure_settings: How long to time each candidate.
+        settings_hash: sha256 of the inputs, constraint and measurement settings.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        model: PreparedModel,
+        backend: Backend,
+        feeds: Sequence[Mapping[str, np.ndarray]],
+        references: Sequence[Mapping[str, np.ndarray]],
+        constraint: Constraint,
+        store: TrialStore,
+        outdir: Path,
+        measure_settings: MeasureSettings,
+        settings_hash: str,
+    ) -> None:
+        self.registry = registry
+        self.model = model
+        self.backend = backend
+        self.feeds = feeds
+        self.references = references
+        self.constraint = constraint
+        self.store = store
+        self.outdir = outdir
+        self.measure_settings = measure_settings
+        self.settings_hash = settings_hash
+        self.device = backend.device()
+        self.versions = _versions(backend)
+        self._snapshots: OrderedDict[Route, tuple[bytes, list[dict[str, Any]]]] = OrderedDict()
+        self._snapshots[Route()] = (model.data, [])
+        self._candidates = {
+            t.candidate_sha256: t.route for t in store.trials()
+            if t.candidate_sha256 and t.status != "skipped"
+            and (t.model_sha256, t.backend, t.device, t.settings_hash) == self._key()
+        }
+
+    def _key(self) -> tuple[str, str, str, str]:
+        return (self.model.source_sha256, self.backend.name, self.device, self.settings_hash)
+
+    def fingerprint(self, route: Route) -> str:
+        """The trial's cache key: model, route, backend and version, device, settings."""
+        parts = [*self._key(), str(route), self.backend.version(), routetune.__version__]
+        return sha256(json.dumps(parts).encode())
+
+    def run(
+        self,
+        strategy: Strategy,
+        budget: Budget,
+        on_trial: Callable[[Trial, bool], None] = lambda trial, cached: None,
+    ) -> list[Trial]:
+        """Measure the base route, then every route the strategy asks for.
+
+        Args:
+            strategy: The search strategy.
+            budget: Trial and time limits; the best so far stands when one is reached.
+            on_trial: Called after each trial with the trial and whether it came from
+                the store.
+
+        Returns:
+            Every trial of this search, the base route's first.
+        """
+        started = time.monotonic()
+        trials: list[Trial] = []
+
+        def visit(route: Route) -> bool:
+            if budget.max_trials is not None and len(trials) >= budget.max_trials:
+                return False
+            if budget.time_s is not None and time.monotonic() - started >= budget.time_s:
+                return False
+            trial, cached = self.evaluate(route)
+            trials.append(trial)
+            strategy.tell(route, trial)
+            on_trial(trial, cached)
+            return True
+
+        visit(Route())
+        while batch := strategy.ask():
+            for route in batch:
+                if not visit(route):
+                    return trials
+        return trials
+
+    def evaluate(self, route: Route) -> tuple[Trial, bool]:
+        """Return the stored trial of `route`, or build, check, measure and store it.
+
+        Returns:
+            The trial, and whether it came from the store.
+        """
+        fingerprint = self.fingerprint(route)
+        stored = self.store.get(fingerprint)
+        if stored is not None:
+            return stored, True
+        trial = self._trial(route, fingerprint)
+        logger.info("%s: %s %s", route, trial.status, trial.reason)
+        return self.store.add(trial), False
+
+    def record_skipped(self, route: Route, reason: str) -> Trial:
+        """Store a route that was not built (a seasoning that does not apply)."""
+        fingerprint = self.fingerprint(route)
+        stored = self.store.get(fingerprint)
+        if stored is not None:
+            return stored
+        return self.store.add(self._record(route, fingerprint, "skipped", reason))
+
+    def _record(self, route: Route, fingerprint: str, status: str, reason: str,
+                **fields: Any) -> Trial:
+        return Trial(
+            fingerprint, self.model.source_sha256, str(route), self.backend.name,
+            self.device, self.settings_hash, status, reason, versions=self.versions, **fields,
+        )
+
+    def _trial(self, route: Route, fingerprint: str) -> Trial:
+        try:
+            data, passes, settings = self._apply(route)
+        except (SeasoningError, PostconditionError, BackendError, PluginError) as e:
+            return self._record(route, fingerprint, "build-failed", str(e))
+        candidate = sha256(data + json.dumps(settings, sort_keys=True).encode())
+        same = self._candidates.get(candidate)
+        if same is not None and same != str(route):
+            return self._record(
+                route, fingerprint, "skipped", f"same model and settings as route '{same}'",
+                candidate_sha256=candidate, passes=tuple(passes),
+            )
+        artifact = self._save_model(data)
+        fields: dict[str, Any] = {
+            "candidate_sha256": candidate, "passes": tuple(passes), "settings": settings,
+            "artifact": str(artifact.relative_to(self.outdir)),
+        }
+        try:
+            t0 = time.perf_counter_ns()
+            engine = self.backend.build(artifact, settings, artifact.parent)
+            fields["build_ms"] = (time.perf_counter_ns() - t0) / 1e6
+            fields["engine_bytes"] = engine.size_bytes
+        except (RoutetuneError, Exception) as e:  # a backend may raise anything
+            return self._record(route, fingerprint, "build-failed", _describe(e), **fields)
+        self._candidates.setdefault(candidate, str(route))
+        try:
+            with self.backend.open(engine) as runner:
+                outputs = [runner.infer(feed) for feed in self.feeds]
+                verdict = check_accuracy(self.constraint, self.registry, outputs, self.references)
+                fields["accuracy"] = verdict.metrics
+                fields["latency"] = measure(runner, self.feeds, self.measure_settings)
+        except Exception as e:  # a crash inside one candidate never stops the search
+            return self._record(route, fingerprint, "crashed", _describe(e), **fields)
+        if not verdict.passed:
+            return self._record(route, fingerprint, "accuracy-failed", verdict.reason, **fields)
+        return self._record(route, fingerprint, "ok", "; ".join(verdict.notes), **fields)
+
+    def _apply(self, route: Route) -> tuple[bytes, list[dict[str, Any]], dict[str, Any]]:
+        """Apply a route's steps to the prepared model, from the longest snapshot."""
+        stage = {s.name: self.registry.seasoning(s.name).info.stage for s in route}
+        model_steps = [s for s in route if stage[s.name] != "build"]
+        build_steps = [s for s in route if stage[s.name] == "build"]
+        k = max(i for i in range(len(model_steps) + 1) if Route(tuple(model_steps[:i]))
+                in self._snapshots)
+        prefix = Route(tuple(model_steps[:k]))
+        self._snapshots.move_to_end(prefix)
+        data, passes = self._snapshots[prefix]
+        passes = list(passes)
+        state = RouteState(gs.import_onnx(onnx.load_from_string(data)) if model_steps[k:] else None)
+        for i in range(k, len(model_steps)):
+            passes.append(self._step(model_steps[i], state, Route(tuple(model_steps[:i]))))
+            exported = gs.export_onnx(state.graph)
+            check_candidate(exported, self.model.signature)
+            data = exported.SerializeToString()
+            self._snapshot(Route(tuple(model_steps[: i + 1])), data, passes)
+        for i, step in enumerate(build_steps):
+            passes.append(self._step(step, state, Route(tuple(model_steps + build_steps[:i]))))
+        return data, passes, self.backend.full_settings(state.settings)
+
+    def _step(self, step: Step, state: RouteState, applied: Route) -> dict[str, Any]:
+        seasoning = self.registry.seasoning(step.name)(dict(step.params))
+        ctx = RouteContext(self.backend, tuple(self.feeds), str(applied))
+        t0 = time.perf_counter_ns()
+        try:
+            result = seasoning(state, ctx)
+        except PluginError:
+            raise
+        except Exception as e:
+            raise SeasoningError(step.name, str(applied), _describe(e)) from e
+        ms = (time.perf_counter_ns() - t0) / 1e6
+        return {"step": str(step), "modified": result.modified, "stats": dict(result.stats),
+                "note": result.note, "ms": round(ms, 3)}
+
+    def _snapshot(self, prefix: Route, data: bytes, passes: list[dict[str, Any]]) -> None:
+        self._snapshots[prefix] = (data, list(passes))
+        while len(self._snapshots) > SNAPSHOTS:
+            oldest = next(iter(self._snapshots))
+            if oldest.is_base:
+                self._snapshots.move_to_end(oldest)
+                oldest = next(iter(self._snapshots))
+            del self._snapshots[oldest]
+
+    def _save_model(self, data: bytes) -> Path:
+        path = self.outdir / "artifacts" / "models" / f"{sha256(data)[:16]}.onnx"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        return path
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, RoutetuneError):
+        return " ".join(str(e).split())
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:600]
+
+
+def _versions(backend: Backend) -> dict[str, str]:
+    import platform
+
+    return {
+        "routetune": routetune.__version__,
+        backend.name: backend.version(),
+        "onnx": onnx.__version__,
+        "onnx_graphsurgeon": gs.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }

@@ -1,0 +1,63 @@
+"""The search strategy interface: ask for routes, tell what they scored.
+
+Strategies do no I/O, no timing and no building: `routetune.search.loop` owns those
+(Optuna's ask/tell split). A strategy sees only the route space and stored trials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from routetune.composer import RouteSpace
+from routetune.route import Route
+from routetune.store import Trial
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Settings shared by every strategy.
+
+    Args:
+        beam_width: Routes kept per depth by beam search (``--beam-width``).
+        seed: For strategies that sample; the built-ins are deterministic.
+    """
+
+    beam_width: int = 3
+    seed: int = 0
+
+
+class Strategy:
+    """Base class of search strategies.
+
+    The loop measures the base route first and tells it to the strategy, then calls
+    `ask` until it returns an empty list, telling every route it asked for.
+
+    Args:
+        space: The routes that may be tried.
+        config: The search settings.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, space: RouteSpace, config: SearchConfig) -> None:
+        self.space = space
+        self.config = config
+
+    def ask(self) -> list[Route]:
+        """The next routes to try; an empty list when the search is done."""
+        raise NotImplementedError
+
+    def tell(self, route: Route, trial: Trial) -> None:
+        """Report the trial of a route that `ask` returned (or of the base route)."""
+
+    def planned(self) -> int | None:
+        """How many routes this strategy expects to try in all, if known."""
+        return None
+
+
+def rank_key(trial: Trial) -> tuple[float, int, str]:
+    """Sort key of accurate trials: faster first, then fewer steps, then by text."""
+    p50 = trial.latency.p50 if trial.latency else float("inf")
+    steps = 0 if trial.route == "base" else trial.route.count(",") + 1
+    return (p50, steps, trial.route)

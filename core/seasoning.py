@@ -1,0 +1,240 @@
+"""Seasonings: the passes a route is made of.
+
+A seasoning is a class with a frozen `SeasoningInfo` and an `apply` method. Graph and
+precision seasonings rewrite the onnx-graphsurgeon graph in `RouteState.graph` in place;
+build seasonings set namespaced backend options in `RouteState.settings`. Both return a
+`PassResult` (torch.fx and onnx_ir's pass result, plus MLIR-style statistics).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from routetune.errors import PluginError, UsageError
+
+if TYPE_CHECKING:
+    import onnx_graphsurgeon as gs
+
+    from routetune.backend import Backend
+
+logger = logging.getLogger(__name__)
+
+Stage = Literal["graph", "precision", "build"]
+STAGES: tuple[Stage, ...] = ("graph", "precision", "build")
+"""The fixed phase order of a route: every graph step runs before every precision step,
+and every precision step before every build step."""
+
+ParamValue = bool | int | float | str | tuple
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a seasoning: a finite set of choices the search enumerates.
+
+    Args:
+        name: The parameter's name, as written in route text (``level`` in
+            ``ort-opt-level{level=basic}``).
+        choices: The values the search tries, in order.
+        default: The value used when a route names the seasoning without this parameter.
+        help: One line for ``routetune seasonings``.
+    """
+
+    name: str
+    choices: tuple[ParamValue, ...]
+    default: ParamValue
+    help: str = ""
+
+    def check(self, value: ParamValue) -> ParamValue:
+        """Return `value` if this parameter takes it.
+
+        A value outside `choices` is accepted when it has the default's type, so that a
+        hand-written route can pin a value the search does not enumerate.
+
+        Raises:
+            UsageError: The value has the wrong type.
+        """
+        if value in self.choices or value == self.default:
+            return value
+        expected = type(self.default)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if type(value) is not expected:
+            raise UsageError(
+                f"parameter '{self.name}': {value!r} is a {type(value).__name__}, "
+                f"expected {expected.__name__}; choices: {_choices_text(self)}"
+            )
+        return value
+
+
+def _choices_text(param: Param) -> str:
+    return "|".join(str(c) for c in param.choices)
+
+
+@dataclass(frozen=True)
+class SeasoningInfo:
+    """What the composer and the CLI know about a seasoning, without running it.
+
+    Args:
+        name: Unique kebab-case name, used in routes, the CLI and the trial store.
+        stage: ``graph``, ``precision`` or ``build``; a fixed phase order.
+        summary: One line for ``routetune seasonings``.
+        params: The parameter space; each parameter a finite set of choices.
+        requires: Seasonings that must be in a route that holds this one.
+        conflicts: Seasonings that may not be in the same route.
+        after: Seasonings of the same stage that must run before this one when both are
+            present (a soft order).
+        before: Seasonings of the same stage that must run after this one when both are
+            present.
+        backends: Names of the backends this seasoning applies to; empty means all.
+    """
+
+    name: str
+    stage: Stage
+    summary: str
+    params: tuple[Param, ...] = ()
+    requires: frozenset[str] = frozenset()
+    conflicts: frozenset[str] = frozenset()
+    after: frozenset[str] = frozenset()
+    before: frozenset[str] = frozenset()
+    backends: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise PluginError(f"seasoning '{self.name}': unknown stage '{self.stage}'")
+        if not self.name or not all(c.isalnum() or c == "-" for c in self.name):
+            raise PluginError(f"seasoning name {self.name!r} must be kebab-case")
+        if self.name == "base":
+            raise PluginError("'base' is reserved for the route with no seasonings")
+        names = [p.name for p in self.params]
+        if len(set(names)) != len(names):
+            raise PluginError(f"seasoning '{self.name}': duplicate parameter names {names}")
+        for p in self.params:
+            if not p.choices:
+                raise PluginError(f"seasoning '{self.name}': parameter '{p.name}' has no choices")
+
+    def param(self, name: str) -> Param:
+        """Return the parameter called `name`.
+
+        Raises:
+            UsageError: No such parameter.
+        """
+        for p in self.params:
+            if p.name == name:
+                return p
+        known = ", ".join(p.name for p in self.params) or "none"
+        raise UsageError(f"seasoning '{self.name}' has no parameter '{name}'; known: {known}")
+
+    def defaults(self) -> dict[str, ParamValue]:
+        """Return every parameter's default value, by name."""
+        return {p.name: p.default for p in self.params}
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one seasoning did to a route's state.
+
+    Args:
+        modified: Whether the graph or the settings changed. "Nothing to rewrite" is
+            ``modified=False``, never an exception.
+        stats: Small counts, such as ``{"fused": 12}``.
+        note: Free text for the trial record.
+    """
+
+    modified: bool
+    stats: Mapping[str, int] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass
+class RouteState:
+    """The state a route's seasonings act on.
+
+    Args:
+        graph: The model being rewritten, as an onnx-graphsurgeon graph.
+        settings: Backend build options, keyed by namespaced option name
+            (``onnxruntime.graph_optimization_level``); checked against the backend's
+            option schema before the build.
+    """
+
+    graph: gs.Graph
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RouteContext:
+    """Read-only facts a seasoning may use while it runs.
+
+    Args:
+        backend: The backend the route is built for.
+        feeds: The validation inputs, one mapping of input name to array per set.
+        applied: The route text of the steps already applied.
+    """
+
+    backend: Backend
+    feeds: tuple[Mapping[str, Any], ...] = ()
+    applied: str = "base"
+
+
+class Seasoning:
+    """Base class of every seasoning.
+
+    Subclasses set `info` and implement `apply`. Instances hold only their parameters:
+    no state between calls and no module globals, so they can be pickled to a worker.
+
+    Args:
+        params: Parameter values by name; missing ones take their defaults.
+
+    Raises:
+        UsageError: An unknown parameter or a value of the wrong type.
+    """
+
+    info: ClassVar[SeasoningInfo]
+
+    def __init__(self, params: Mapping[str, ParamValue] | None = None) -> None:
+        values = self.info.defaults()
+        for name, value in (params or {}).items():
+            values[name] = self.info.param(name).check(value)
+        self.params: Mapping[str, ParamValue] = values
+
+    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
+        """Return why this seasoning cannot apply to `graph` on `backend`, or None.
+
+        It must be cheap: it runs once per seasoning before the search. The default
+        checks `SeasoningInfo.backends`.
+        """
+        if self.info.backends and backend.name not in self.info.backends:
+            return f"applies only to backends {', '.join(sorted(self.info.backends))}"
+        return None
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Rewrite `state.graph` in place (graph, precision) or set `state.settings` (build).
+
+        Raises:
+            Exception: Anything a seasoning raises is caught by the search and recorded
+                as the candidate's ``build-failed`` reason.
+        """
+        raise NotImplementedError
+
+    def __call__(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Apply the seasoning and check that it kept to its contract.
+
+        Raises:
+            PluginError: `apply` returned something other than a `PassResult`, or
+                replaced the graph instead of rewriting it in place.
+        """
+        graph = state.graph
+        result = self.apply(state, ctx)
+        if not isinstance(result, PassResult):
+            raise PluginError(
+                f"seasoning '{self.info.name}' returned {type(result).__name__}, "
+                "expected a PassResult"
+            )
+        if state.graph is not graph:
+            raise PluginError(
+                f"seasoning '{self.info.name}' replaced the graph; rewrite it in place"
+            )
+        logger.debug("%s: modified=%s %s", self.info.name, result.modified, dict(result.stats))
+        return result

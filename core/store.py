@@ -1,0 +1,225 @@
+"""The trial store: every trial of every search, in one SQLite file per output directory.
+
+stdlib `sqlite3`, WAL mode, one transaction per trial. The schema version lives in
+``PRAGMA user_version`` and the file is marked with ``PRAGMA application_id``, so a
+foreign SQLite file is refused rather than overwritten. A written trial is never
+updated in place; ``--fresh`` moves the old file aside instead of deleting it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from routetune.errors import StorageError
+from routetune.measure import Latency
+
+APPLICATION_ID = 0x52545430  # "RTT0"
+SCHEMA_VERSION = 1
+FILENAME = "trials.sqlite"
+
+_SCHEMA = """
+CREATE TABLE trials (
+    id INTEGER PRIMARY KEY,
+    fingerprint TEXT NOT NULL UNIQUE,
+    model_sha256 TEXT NOT NULL,
+    route TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    device TEXT NOT NULL,
+    settings_hash TEXT NOT NULL,
+    candidate_sha256 TEXT,
+    status TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    latency TEXT,
+    build_ms REAL,
+    engine_bytes INTEGER,
+    accuracy TEXT,
+    passes TEXT,
+    settings TEXT,
+    artifact TEXT,
+    versions TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (model_sha256, route, backend, device, settings_hash)
+);
+"""
+
+STATUSES = ("ok", "accuracy-failed", "build-failed", "crashed", "skipped")
+"""Trial statuses. Only ``ok`` can win."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One stored trial.
+
+    Args:
+        fingerprint: sha256 of model, route, backend and version, device and settings.
+        model_sha256: sha256 of the source model file.
+        route: The route's canonical text.
+        backend: The backend's name.
+        device: The device description.
+        settings_hash: sha256 of the inputs, accuracy expression and measurement settings.
+        status: One of `STATUSES`.
+        reason: Why the trial is not ``ok`` (or a note when it is).
+        candidate_sha256: sha256 of the built model plus its full build settings.
+        latency: Latency in ms, when measured.
+        build_ms: Build time in ms.
+        engine_bytes: The engine's size in bytes.
+        accuracy: Per output name, metric name to value.
+        passes: Per step, the seasoning's statistics and whether it modified anything.
+        settings: The full build settings (backend options, defaults included).
+        artifact: Path of the candidate model, relative to the output directory.
+        versions: Package versions in use.
+        created_at: Unix time when written.
+    """
+
+    fingerprint: str
+    model_sha256: str
+    route: str
+    backend: str
+    device: str
+    settings_hash: str
+    status: str
+    reason: str = ""
+    candidate_sha256: str | None = None
+    latency: Latency | None = None
+    build_ms: float | None = None
+    engine_bytes: int | None = None
+    accuracy: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    passes: tuple[Mapping[str, Any], ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    artifact: str | None = None
+    versions: Mapping[str, str] = field(default_factory=dict)
+    created_at: float = 0.0
+
+
+class TrialStore:
+    """A SQLite file of trials. Open with `TrialStore.open`; close when done.
+
+    Raises:
+        StorageError: On any SQLite failure, with the file's path.
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self.conn = conn
+
+    @classmethod
+    def open(cls, path: Path) -> TrialStore:
+        """Open or create the store at `path`.
+
+        Raises:
+            StorageError: The file is not a routetune store, has a newer schema, or
+                cannot be opened.
+        """
+        try:
+            conn = sqlite3.connect(path, isolation_level=None)
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        except sqlite3.DatabaseError as e:
+            raise StorageError(
+                f"{path}: not a routetune trial store ({e}); move it away or use another --output"
+            ) from e
+        if tables and app_id != APPLICATION_ID:
+            conn.close()
+            raise StorageError(
+                f"{path}: a SQLite file that routetune did not write; "
+                "move it away or use another --output"
+            )
+        if version > SCHEMA_VERSION:
+            conn.close()
+            raise StorageError(
+                f"{path}: written by a newer routetune (schema {version} > {SCHEMA_VERSION}); "
+                "upgrade routetune or use another --output"
+            )
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            if not tables:
+                conn.executescript(
+                    f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA application_id={APPLICATION_ID}; "
+                    f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
+                )
+        except sqlite3.Error as e:
+            conn.close()
+            raise StorageError(f"{path}: cannot create the trial store ({e})") from e
+        return cls(path, conn)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One transaction: commit on success, roll back on error.
+
+        Raises:
+            StorageError: SQLite failed; the transaction was rolled back.
+        """
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            yield self.conn
+            self.conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise StorageError(f"{self.path}: {e}") from e
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
+
+    def add(self, trial: Trial) -> Trial:
+        """Write one trial in its own transaction and return it with its timestamp.
+
+        Raises:
+            StorageError: A trial with the same fingerprint exists, or SQLite failed.
+        """
+        row = asdict(trial)
+        row["created_at"] = trial.created_at or time.time()
+        row["latency"] = json.dumps(asdict(trial.latency)) if trial.latency else None
+        for key in ("accuracy", "passes", "settings", "versions"):
+            row[key] = json.dumps(row[key])
+        cols = ", ".join(row)
+        marks = ", ".join(f":{k}" for k in row)
+        with self.transaction() as conn:
+            conn.execute(f"INSERT INTO trials ({cols}) VALUES ({marks})", row)
+        return replace(trial, created_at=row["created_at"])
+
+    def get(self, fingerprint: str) -> Trial | None:
+        """Return the trial with this fingerprint, or None."""
+        rows = self._select("WHERE fingerprint = ?", (fingerprint,))
+        return rows[0] if rows else None
+
+    def trials(self) -> list[Trial]:
+        """Every stored trial, oldest first."""
+        return self._select("ORDER BY id", ())
+
+    def _select(self, where: str, args: tuple[Any, ...]) -> list[Trial]:
+        try:
+            cur = self.conn.execute(f"SELECT * FROM trials {where}", args)
+            names = [d[0] for d in cur.description]
+            rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+        except sqlite3.Error as e:
+            raise StorageError(f"{self.path}: {e}") from e
+        return [_trial(r) for r in rows]
+
+
+def _trial(row: dict[str, Any]) -> Trial:
+    row.pop("id")
+    raw = row.pop("latency")
+    latency = json.loads(raw) if raw else None
+    return Trial(
+        **{k: v for k, v in row.items()
+           if k not in ("accuracy", "passes", "settings", "versions")},
+        latency=Latency(**latency) if latency else None,
+        accuracy=json.loads(row["accuracy"]),
+        passes=tuple(json.loads(row["passes"])),
+        settings=json.loads(row["settings"]),
+        versions=json.loads(row["versions"]),
+    )

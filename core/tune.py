@@ -1,0 +1,318 @@
+"""The main job: tune one model on one backend and keep the fastest accurate route.
+
+`tune` is what ``routetune tune`` runs; the CLI only parses flags and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routetune import examples
+from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
+from routetune.backend import Backend
+from routetune.composer import RouteSpace
+from routetune.errors import UsageError
+from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
+from routetune.measure import MeasureSettings
+from routetune.model import PreparedModel, prepare, sha256
+from routetune.plugin_manager import load_registry
+from routetune.recipe import write_winner_recipe
+from routetune.registry import Registry
+from routetune.route import Route, Step
+from routetune.search.loop import Budget, SearchLoop
+from routetune.search.strategy import SearchConfig, rank_key
+from routetune.seasoning import SeasoningInfo
+from routetune.store import FILENAME, Trial, TrialStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """Everything ``routetune tune`` takes, with the CLI's defaults.
+
+    Args:
+        model: Path of the ONNX model (or None with `example`).
+        example: Name of a bundled example model (``ppocr-det`` …), fetched on demand.
+        output: Output directory; default ``routetune-out/<model stem>``.
+        backend: Backend name.
+        seasonings: Restrict the space to these seasoning names; None for all applicable.
+        search: Search strategy name.
+        beam_width: Routes kept per depth by beam search.
+        max_depth: Seasonings per route at most; None for no limit.
+        accuracy: The accuracy expression.
+        inputs: An ``.npz`` file or a directory of them.
+        shapes: trtexec-style shapes for dynamic inputs (``x:1x3x320x320``).
+        fresh: Ignore the stored trials (the old store is moved aside, not deleted).
+        max_trials: Trial budget.
+        time_budget_s: Wall-clock budget in seconds.
+        measure: How long to time each candidate.
+    """
+
+    model: Path | None = None
+    example: str | None = None
+    output: Path | None = None
+    backend: str = "onnxruntime"
+    seasonings: tuple[str, ...] | None = None
+    search: str = "beam"
+    beam_width: int = 3
+    max_depth: int | None = 3
+    accuracy: str = DEFAULT_ACCURACY
+    inputs: Path | None = None
+    shapes: str | None = None
+    fresh: bool = False
+    max_trials: int | None = None
+    time_budget_s: float | None = None
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What a tuning run found.
+
+    Args:
+        winner: The winning trial (the base route when nothing else is accurate).
+        winner_reason: Why it won, in one line.
+        trials: Every trial of this run, sorted with the winner first, then accurate
+            routes by latency, then the rest.
+        base: The base route's trial.
+        space_size: Routes in the route space.
+        not_applicable: Seasoning name to the reason it was not offered.
+        outdir: The output directory.
+        files: What was written, by role (``model``, ``settings``, ``recipe``, ``store``).
+    """
+
+    winner: Trial
+    winner_reason: str
+    trials: tuple[Trial, ...]
+    base: Trial
+    space_size: int
+    not_applicable: Mapping[str, str]
+    outdir: Path
+    files: Mapping[str, Path]
+
+    def speedup(self, trial: Trial) -> float | None:
+        """Base p50 over `trial`'s p50, or None when either was not measured."""
+        if not (trial.latency and self.base.latency):
+            return None
+        return self.base.latency.p50 / trial.latency.p50
+
+
+@dataclass
+class Prepared:
+    """A tuning run's inputs, resolved and checked before any trial runs."""
+
+    registry: Registry
+    model: PreparedModel
+    backend: Backend
+    feeds: list[dict[str, np.ndarray]]
+    constraint: Constraint
+    space: RouteSpace
+    not_applicable: dict[str, str]
+    outdir: Path
+    settings_hash: str
+    source: Mapping[str, Any]
+
+
+def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared:
+    """Resolve and check everything a run needs; no trial runs yet.
+
+    Raises:
+        UsageError: Any bad input: model, example, backend, seasoning, accuracy
+            expression, inputs, shapes or output directory.
+    """
+    registry = registry or load_registry()
+    backend = _backend(registry, opts.backend)
+    source: dict[str, Any] = {}
+    given_shapes = parse_shapes(opts.shapes)
+    if opts.example and opts.model is not None:
+        raise UsageError("give either MODEL.onnx or --example NAME, not both")
+    example = examples.get_example(opts.example) if opts.example else None
+    if example is not None:
+        path = examples.fetch_example(example)
+        source["example"] = example.name
+        given_shapes = {**example.shapes, **given_shapes}
+    elif opts.model is not None:
+        path = opts.model
+        source["path"] = str(opts.model.resolve())
+    else:
+        raise UsageError("no model given; pass MODEL.onnx or --example NAME (e.g. ppocr-det)")
+    model = prepare(path)
+    outdir = _outdir(opts.output, path)
+    if opts.inputs is not None:
+        feeds = load_npz(opts.inputs, model.inputs)
+        source["inputs"] = str(opts.inputs.resolve())
+    else:
+        shapes = resolve_shapes(model.inputs, given_shapes)
+        if example is not None:
+            feeds = example.make_inputs(shapes, 0, 4)
+        else:
+            feeds = synthesize(model.inputs, shapes)
+        source["shapes"] = ",".join(f"{k}:{'x'.join(map(str, v))}" for k, v in shapes.items())
+    constraint = parse_accuracy(opts.accuracy, registry, [o.name for o in model.outputs])
+    infos, not_applicable = _offered(registry, backend, model, opts.seasonings)
+    space = RouteSpace(infos, opts.max_depth)
+    inputs_hash = sha256(b"".join(a.tobytes() + str(a.shape).encode()
+                                  for f in feeds for a in f.values()))
+    settings_hash = sha256(json.dumps(
+        [inputs_hash, constraint.text, asdict(opts.measure)]).encode())
+    return Prepared(registry, model, backend, feeds, constraint, space, not_applicable,
+                    outdir, settings_hash, source)
+
+
+def tune(
+    opts: TuneOptions,
+    registry: Registry | None = None,
+    on_start: Callable[[Prepared, int | None], None] = lambda run, planned: None,
+    on_trial: Callable[[Trial, bool], None] = lambda trial, cached: None,
+) -> TuneResult:
+    """Run a whole search and write the winner to the output directory.
+
+    Args:
+        opts: What to tune and how.
+        registry: The installed plugins; loaded from entry points when None.
+        on_start: Called once the run is prepared, with the number of trials planned.
+        on_trial: Called after each trial, with whether it came from the store.
+
+    Returns:
+        The result; never None. When nothing is accurate the base route wins.
+
+    Raises:
+        UsageError: Bad input (see `prepare_run`).
+        StorageError: The trial store cannot be opened or written.
+    """
+    run = prepare_run(opts, registry)
+    store_path = run.outdir / FILENAME
+    if opts.fresh and store_path.exists():
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for suffix in ("", "-wal", "-shm"):
+            old = Path(f"{store_path}{suffix}")
+            if old.exists():
+                old.rename(run.outdir / f"trials.{stamp}.sqlite{suffix}")
+    store = TrialStore.open(store_path)
+    try:
+        reference = run.backend if run.backend.name == "onnxruntime" else _backend(
+            run.registry, "onnxruntime")
+        with reference.reference(run.model.source) as ref_runner:
+            references = [ref_runner.infer(f) for f in run.feeds]
+        loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
+                          run.constraint, store, run.outdir, opts.measure, run.settings_hash)
+        strategy = run.registry.strategy(opts.search)(
+            run.space, SearchConfig(beam_width=opts.beam_width))
+        skipped = [loop.record_skipped(Route((Step.of(n, run.registry.seasoning(n).info
+                                                      .defaults()),)), reason)
+                   for n, reason in run.not_applicable.items()]
+        planned = strategy.planned()
+        on_start(run, None if planned is None else planned)
+        trials = loop.run(strategy, Budget(opts.max_trials, opts.time_budget_s), on_trial)
+        trials.extend(skipped)
+    finally:
+        store.close()
+    return _finish(run, opts, trials, store_path)
+
+
+def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
+    """Pick the winner: the fastest accurate trial, ties broken toward simpler routes.
+
+    Two trials tie when the 95% confidence intervals of their medians overlap; among
+    the trials tied with the fastest, the one with the fewest seasonings wins (then
+    the lower median).
+
+    Returns:
+        The winner and a one-line reason. With no accurate trial, the base route.
+    """
+    base = next(t for t in trials if t.route == "base")
+    accurate = sorted((t for t in trials if t.status == "ok" and t.latency), key=rank_key)
+    if not accurate:
+        return base, "no route met the accuracy constraint; the base route is the fallback"
+    fastest = accurate[0]
+    tied = [t for t in accurate if t.latency.ties(fastest.latency)]
+    winner = min(tied, key=lambda t: (rank_key(t)[1], rank_key(t)[0]))
+    if winner is fastest:
+        return winner, "fastest accurate route"
+    return winner, (f"ties with the fastest accurate route '{fastest.route}' "
+                    "within the confidence intervals, and is simpler")
+
+
+def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path) -> TuneResult:
+    winner, reason = pick_winner(trials)
+    base = next(t for t in trials if t.route == "base")
+    ordered = [winner] + sorted(
+        (t for t in trials if t is not winner),
+        key=lambda t: ((0 if t.status == "ok" else 1), *rank_key(t)),
+    )
+    files = {"store": store, **_write_winner(run, opts, winner, reason)}
+    return TuneResult(winner, reason, tuple(ordered), base, run.space.size(),
+                      run.not_applicable, run.outdir, files)
+
+
+def _write_winner(run: Prepared, opts: TuneOptions, winner: Trial, reason: str) -> dict[str, Path]:
+    model_path = run.outdir / "winner.onnx"
+    if winner.artifact:
+        shutil.copyfile(run.outdir / winner.artifact, model_path)
+    else:
+        model_path.write_bytes(run.model.data)
+    settings = {
+        "route": winner.route,
+        "backend": run.backend.name,
+        "backend_version": run.backend.version(),
+        "settings": dict(winner.settings) or run.backend.full_settings({}),
+        "p50_ms": winner.latency.p50 if winner.latency else None,
+        "status": winner.status,
+        "reason": reason,
+    }
+    settings_path = run.outdir / "winner.json"
+    settings_path.write_text(json.dumps(settings, indent=2) + "\n")
+    recipe = write_winner_recipe(run.outdir / "winner.toml", run, opts, winner, reason)
+    return {"model": model_path, "settings": settings_path, "recipe": recipe}
+
+
+def _backend(registry: Registry, name: str) -> Backend:
+    backend = registry.backend(name)()
+    reason = backend.available()
+    if reason:
+        raise UsageError(f"--backend {name}: not available here ({reason})")
+    return backend
+
+
+def _offered(
+    registry: Registry, backend: Backend, model: PreparedModel, names: tuple[str, ...] | None
+) -> tuple[list[SeasoningInfo], dict[str, str]]:
+    import onnx_graphsurgeon as gs
+
+    graph = gs.import_onnx(model.proto)
+    chosen = names if names is not None else tuple(sorted(registry.seasonings))
+    infos: list[SeasoningInfo] = []
+    skipped: dict[str, str] = {}
+    for name in chosen:
+        cls = registry.seasoning(name)
+        reason = cls().applicable(graph, backend)
+        if reason:
+            skipped[name] = reason
+        else:
+            infos.append(cls.info)
+    return infos, skipped
+
+
+def _outdir(output: Path | None, model_path: Path) -> Path:
+    outdir = output if output is not None else Path("routetune-out") / model_path.stem
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+        probe = outdir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(
+            f"--output {outdir}: not writable ({e.strerror}); choose a directory you can write"
+        ) from e
+    return outdir

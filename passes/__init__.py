@@ -1,0 +1,1 @@
+"""Built-in seasonings: graph rewrites, precision passes and build options."""

@@ -1,0 +1,129 @@
+"""The ``fold-constants`` seasoning: evaluate constant subgraphs once, ahead of time."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, ClassVar
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from routetune.errors import PostconditionError
+from routetune.passes.graph.constants import (
+    constant_node,
+    inferred_types,
+    onnx_dtype,
+)
+from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
+
+if TYPE_CHECKING:
+    from routetune.backend import Backend
+
+__all__ = ["FoldConstants"]
+
+logger = logging.getLogger(__name__)
+
+
+class FoldConstants(Seasoning):
+    """Replace everything that depends only on constants by its value.
+
+    Uses onnx-graphsurgeon's ``Graph.fold_constants`` (which evaluates the constant
+    subgraph with ONNX Runtime on the CPU), then ``cleanup`` and ``toposort``.
+
+    Rewrite rules, in order:
+
+    1. A ``Constant`` node with a ``value_float(s)`` or ``value_int(s)`` attribute gets a
+       ``value`` tensor attribute of float32 or int64 instead. onnx-graphsurgeon reads
+       those attributes with ``np.array``, which gives float64 (and int32 on Windows),
+       and ONNX Runtime then refuses e.g. ``Mul(float, double)``.
+    2. For the duration of the fold, intermediate tensors carry the dtypes and shapes
+       of ONNX shape inference (``onnx.shape_inference.infer_shapes``, with data
+       propagation). Without them onnx-graphsurgeon cannot fold ``Shape`` of an
+       intermediate tensor, so a static ``Shape -> Gather -> Reshape`` chain survives.
+       Afterwards the tensors that remain variables get back their declared types, so
+       the pass adds no ``value_info`` of its own.
+    3. Every ``Constant`` node becomes an initializer, and every node whose inputs are
+       all constants (including ``Shape``, ``Gather``/``Slice`` of a ``Shape`` with
+       static dims) becomes an initializer holding its output. Partitioning is
+       ``basic``: a subgraph that ONNX Runtime cannot evaluate stays as it is.
+    4. Nodes and initializers that no graph output depends on are removed. Graph
+       inputs are the model's signature and stay, with their names and dtypes, even
+       when folding leaves them unused (``cleanup(remove_unused_graph_inputs=False)``):
+       a caller that feeds them must still be able to. Initializer-backed inputs (an
+       initializer also listed as a graph input, which ONNX Runtime treats as an
+       overridable initializer, not as a user input) are removed from the inputs; the
+       importer already drops them, this catches ones added later.
+    5. The nodes are sorted topologically.
+
+    The pass reports ``modified=False`` when the set of nodes (op, inputs, outputs) and
+    the graph inputs are the same before and after; node order does not count.
+    """
+
+    info: ClassVar[SeasoningInfo] = SeasoningInfo(
+        name="fold-constants",
+        stage="graph",
+        summary="evaluate constant subgraphs ahead of time (onnx-graphsurgeon, ORT on CPU)",
+        before=frozenset({"fuse-bn-into-conv"}),
+    )
+
+    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
+        """Return a reason unless the graph has a Constant node, an initializer or a Shape."""
+        reason = super().applicable(graph, backend)
+        if reason is not None:
+            return reason
+        if any(node.op in ("Constant", "Shape") for node in graph.nodes):
+            return None
+        if any(isinstance(t, gs.Constant) for t in graph.tensors().values()):
+            return None
+        return "no constants to fold"
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Fold the constants of `state.graph` in place.
+
+        Raises:
+            PostconditionError: Folding produced a float64 initializer for a tensor that
+                was not float64 before (ONNX Runtime would refuse the model).
+        """
+        graph = state.graph
+        before = _signature(graph)
+        n_nodes = len(graph.nodes)
+        normalized = 0
+        graph.inputs = [t for t in graph.inputs if not isinstance(t, gs.Constant)]
+        graph.toposort()
+        with inferred_types(graph) as n_inferred:
+            float64 = {name for name, t in graph.tensors().items() if _is_float64(t)}
+            graph.fold_constants(partitioning="basic")
+        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        leaks = sorted(
+            name
+            for name, t in graph.tensors().items()
+            if isinstance(t, gs.Constant) and _is_float64(t) and name not in float64
+        )
+        if leaks:
+            raise PostconditionError(
+                f"fold-constants produced float64 initializers {leaks[:5]} from tensors "
+                "that were not float64; a Constant attribute was read with the wrong dtype"
+            )
+        stats = {
+            "removed_nodes": n_nodes - len(graph.nodes),
+            "normalized_constants": normalized,
+            "inferred_tensors": n_inferred,
+        }
+        return PassResult(modified=_signature(graph) != before, stats=stats)
+
+
+def _is_float64(tensor: gs.Tensor) -> bool:
+    """Whether `tensor` is, or is produced by a ``Constant`` node holding, a float64."""
+    node = constant_node(tensor)
+    if node is not None and isinstance(node.attrs.get("value"), gs.Constant):
+        tensor = node.attrs["value"]
+    return onnx_dtype(tensor) == onnx.TensorProto.DOUBLE
+
+
+def _signature(graph: gs.Graph) -> tuple[tuple[str, ...], list[tuple]]:
+    """The graph inputs and the sorted (op, inputs, outputs) of every node."""
+    nodes = sorted(
+        (n.op, tuple(t.name for t in n.inputs), tuple(t.name for t in n.outputs))
+        for n in graph.nodes
+    )
+    return tuple(t.name for t in graph.inputs), nodes

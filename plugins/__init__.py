@@ -1,0 +1,1 @@
+"""Backends and other integrations, each a plugin registered through entry points."""

@@ -1,0 +1,160 @@
+"""The ONNX Runtime backend: an engine is an ONNX model plus session options.
+
+The execution provider is an option (``onnxruntime.execution_provider``), so CUDA or
+TensorRT providers are settings of this backend, not new backends.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from routetune.backend import Backend, Engine, Feed, OptionSpec, Runner
+from routetune.errors import BuildError
+
+NS = "onnxruntime."
+CONFIG = NS + "config."
+"""Prefix of session config entries (``SessionOptions.add_session_config_entry``)."""
+
+OPT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+if hasattr(ort.GraphOptimizationLevel, "ORT_ENABLE_LAYOUT"):  # ONNX Runtime >= 1.22
+    OPT_LEVELS["layout"] = ort.GraphOptimizationLevel.ORT_ENABLE_LAYOUT
+
+MODES = {
+    "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
+    "parallel": ort.ExecutionMode.ORT_PARALLEL,
+}
+
+# Session config keys and their defaults, from onnxruntime_session_options_config_keys.h.
+CONFIG_DEFAULTS = {
+    "session.intra_op.allow_spinning": "1",
+    "session.inter_op.allow_spinning": "1",
+    "session.set_denormal_as_zero": "0",
+    "session.disable_prepacking": "0",
+}
+
+
+class OnnxRuntimeBackend(Backend):
+    """Builds ONNX Runtime inference sessions; CPU execution provider by default."""
+
+    name = "onnxruntime"
+
+    def version(self) -> str:
+        """The installed onnxruntime version."""
+        return ort.__version__
+
+    def device(self) -> str:
+        """The CPU model and core count (e.g. ``cpu: Intel Xeon ... (2 cores)``)."""
+        return f"cpu: {_cpu_name()} ({os.cpu_count()} cores)"
+
+    def options(self) -> Mapping[str, OptionSpec]:
+        """The session options this backend sets, with ONNX Runtime's defaults."""
+        specs = {
+            NS + "execution_provider": OptionSpec(
+                str, "CPUExecutionProvider", tuple(ort.get_available_providers()),
+                "execution provider the session runs on",
+            ),
+            NS + "graph_optimization_level": OptionSpec(
+                str, "all", tuple(OPT_LEVELS), "SessionOptions.graph_optimization_level"
+            ),
+            NS + "execution_mode": OptionSpec(
+                str, "sequential", tuple(MODES), "SessionOptions.execution_mode"
+            ),
+            NS + "intra_op_num_threads": OptionSpec(
+                int, 0, (), "threads inside one op; 0 lets ONNX Runtime choose"
+            ),
+            NS + "inter_op_num_threads": OptionSpec(
+                int, 0, (), "threads across ops in parallel mode; 0 lets ONNX Runtime choose"
+            ),
+            NS + "enable_mem_pattern": OptionSpec(bool, True, (True, False), ""),
+            NS + "enable_cpu_mem_arena": OptionSpec(bool, True, (True, False), ""),
+        }
+        for key, default in CONFIG_DEFAULTS.items():
+            specs[CONFIG + key] = OptionSpec(str, default, ("0", "1"), "session config entry")
+        return specs
+
+    def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path) -> Engine:
+        """Create an inference session for `model_path` with full `settings`.
+
+        Raises:
+            BuildError: ONNX Runtime refused the model or the options.
+        """
+        so = _session_options(settings)
+        provider = settings[NS + "execution_provider"]
+        try:
+            session = ort.InferenceSession(str(model_path), so, providers=[provider])
+        except Exception as e:  # ORT raises its own exception types per failure
+            raise BuildError(f"ONNX Runtime refused the model: {_one_line(e)}") from e
+        size = model_path.stat().st_size
+        return Engine(model_path, dict(settings), model_path, size, handle=session)
+
+    def open(self, engine: Engine) -> Runner:
+        """Wrap the engine's session (built already) in a runner."""
+        if engine.handle is None:
+            engine = self.build(engine.model_path, engine.settings, engine.path.parent)
+        return OnnxRuntimeRunner(engine.handle)
+
+    def reference(self, model_path: Path) -> Runner:
+        """Open `model_path` on the CPU provider with every graph optimisation off."""
+        settings = self.full_settings({NS + "graph_optimization_level": "disable"})
+        return self.open(self.build(model_path, settings, model_path.parent))
+
+
+class OnnxRuntimeRunner(Runner):
+    """Runs an `onnxruntime.InferenceSession` on host arrays."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session = session
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def infer(self, feed: Feed) -> dict[str, np.ndarray]:
+        """Run once; outputs by name, as host arrays."""
+        return dict(zip(self.output_names, self.session.run(None, dict(feed)), strict=True))
+
+    def prepare(self, feed: Feed) -> Callable[[], None]:
+        """Return a call that runs the session once on `feed`."""
+        session, names, inputs = self.session, self.output_names, dict(feed)
+        return lambda: session.run(names, inputs)
+
+    def close(self) -> None:
+        """Drop the session."""
+        self.session = None  # type: ignore[assignment]
+
+
+def _session_options(settings: Mapping[str, Any]) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = OPT_LEVELS[settings[NS + "graph_optimization_level"]]
+    so.execution_mode = MODES[settings[NS + "execution_mode"]]
+    so.intra_op_num_threads = settings[NS + "intra_op_num_threads"]
+    so.inter_op_num_threads = settings[NS + "inter_op_num_threads"]
+    so.enable_mem_pattern = settings[NS + "enable_mem_pattern"]
+    so.enable_cpu_mem_arena = settings[NS + "enable_cpu_mem_arena"]
+    for key in CONFIG_DEFAULTS:
+        so.add_session_config_entry(key, settings[CONFIG + key])
+    return so
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:500]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

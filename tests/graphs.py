@@ -1,0 +1,64 @@
+"""Small generated ONNX models for the tests, every node named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _save(graph: onnx.GraphProto, path: Path, opset: int = 17) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return path
+
+
+def conv_bn(path: Path, batch: int | str = "N") -> Path:
+    """x f32[N,3,32,32] -> Conv(16) -> BatchNormalization -> Relu -> Identity -> y."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32), "W"),
+        numpy_helper.from_array((rng.random(16) + 0.5).astype(np.float32), "scale"),
+        numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "bias"),
+        numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "mean"),
+        numpy_helper.from_array((rng.random(16) + 0.5).astype(np.float32), "var"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"],
+                         name="bn"),
+        helper.make_node("Relu", ["b"], ["r"], name="relu"),
+        helper.make_node("Identity", ["r"], ["y"], name="identity"),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv_bn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 16, 32, 32])], inits,
+    )
+    return _save(graph, path)
+
+
+def matmul_chain(path: Path, depth: int = 8, width: int = 256, batch: int = 64) -> Path:
+    """x f32[batch,width] -> ``depth`` MatMul+Tanh layers -> y f32[batch,width].
+
+    Heavy enough that removing layers is measurably faster.
+    """
+    rng = np.random.default_rng(1)
+    inits, nodes, prev = [], [], "x"
+    for i in range(depth):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        out = "y" if i == depth - 1 else f"h{i}"
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"matmul{i}"))
+        nodes.append(helper.make_node("Tanh", [f"m{i}"], [out], name=f"tanh{i}"))
+        prev = out
+    graph = helper.make_graph(
+        nodes, "matmul_chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])], inits,
+    )
+    return _save(graph, path)

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from routetune.accuracy import check_accuracy, parse_accuracy
+from routetune.errors import UsageError
+from routetune.registry import Registry
+
+
+def test_metrics_have_exact_values(registry: Registry) -> None:
+    ref = np.array([1.0, 2.0, 0.0, -1.0], dtype=np.float32)
+    out = np.array([1.0, 2.5, 0.0, -1.0], dtype=np.float32)
+    m = {name: registry.metric(name)(out, ref, 0.1, 0.1) for name in registry.metrics}
+    assert m["l0"] == 0.25  # |0.5| > 0.1 + 0.1*2 for one of four elements
+    assert m["l1"] == pytest.approx(0.125)
+    assert m["l2"] == pytest.approx(0.0625)
+    assert m["linf"] == pytest.approx(0.5)
+    assert m["rel_l2"] == pytest.approx(0.5 / np.sqrt(6))
+    assert m["cos"] == pytest.approx(7.0 / (np.sqrt(6) * np.sqrt(8.25)))
+
+
+def test_parse_scopes_and_tolerances(registry: Registry) -> None:
+    c = parse_accuracy("l0<=0.001,atol=1e-3,rtol=1e-2,out0:linf<=0.01,out0:atol=0.5",
+                       registry, ["out0", "out1"])
+    assert c.tolerances("out0") == (0.5, 1e-2)
+    assert c.tolerances("out1") == (1e-3, 1e-2)
+    assert [str(t) for t in c.for_output("out0")] == ["l0<=0.001", "out0:linf<=0.01"]
+    assert [str(t) for t in c.for_output("out1")] == ["l0<=0.001"]
+
+
+def test_scoped_bound_replaces_unscoped_one(registry: Registry) -> None:
+    c = parse_accuracy("cos>=0.999,a:cos>=0.9", registry, ["a", "b"])
+    assert [str(t) for t in c.for_output("a")] == ["a:cos>=0.9"]
+    assert [str(t) for t in c.for_output("b")] == ["cos>=0.999"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("cos>0.9x", "not a number"), ("banana", "cannot parse"), ("cos<=0.9", "bound it with >="),
+     ("l0>=0.1", "bound it with <="), ("nope<=1", "unknown accuracy metric 'nope'"),
+     ("zz:cos>=0.9", "unknown output 'zz'"), ("atol=1e-3", "no metric bound"),
+     ("atol<=1", "atol=<non-negative number>"), ("cos=0.9", "needs <= or >=")],
+)
+def test_bad_expressions(registry: Registry, text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        parse_accuracy(text, registry, ["y"])
+
+
+def test_check_reports_margin_and_nonfinite(registry: Registry) -> None:
+    c = parse_accuracy("cos>=0.999", registry, ["y"])
+    ref = [{"y": np.linspace(-1, 1, 100, dtype=np.float32)}]
+    good = check_accuracy(c, registry, ref, ref)
+    assert good.passed and good.metrics["y"]["cos"] == pytest.approx(1.0)
+    bad_out = [{"y": -ref[0]["y"]}]
+    bad = check_accuracy(c, registry, bad_out, ref)
+    assert not bad.passed
+    assert bad.failures == ("y: cos -1, needs >= 0.999",)
+    nan_out = [{"y": ref[0]["y"].copy()}]
+    nan_out[0]["y"][3] = np.nan
+    nan = check_accuracy(parse_accuracy("l0<=1", registry, ["y"]), registry, nan_out, ref)
+    assert not nan.passed
+    assert "1 NaN/Inf where the reference is finite" in nan.reason
+
+
+def test_almost_constant_reference_is_noted(registry: Registry) -> None:
+    c = parse_accuracy("l0<=0.01,atol=1e-3", registry, ["y"])
+    ref = [{"y": np.full(10, 1e-6, dtype=np.float32)}]
+    result = check_accuracy(c, registry, ref, ref)
+    assert result.passed
+    assert "almost constant" in result.notes[0]
+
+
+def test_metrics_span_every_input_set(registry: Registry) -> None:
+    c = parse_accuracy("linf<=0.1", registry, ["y"])
+    ref = [{"y": np.zeros(4, np.float32)}, {"y": np.zeros(4, np.float32)}]
+    out = [{"y": np.zeros(4, np.float32)}, {"y": np.array([0, 0, 0, 1], np.float32)}]
+    result = check_accuracy(c, registry, out, ref)
+    assert result.metrics["y"]["linf"] == 1.0 and not result.passed
