@@ -60,7 +60,7 @@ def tune_command(
     )
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err, transient=False)
-    task = progress.add_task("preparing", total=None)
+    task = progress.add_task("tuning", total=None)
     registry = load_registry()
 
     def on_start(run: Prepared, planned: int | None) -> None:
@@ -69,13 +69,16 @@ def tune_command(
         err.print(f"route space: {run.space.size()} routes from {len(run.space.infos)} "
                   f"seasonings; search {opts.search}, "
                   f"{'up to ' + str(planned) if planned else 'unknown number of'} trials")
-        progress.update(task, description="tuning", total=(planned or 0) + 1)
+        progress.update(task, total=(planned or 0) + 1)
+        progress.start()
 
     def on_trial(trial, cached: bool) -> None:  # noqa: ANN001
         progress.update(task, advance=1, description=f"{'stored ' if cached else ''}{trial.route}"[:60])
 
-    with progress:
+    try:
         result = tune(opts, registry, on_start, on_trial)
+    finally:
+        progress.stop()
     console.print(trials_table(list(result.trials), result.base, result.winner, registry,
                                title=f"{len(result.trials)} trials, winner first"))
     w = result.winner

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from examples_fixtures import model_cache, model_path, session  # noqa: F401
 
 from routetune import examples as ex
 from routetune.errors import RoutetuneError, UsageError

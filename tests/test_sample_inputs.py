@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from examples_fixtures import model_cache, model_path, session  # noqa: F401
 
 from routetune import sample_inputs as si
 

@@ -44,6 +44,12 @@ class Beam(Strategy):
                     frontier.append(ext)
         return frontier
 
+    def planned(self) -> int:
+        """An upper bound: every depth grows ``beam_width`` routes by every one-step extension."""
+        first = len(self.space.extensions(Route()))
+        depths = max(self.space.max_depth - 1, 0)
+        return min(first + depths * self.config.beam_width * first, self.space.size() - 1)
+
     def tell(self, route: Route, trial: Trial) -> None:
         """Record a trial of the current depth."""
         if not route.is_base:

@@ -1,0 +1,182 @@
+"""Real ONNX Runtime searches on small generated graphs."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from graphs import conv_bn, matmul_chain
+
+from routetune.measure import MeasureSettings
+from routetune.metrics import Metric
+from routetune.registry import Registry
+from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
+from routetune.tune import TuneOptions, TuneResult, tune
+
+QUICK = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05)
+
+
+class Shortcut(Seasoning):
+    """Feeds the model input straight to the last MatMul: much faster, and wrong."""
+
+    info = SeasoningInfo(name="shortcut", stage="graph", summary="drop all but the last layer")
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        last = [n for n in state.graph.nodes if n.op == "MatMul"][-1]
+        last.inputs[0] = state.graph.inputs[0]
+        state.graph.cleanup().toposort()
+        return PassResult(True, {"dropped": 1})
+
+
+class Explode(Seasoning):
+    """Changes the graph, then raises midway."""
+
+    info = SeasoningInfo(name="explode", stage="graph", summary="raises midway")
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        state.graph.nodes[0].name = "half-done"
+        raise RuntimeError("boom")
+
+
+class RenameOutput(Seasoning):
+    """Breaks the signature by renaming the graph output."""
+
+    info = SeasoningInfo(name="rename-output", stage="graph", summary="renames the output")
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        state.graph.outputs[0].name = "renamed"
+        return PassResult(True)
+
+
+@pytest.fixture
+def test_registry(registry: Registry) -> Registry:
+    for cls in (Shortcut, Explode, RenameOutput):
+        registry.add_seasoning(cls)
+    registry.add_metric(Metric("unit_error", lambda a, b, *_: 1.0, False, "always 1"))
+    return registry
+
+
+def run(registry: Registry, model: Path, out: Path, **kw: object) -> TuneResult:
+    opts = TuneOptions(model=model, output=out, search="exhaustive", measure=QUICK, **kw)
+    return tune(opts, registry)
+
+
+def by_route(result: TuneResult) -> dict[str, object]:
+    return {t.route: t for t in result.trials}
+
+
+def test_fastest_but_inaccurate_never_wins(test_registry: Registry, tmp_path: Path) -> None:
+    model = matmul_chain(tmp_path / "chain.onnx")
+    result = run(test_registry, model, tmp_path / "out", seasonings=("shortcut",))
+    trials = by_route(result)
+    fast = trials["shortcut"]
+    assert fast.status == "accuracy-failed"
+    assert fast.latency.p50 < result.base.latency.p50 / 2  # clearly the fastest
+    assert fast.reason.startswith("y: l0 ")
+    assert result.winner.route == "base"
+
+
+def test_nothing_accurate_falls_back_to_base(test_registry: Registry, tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    result = run(test_registry, model, tmp_path / "out", seasonings=("ort-opt-level",),
+                 shapes="x:1x3x32x32", accuracy="unit_error<=0.5")
+    assert {t.status for t in result.trials} == {"accuracy-failed"}
+    assert result.winner.route == "base"
+    assert "no route met the accuracy constraint" in result.winner_reason
+    assert (tmp_path / "out" / "winner.onnx").exists()
+
+
+def test_a_seasoning_that_raises_is_recorded_and_the_search_goes_on(
+    test_registry: Registry, tmp_path: Path
+) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    result = run(test_registry, model, tmp_path / "out", seasonings=("explode", "ort-opt-level"),
+                 shapes="x:1x3x32x32", max_depth=1)
+    trials = by_route(result)
+    assert trials["explode"].status == "build-failed"
+    assert trials["explode"].reason == (
+        "seasoning 'explode' failed after 'base': RuntimeError: boom")
+    assert trials["ort-opt-level{level=basic}"].status == "ok"
+    assert len(result.trials) == 5  # base, explode, three opt levels
+
+
+def test_a_broken_signature_is_build_failed(test_registry: Registry, tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    result = run(test_registry, model, tmp_path / "out", seasonings=("rename-output",),
+                 shapes="x:1x3x32x32")
+    failed = by_route(result)["rename-output"]
+    assert failed.status == "build-failed"
+    assert "changed the model's signature" in failed.reason
+
+
+def test_resume_reuses_stored_trials_without_rebuilding(registry: Registry, tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    seen: list[bool] = []
+    opts = TuneOptions(model=model, output=tmp_path / "out", search="exhaustive", measure=QUICK,
+                       shapes="x:1x3x32x32", seasonings=("fuse-bn-into-conv", "ort-opt-level"))
+    first = tune(opts, registry, on_trial=lambda t, cached: seen.append(cached))
+    assert seen and not any(seen)
+    rows = sqlite3.connect(tmp_path / "out" / "trials.sqlite").execute(
+        "SELECT count(*) FROM trials").fetchone()[0]
+    seen.clear()
+    second = tune(opts, registry, on_trial=lambda t, cached: seen.append(cached))
+    assert seen and all(seen)
+    assert sqlite3.connect(tmp_path / "out" / "trials.sqlite").execute(
+        "SELECT count(*) FROM trials").fetchone()[0] == rows
+    assert second.winner.route == first.winner.route
+    assert [t.fingerprint for t in second.trials] == [t.fingerprint for t in first.trials]
+
+
+def test_fresh_moves_the_old_store_aside(registry: Registry, tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    opts = TuneOptions(model=model, output=tmp_path / "out", measure=QUICK, shapes="x:1x3x32x32",
+                       seasonings=("fuse-bn-into-conv",))
+    tune(opts, registry)
+    seen: list[bool] = []
+    tune(TuneOptions(**{**opts.__dict__, "fresh": True}), registry,
+         on_trial=lambda t, cached: seen.append(cached))
+    assert not any(seen)
+    assert len(list((tmp_path / "out").glob("trials.*.sqlite"))) == 1
+
+
+def test_identical_candidates_are_not_rebuilt(test_registry: Registry, tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    result = run(test_registry, model, tmp_path / "out", shapes="x:1x3x32x32",
+                 seasonings=("fuse-bn-into-conv", "fold-constants"))
+    trials = by_route(result)
+    # folding has nothing to fold after fusing, so both orders give one model
+    assert trials["fold-constants,fuse-bn-into-conv"].status == "skipped"
+    assert "same model and settings as route 'fuse-bn-into-conv'" in trials[
+        "fold-constants,fuse-bn-into-conv"].reason
+
+
+def test_winner_files_are_written(registry: Registry, tmp_path: Path) -> None:
+    import json
+
+    import onnxruntime as ort
+    import tomllib
+
+    model = conv_bn(tmp_path / "m.onnx")
+    result = run(registry, model, tmp_path / "out", shapes="x:1x3x32x32",
+                 seasonings=("fuse-bn-into-conv",))
+    out = tmp_path / "out"
+    recipe = tomllib.loads((out / "winner.toml").read_text())
+    assert recipe["route"]["text"] == result.winner.route
+    assert recipe["schema_version"] == 1
+    settings = json.loads((out / "winner.json").read_text())
+    assert settings["settings"]["onnxruntime.graph_optimization_level"] == "all"
+    sess = ort.InferenceSession(str(out / "winner.onnx"), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": np.zeros((1, 3, 32, 32), np.float32)})[0]
+    assert y.shape == (1, 16, 32, 32)
+
+
+def test_not_applicable_seasonings_are_listed(registry: Registry, tmp_path: Path) -> None:
+    model = matmul_chain(tmp_path / "chain.onnx", depth=2)
+    result = run(registry, model, tmp_path / "out", seasonings=("fuse-bn-into-conv",))
+    assert "fuse-bn-into-conv" in result.not_applicable
+    skipped = by_route(result)["fuse-bn-into-conv"]
+    assert skipped.status == "skipped" and skipped.reason == result.not_applicable[
+        "fuse-bn-into-conv"]
+    assert result.space_size == 1

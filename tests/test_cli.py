@@ -1,0 +1,137 @@
+"""The command line, run as a real subprocess: bad input exits 2 with one line."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from graphs import conv_bn
+
+FAST = ["--min-runs", "3", "--min-time", "0.02"]
+
+
+def routetune(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
+    """A model and an output directory that already holds a finished search."""
+    root = tmp_path_factory.mktemp("cli")
+    model = conv_bn(root / "m.onnx")
+    out = root / "out"
+    done = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
+                     "--seasonings", "fuse-bn-into-conv,ort-threads", *FAST)
+    assert done.returncode == 0, done.stderr
+    rows = sqlite3.connect(out / "trials.sqlite").execute("SELECT count(*) FROM trials")
+    return model, out, rows.fetchone()[0]
+
+
+def test_tune_prints_table_and_winner(tuned: tuple[Path, Path, int]) -> None:
+    model, out, rows = tuned
+    again = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
+                      "--seasonings", "fuse-bn-into-conv,ort-threads", *FAST)
+    assert again.returncode == 0
+    assert "winner: " in again.stdout
+    assert "p50 ms" in again.stdout and "speed-up" in again.stdout
+    assert f"to {out}" in again.stdout.replace("\n", "")
+    assert rows >= 3
+
+
+def _npz(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+BAD = {
+    "missing file": (lambda d, m: ["tune", str(d / "nope.onnx")], "nope.onnx: no such file"),
+    "not onnx": (lambda d, m: ["tune", str(_text(d / "t.onnx", "hello"))], "not a"),
+    "truncated": (lambda d, m: ["tune", str(_trunc(m, d / "cut.onnx"))], "not a valid ONNX"),
+    "unknown seasoning": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
+                                        "--seasonings", "fuse-bn,ort-threads"],
+                          "unknown seasoning 'fuse-bn'"),
+    "unknown backend": (lambda d, m: ["tune", str(m), "--backend", "tensorrtx"],
+                        "unknown backend 'tensorrtx'"),
+    "bad accuracy": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
+                                   "--accuracy", "cos>>0.9"], "--accuracy 'cos>>0.9'"),
+    "npz missing input": (lambda d, m: ["tune", str(m), "--inputs",
+                                        str(_npz(d / "a.npz", y=np.zeros(3)))],
+                          "is not a model input"),
+    "npz wrong dtype": (lambda d, m: ["tune", str(m), "--inputs", str(_npz(
+        d / "b.npz", x=np.zeros((1, 3, 32, 32), np.float64)))],
+        "is float64, the model wants float32"),
+    "npz wrong rank": (lambda d, m: ["tune", str(m), "--inputs", str(_npz(
+        d / "c.npz", x=np.zeros((3, 32, 32), np.float32)))], "has rank 4"),
+    "shape contradicts": (lambda d, m: ["tune", str(m), "--shapes", "x:1x4x32x32"],
+                          "dimension 1 is 4 but the model fixes it at 3"),
+    "dynamic without shape": (lambda d, m: ["tune", str(m)],
+                              "dimension 0 ('N') is dynamic; give its size with "
+                              "--shapes x:Nx3x32x32"),
+    "bad shapes text": (lambda d, m: ["tune", str(m), "--shapes", "x=1x3"], "cannot read 'x=1x3'"),
+    "output not writable": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32", "--output",
+                                          str(_text(d / "afile", "x") / "sub")], "not writable"),
+    "unknown search": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32", "--search", "dfs"],
+                       "unknown search strategy 'dfs'"),
+    "unknown example": (lambda d, m: ["tune", "--example", "resnet"], "unknown example"),
+}
+
+
+def _text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _trunc(model: Path, path: Path) -> Path:
+    path.write_bytes(model.read_bytes()[:500])
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2_and_keeps_the_store(
+    case: str, tuned: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    model, out, rows = tuned
+    make_args, message = BAD[case]
+    args = make_args(tmp_path, model)
+    if "--output" not in args:
+        args += ["--output", str(out)]
+    done = routetune(*args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("routetune: error: ")
+    assert message in lines[0]
+    assert "Traceback" not in done.stderr
+    kept = sqlite3.connect(out / "trials.sqlite").execute("SELECT count(*) FROM trials")
+    assert kept.fetchone()[0] == rows
+
+
+def test_foreign_sqlite_file_is_refused_and_kept(
+    tuned: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    model, _, _ = tuned
+    out = tmp_path / "foreign"
+    out.mkdir()
+    db = sqlite3.connect(out / "trials.sqlite")
+    db.execute("CREATE TABLE mine (x)")
+    db.commit()
+    db.close()
+    before = (out / "trials.sqlite").read_bytes()
+    done = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out), *FAST)
+    assert done.returncode == 2
+    assert "a SQLite file that routetune did not write" in done.stderr
+    assert (out / "trials.sqlite").read_bytes() == before
+
+
+def test_seasonings_lists_plugins() -> None:
+    done = routetune("seasonings")
+    assert done.returncode == 0
+    for name in ("fold-constants", "eliminate-noops", "fuse-bn-into-conv", "ort-opt-level",
+                 "ort-no-spinning", "beam", "exhaustive", "cos", "onnxruntime"):
+        assert name in done.stdout
+    assert "routetune 0.1.0" in done.stdout  # the distribution that registered the built-ins

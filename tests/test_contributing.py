@@ -1,0 +1,59 @@
+"""The plugin examples in CONTRIBUTING.md work as written."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import numpy as np
+import onnx
+from graphs import conv_bn
+from onnx import TensorProto, helper, numpy_helper
+
+from routetune.measure import MeasureSettings
+from routetune.registry import Registry
+from routetune.tune import TuneOptions, tune
+
+DOC = Path(__file__).parents[1] / "CONTRIBUTING.md"
+QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)
+
+
+def example(marker: str) -> types.ModuleType:
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    source = next(b for b in blocks if b.startswith(f"# {marker}/"))
+    module = types.ModuleType(marker)
+    exec(compile(source, f"CONTRIBUTING.md:{marker}", "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+def mul_by_one(path: Path) -> Path:
+    one = numpy_helper.from_array(np.ones(1, np.float32), "one")
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Mul", ["r", "one"], ["m"], name="mul"),
+             helper.make_node("Tanh", ["m"], ["y"], name="tanh")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [one])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_seasoning_example(registry: Registry, tmp_path: Path) -> None:
+    example("routetune_mulone").routetune_register_seasonings(registry)
+    result = tune(TuneOptions(model=mul_by_one(tmp_path / "m.onnx"), output=tmp_path / "out",
+                              seasonings=("remove-mul-by-one",), measure=QUICK), registry)
+    trial = next(t for t in result.trials if t.route == "remove-mul-by-one")
+    assert trial.status == "ok"
+    assert trial.passes[0]["stats"] == {"removed": 1}
+    rewritten = onnx.load(tmp_path / "out" / trial.artifact)
+    assert [n.op_type for n in rewritten.graph.node] == ["Relu", "Tanh"]
+
+
+def test_backend_example(registry: Registry, tmp_path: Path) -> None:
+    example("routetune_refeval").routetune_register_backends(registry)
+    result = tune(TuneOptions(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
+                              backend="onnx-reference", shapes="x:1x3x32x32",
+                              seasonings=("fuse-bn-into-conv",), measure=QUICK), registry)
+    assert {t.route: t.status for t in result.trials} == {"base": "ok", "fuse-bn-into-conv": "ok"}
+    assert result.base.device == "cpu: onnx.reference"

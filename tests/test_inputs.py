@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from routetune.errors import UsageError
+from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
+from routetune.model import TensorSpec
+
+X = TensorSpec("x", np.dtype(np.float32), ("N", 3, "H", "W"))
+IDS = TensorSpec("ids", np.dtype(np.int64), (1, 8))
+
+
+def test_parse_shapes_trtexec_style() -> None:
+    assert parse_shapes("x:1x3x48x192,ids:1x8") == {"x": (1, 3, 48, 192), "ids": (1, 8)}
+    assert parse_shapes("a:b:2x2") == {"a:b": (2, 2)}  # names may hold colons
+    assert parse_shapes(None) == {}
+    for bad in ("x", "x:1x0", "x:ax3", ":1x2"):
+        with pytest.raises(UsageError, match="cannot read"):
+            parse_shapes(bad)
+
+
+def test_resolve_shapes_fills_fixed_inputs_and_checks_dynamic_ones() -> None:
+    shapes = resolve_shapes([X, IDS], {"x": (2, 3, 48, 96)})
+    assert shapes == {"x": (2, 3, 48, 96), "ids": (1, 8)}
+    with pytest.raises(UsageError, match=r"dimension 2 \('H'\) is dynamic"):
+        resolve_shapes([TensorSpec("x", np.dtype(np.float32), (1, 3, "H", 4))], {})
+    with pytest.raises(UsageError, match="has no input 'y'"):
+        resolve_shapes([X], {"y": (1,)})
+
+
+def test_synthesize_is_seeded_and_typed() -> None:
+    shapes = {"x": (1, 3, 4, 4), "ids": (1, 8)}
+    a, b = synthesize([X, IDS], shapes), synthesize([X, IDS], shapes)
+    assert len(a) == 2
+    assert all(np.array_equal(a[i][k], b[i][k]) for i in range(2) for k in shapes)
+    assert a[0]["x"].dtype == np.float32 and a[0]["ids"].dtype == np.int64
+    assert 0 <= a[0]["x"].min() and a[0]["x"].max() < 1
+    assert set(np.unique(a[0]["ids"])) <= {0, 1}
+    assert not np.array_equal(a[0]["x"], a[1]["x"])
+
+
+def test_load_npz_file_and_directory(tmp_path: Path) -> None:
+    np.savez(tmp_path / "a.npz", x=np.zeros((1, 3, 8, 8), np.float32))
+    np.savez(tmp_path / "b.npz", x=np.ones((2, 3, 4, 4), np.float32))
+    assert len(load_npz(tmp_path / "a.npz", [X])) == 1
+    feeds = load_npz(tmp_path, [X])
+    assert [f["x"].shape for f in feeds] == [(1, 3, 8, 8), (2, 3, 4, 4)]
+
+
+def test_load_npz_refuses_pickles_and_junk(tmp_path: Path) -> None:
+    np.savez(tmp_path / "p.npz", x=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(UsageError, match="not a readable .npz"):
+        load_npz(tmp_path / "p.npz", [X])
+    (tmp_path / "j.npz").write_text("junk")
+    with pytest.raises(UsageError, match="not a readable .npz"):
+        load_npz(tmp_path / "j.npz", [X])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="no .npz files"):
+        load_npz(tmp_path / "empty", [X])
+    with pytest.raises(UsageError, match="no such file"):
+        load_npz(tmp_path / "missing.npz", [X])

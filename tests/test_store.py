@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from routetune.errors import StorageError
+from routetune.measure import Latency
+from routetune.store import SCHEMA_VERSION, Trial, TrialStore
+
+
+def trial(fp: str = "f1", route: str = "base") -> Trial:
+    return Trial(fp, "m", route, "onnxruntime", "cpu", "s", "ok", "note",
+                 candidate_sha256="c", latency=Latency(10, 1, 2, 3, 1.5, 0.9, 1.1),
+                 build_ms=12.5, engine_bytes=1024, accuracy={"y": {"cos": 1.0}},
+                 passes=({"step": "a", "modified": True, "stats": {"n": 1}},),
+                 settings={"k": 1}, artifact="artifacts/x.onnx", versions={"onnx": "1"})
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    store = TrialStore.open(tmp_path / "t.sqlite")
+    written = store.add(trial())
+    assert written.created_at > 0
+    assert store.get("f1") == written
+    assert store.trials() == [written]
+    assert store.get("nope") is None
+    store.close()
+    again = TrialStore.open(tmp_path / "t.sqlite")
+    assert again.trials() == [written]
+    mode = again.conn.execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_a_trial_is_never_overwritten(tmp_path: Path) -> None:
+    store = TrialStore.open(tmp_path / "t.sqlite")
+    store.add(trial())
+    with pytest.raises(StorageError, match="UNIQUE"):
+        store.add(trial(route="other"))
+    assert [t.route for t in store.trials()] == ["base"]
+
+
+def test_foreign_and_corrupt_files_are_refused(tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign.sqlite"
+    sqlite3.connect(foreign).execute("CREATE TABLE x (y)").connection.commit()
+    with pytest.raises(StorageError, match="did not write"):
+        TrialStore.open(foreign)
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes(b"not a database at all" * 100)
+    with pytest.raises(StorageError, match="not a routetune trial store"):
+        TrialStore.open(corrupt)
+    assert corrupt.read_bytes() == b"not a database at all" * 100
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.sqlite"
+    TrialStore.open(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(StorageError, match="newer routetune"):
+        TrialStore.open(path)

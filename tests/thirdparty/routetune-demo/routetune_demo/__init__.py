@@ -1,0 +1,35 @@
+"""A third-party seasoning plugin: one build seasoning for the ONNX Runtime backend."""
+
+from __future__ import annotations
+
+import os
+
+from routetune import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo, hookimpl
+
+if os.environ.get("ROUTETUNE_DEMO_BREAK"):
+    raise ImportError("routetune_demo was told to break")
+
+
+class SingleThread(Seasoning):
+    """Run ONNX Runtime on one intra-op thread.
+
+    1. Sets ``onnxruntime.intra_op_num_threads`` to 1.
+    """
+
+    info = SeasoningInfo(
+        name="demo-single-thread",
+        stage="build",
+        summary="one intra-op thread (from the routetune-demo package)",
+        backends=frozenset({"onnxruntime"}),
+    )
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Set one intra-op thread."""
+        state.settings["onnxruntime.intra_op_num_threads"] = 1
+        return PassResult(modified=True, stats={"options": 1})
+
+
+@hookimpl
+def routetune_register_seasonings(registry) -> None:  # noqa: ANN001
+    """Register the demo seasoning."""
+    registry.add_seasoning(SingleThread)
