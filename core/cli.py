@@ -82,13 +82,14 @@ def tune_command(
     console.print(trials_table(list(result.trials), result.base, result.winner, registry,
                                title=f"{len(result.trials)} trials, winner first"))
     w = result.winner
-    speed = result.speedup(w)
-    console.print(
-        f"winner: [bold]{w.route}[/bold]"
-        + (f", p50 {w.latency.p50:.3f} ms" if w.latency else "")
-        + (f", {speed:.2f}x the base route" if speed else "")
-        + f" ({result.winner_reason})"
-    )
+    console.print(f"winner: [bold]{w.route}[/bold] ({result.winner_reason})")
+    if result.side_by_side:
+        base, win = result.side_by_side
+        console.print(
+            f"side by side: base route p50 {base.p50:.3f} ms [{base.ci_low:.3f}, "
+            f"{base.ci_high:.3f}], best route p50 {win.p50:.3f} ms [{win.ci_low:.3f}, "
+            f"{win.ci_high:.3f}]: {base.p50 / win.p50:.2f}x"
+        )
     console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {result.outdir}")
 
 

@@ -124,21 +124,41 @@ def measure(runner: Runner, feeds: Sequence[Feed], settings: MeasureSettings) ->
     Returns:
         The latency statistics, in ms.
     """
-    calls = [runner.prepare(feed) for feed in feeds]
-    for call in calls:
-        for _ in range(settings.warmup):
-            call()
-    runner.synchronize()
-    samples: list[float] = []
-    started = time.perf_counter_ns()
-    while True:
-        call = calls[len(samples) % len(calls)]
-        t0 = time.perf_counter_ns()
-        call()
+    return measure_side_by_side([runner], feeds, settings)[0]
+
+
+def measure_side_by_side(
+    runners: Sequence[Runner], feeds: Sequence[Feed], settings: MeasureSettings
+) -> list[Latency]:
+    """Time several runners in one loop, one run of each in turn.
+
+    Interleaving puts every runner under the same machine conditions, so the ratio of
+    their medians is fair even when the machine's speed drifts during the loop. The
+    count and time limits of `settings` apply per runner.
+
+    Returns:
+        One `Latency` per runner, in order (ms).
+    """
+    calls = [[runner.prepare(feed) for feed in feeds] for runner in runners]
+    for runner, prepared in zip(runners, calls, strict=True):
+        for call in prepared:
+            for _ in range(settings.warmup):
+                call()
         runner.synchronize()
-        t1 = time.perf_counter_ns()
-        samples.append((t1 - t0) / 1e6)
-        elapsed = (t1 - started) / 1e9
-        enough = len(samples) >= settings.min_runs and elapsed >= settings.min_time_s
-        if enough or len(samples) >= settings.max_runs or elapsed >= settings.max_time_s:
-            return latency_stats(samples)
+    samples: list[list[float]] = [[] for _ in runners]
+    spent = [0] * len(runners)
+    n = 0
+    while True:
+        for i, runner in enumerate(runners):
+            call = calls[i][n % len(feeds)]
+            t0 = time.perf_counter_ns()
+            call()
+            runner.synchronize()
+            dt = time.perf_counter_ns() - t0
+            samples[i].append(dt / 1e6)
+            spent[i] += dt
+        n += 1
+        elapsed = min(spent) / 1e9
+        enough = n >= settings.min_runs and elapsed >= settings.min_time_s
+        if enough or n >= settings.max_runs or max(spent) / 1e9 >= settings.max_time_s:
+            return [latency_stats(s) for s in samples]

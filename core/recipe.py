@@ -9,7 +9,7 @@ Schema version 1 (``schema_version = 1``) has these tables:
 - ``[accuracy]``: ``expr``, the ``--accuracy`` expression;
 - ``[inputs]``: ``shapes`` (trtexec spelling) or ``path`` (``.npz`` file or folder);
 - ``[result]``: what the search measured: ``status``, ``reason``, ``p50_ms``,
-  ``speedup`` over the base route, ``device``.
+  ``speedup`` over the base route (measured side by side after the search), ``device``.
 """
 
 from __future__ import annotations
@@ -19,31 +19,29 @@ from typing import TYPE_CHECKING
 
 import tomli_w
 
-from routetune.store import Trial
-
 if TYPE_CHECKING:
-    from routetune.tune import Prepared, TuneOptions
+    from routetune.tune import Prepared, TuneResult
 
 SCHEMA_VERSION = 1
 
 
-def write_winner_recipe(
-    path: Path, run: Prepared, opts: TuneOptions, winner: Trial, reason: str
-) -> Path:
+def write_winner_recipe(path: Path, run: Prepared, result: TuneResult) -> Path:
     """Write the winning route as a recipe that pins it exactly.
 
     Returns:
         `path`.
     """
+    winner = result.winner
     model = {"sha256": run.model.source_sha256}
     model.update({k: v for k, v in run.source.items() if k in ("path", "example")})
     inputs = {k: v for k, v in run.source.items() if k in ("shapes",)}
     if "inputs" in run.source:
         inputs["path"] = run.source["inputs"]
-    result: dict[str, object] = {"status": winner.status, "reason": reason,
-                                 "device": winner.device}
+    measured: dict[str, object] = {"status": winner.status, "reason": result.winner_reason,
+                                   "device": winner.device,
+                                   "speedup": round(result.winner_speedup, 4)}
     if winner.latency:
-        result["p50_ms"] = round(winner.latency.p50, 4)
+        measured["p50_ms"] = round(winner.latency.p50, 4)
     doc = {
         "schema_version": SCHEMA_VERSION,
         "model": model,
@@ -51,7 +49,7 @@ def write_winner_recipe(
         "route": {"text": winner.route},
         "accuracy": {"expr": run.constraint.text},
         "inputs": inputs,
-        "result": result,
+        "result": measured,
     }
     path.write_text(tomli_w.dumps(doc))
     return path

@@ -23,7 +23,7 @@ from routetune.backend import Backend
 from routetune.composer import RouteSpace
 from routetune.errors import UsageError
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
-from routetune.measure import MeasureSettings
+from routetune.measure import Latency, MeasureSettings
 from routetune.model import PreparedModel, prepare, sha256
 from routetune.plugin_manager import load_registry
 from routetune.recipe import write_winner_recipe
@@ -90,6 +90,10 @@ class TuneResult:
         not_applicable: Seasoning name to the reason it was not offered.
         outdir: The output directory.
         files: What was written, by role (``model``, ``settings``, ``recipe``, ``store``).
+        side_by_side: The base route's and the search's best route's latency (ms),
+            re-measured in one interleaved loop after the search; None when the base
+            route was best. Unless the best route's interval lies wholly below the base
+            route's, the base route wins.
     """
 
     winner: Trial
@@ -99,13 +103,22 @@ class TuneResult:
     space_size: int
     not_applicable: Mapping[str, str]
     outdir: Path
-    files: Mapping[str, Path]
+    files: dict[str, Path]
+    side_by_side: tuple[Latency, Latency] | None = None
 
     def speedup(self, trial: Trial) -> float | None:
-        """Base p50 over `trial`'s p50, or None when either was not measured."""
+        """Base p50 over `trial`'s p50 from the search, or None when either was not measured."""
         if not (trial.latency and self.base.latency):
             return None
         return self.base.latency.p50 / trial.latency.p50
+
+    @property
+    def winner_speedup(self) -> float:
+        """The winner's speed-up over the base route, from the side-by-side measurement."""
+        if self.side_by_side is None or self.winner is self.base:
+            return 1.0
+        base, winner = self.side_by_side
+        return base.p50 / winner.p50
 
 
 @dataclass
@@ -132,6 +145,10 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
             expression, inputs, shapes or output directory.
     """
     registry = registry or load_registry()
+    if opts.max_trials is not None and opts.max_trials < 1:
+        raise UsageError(f"--max-trials {opts.max_trials}: must be 1 or more (the base route)")
+    if opts.time_budget_s is not None and opts.time_budget_s <= 0:
+        raise UsageError(f"--time-budget {opts.time_budget_s}: must be positive (seconds)")
     backend = _backend(registry, opts.backend)
     source: dict[str, Any] = {}
     given_shapes = parse_shapes(opts.shapes)
@@ -203,8 +220,7 @@ def tune(
     try:
         reference = run.backend if run.backend.name == "onnxruntime" else _backend(
             run.registry, "onnxruntime")
-        with reference.reference(run.model.source) as ref_runner:
-            references = [ref_runner.infer(f) for f in run.feeds]
+        references = _references(reference, run)
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
                           run.constraint, store, run.outdir, opts.measure, run.settings_hash)
         strategy = run.registry.strategy(opts.search)(
@@ -216,9 +232,35 @@ def tune(
         on_start(run, None if planned is None else planned)
         trials = loop.run(strategy, Budget(opts.max_trials, opts.time_budget_s), on_trial)
         trials.extend(skipped)
+        winner, reason = pick_winner(trials)
+        paired = None
+        if winner.route != "base" and winner.artifact and trials[0].artifact:
+            paired = tuple(loop.side_by_side([trials[0], winner]))
+            if not paired[1].ci_high < paired[0].ci_low:
+                reason = (f"'{winner.route}' was fastest in the search, but side by side it "
+                          f"is not faster than the base route ({paired[1].p50:.3f} ms vs "
+                          f"{paired[0].p50:.3f} ms); the base route stands")
+                winner = trials[0]
     finally:
         store.close()
-    return _finish(run, opts, trials, store_path)
+    return _finish(run, opts, trials, store_path, winner, reason, paired)
+
+
+def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
+    """The FP32 reference outputs of the original model, one mapping per input set.
+
+    Raises:
+        UsageError: The reference runtime cannot load or run the model on these inputs.
+    """
+    try:
+        with backend.reference(run.model.source) as runner:
+            return [runner.infer(feed) for feed in run.feeds]
+    except Exception as e:  # the runtime's own error types
+        raise UsageError(
+            f"{run.model.source}: the FP32 reference ({backend.name}, optimisations off) "
+            f"cannot run the model on these inputs: {' '.join(str(e).split())[:300]}; "
+            "check the inputs and shapes"
+        ) from e
 
 
 def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
@@ -244,19 +286,21 @@ def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
                     "within the confidence intervals, and is simpler")
 
 
-def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path) -> TuneResult:
-    winner, reason = pick_winner(trials)
+def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path, winner: Trial,
+            reason: str, paired: tuple[Latency, Latency] | None) -> TuneResult:
     base = next(t for t in trials if t.route == "base")
     ordered = [winner] + sorted(
         (t for t in trials if t is not winner),
         key=lambda t: ((0 if t.status == "ok" else 1), *rank_key(t)),
     )
-    files = {"store": store, **_write_winner(run, opts, winner, reason)}
-    return TuneResult(winner, reason, tuple(ordered), base, run.space.size(),
-                      run.not_applicable, run.outdir, files)
+    result = TuneResult(winner, reason, tuple(ordered), base, run.space.size(),
+                        run.not_applicable, run.outdir, {"store": store}, paired)
+    result.files.update(_write_winner(run, opts, result))
+    return result
 
 
-def _write_winner(run: Prepared, opts: TuneOptions, winner: Trial, reason: str) -> dict[str, Path]:
+def _write_winner(run: Prepared, opts: TuneOptions, result: TuneResult) -> dict[str, Path]:
+    winner, reason = result.winner, result.winner_reason
     model_path = run.outdir / "winner.onnx"
     if winner.artifact:
         shutil.copyfile(run.outdir / winner.artifact, model_path)
@@ -268,12 +312,13 @@ def _write_winner(run: Prepared, opts: TuneOptions, winner: Trial, reason: str) 
         "backend_version": run.backend.version(),
         "settings": dict(winner.settings) or run.backend.full_settings({}),
         "p50_ms": winner.latency.p50 if winner.latency else None,
+        "speedup": round(result.winner_speedup, 4),
         "status": winner.status,
         "reason": reason,
     }
     settings_path = run.outdir / "winner.json"
     settings_path.write_text(json.dumps(settings, indent=2) + "\n")
-    recipe = write_winner_recipe(run.outdir / "winner.toml", run, opts, winner, reason)
+    recipe = write_winner_recipe(run.outdir / "winner.toml", run, result)
     return {"model": model_path, "settings": settings_path, "recipe": recipe}
 
 
@@ -296,7 +341,10 @@ def _offered(
     skipped: dict[str, str] = {}
     for name in chosen:
         cls = registry.seasoning(name)
-        reason = cls().applicable(graph, backend)
+        try:
+            reason = cls().applicable(graph, backend)
+        except Exception as e:  # a plugin's check must not stop the run
+            reason = f"applicable() raised {type(e).__name__}: {e}"
         if reason:
             skipped[name] = reason
         else:

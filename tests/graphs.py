@@ -62,3 +62,28 @@ def matmul_chain(path: Path, depth: int = 8, width: int = 256, batch: int = 64) 
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])], inits,
     )
     return _save(graph, path)
+
+
+def wasteful(path: Path, width: int = 256, depth: int = 6) -> Path:
+    """y = Relu(x) + 0 * tanh-MatMul-chain(x): a heavy branch that changes nothing.
+
+    x f32[64,width] -> y f32[64,width]. Removing the branch is exact and much faster.
+    """
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(np.zeros(1, np.float32), "zero")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu")]
+    prev = "x"
+    for i in range(depth):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"matmul{i}"))
+        nodes.append(helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"))
+        prev = f"t{i}"
+    nodes.append(helper.make_node("Mul", [prev, "zero"], ["waste"], name="times_zero"))
+    nodes.append(helper.make_node("Add", ["r", "waste"], ["y"], name="add"))
+    graph = helper.make_graph(
+        nodes, "wasteful",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, width])], inits,
+    )
+    return _save(graph, path)

@@ -30,7 +30,7 @@ from routetune.errors import (
     RoutetuneError,
     SeasoningError,
 )
-from routetune.measure import MeasureSettings, measure
+from routetune.measure import Latency, MeasureSettings, measure, measure_side_by_side
 from routetune.model import PreparedModel, check_candidate, sha256
 from routetune.registry import Registry
 from routetune.route import Route, Step
@@ -165,6 +165,25 @@ class SearchLoop:
         trial = self._trial(route, fingerprint)
         logger.info("%s: %s %s", route, trial.status, trial.reason)
         return self.store.add(trial), False
+
+    def side_by_side(self, trials: Sequence[Trial]) -> list[Latency]:
+        """Rebuild stored trials' engines and time them in one interleaved loop.
+
+        Returns:
+            One latency per trial (ms), measured under the same machine conditions.
+
+        Raises:
+            BuildError: An engine could not be rebuilt.
+        """
+        runners = []
+        try:
+            for t in trials:
+                path = self.outdir / t.artifact
+                runners.append(self.backend.open(self.backend.build(path, t.settings, path.parent)))
+            return measure_side_by_side(runners, self.feeds, self.measure_settings)
+        finally:
+            for runner in runners:
+                runner.close()
 
     def record_skipped(self, route: Route, reason: str) -> Trial:
         """Store a route that was not built (a seasoning that does not apply)."""

@@ -106,7 +106,7 @@ def infer(graph: gs.Graph) -> gs.Graph | None:
     model = gs.export_onnx(graph, do_type_check=False)
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except (onnx.shape_inference.InferenceError, ValueError) as e:
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError) as e:
         logger.debug("shape inference failed, using declared types only: %s", e)
         return None
     return gs.import_onnx(inferred)

@@ -73,7 +73,7 @@ class EliminateNoops(Seasoning):
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Remove the no-op nodes of `state.graph` in place."""
         graph = state.graph
-        dtypes = _InputTypes(graph)
+        dtypes = _inferred_dtypes(graph)
         removed: dict[int, gs.Node] = {}
         former_inputs: list[gs.Tensor] = []
         stats: Counter[str] = Counter()
@@ -93,25 +93,23 @@ class EliminateNoops(Seasoning):
         return PassResult(modified=bool(removed), stats=dict(stats))
 
 
-class _InputTypes:
-    """Element types of tensors: declared ones first, shape inference run once if needed."""
+def _inferred_dtypes(graph: gs.Graph) -> dict[str, int]:
+    """ONNX element types by tensor name, when some Cast's input declares none.
 
-    def __init__(self, graph: gs.Graph) -> None:
-        self.graph = graph
-        self.inferred: dict[str, gs.Tensor] | None = None
-
-    def of(self, tensor: gs.Tensor) -> int | None:
-        dtype = onnx_dtype(tensor)
-        if dtype is not None:
-            return dtype
-        if self.inferred is None:
-            inferred = infer(self.graph)
-            self.inferred = inferred.tensors() if inferred is not None else {}
-        source = self.inferred.get(tensor.name)
-        return onnx_dtype(source) if source is not None else None
+    Shape inference runs at most once, and before anything is rewritten: a graph with
+    half-disconnected nodes would not export cleanly.
+    """
+    casts = (n for n in graph.nodes if n.op == "Cast" and n.inputs)
+    if all(onnx_dtype(n.inputs[0]) is not None for n in casts):
+        return {}
+    inferred = infer(graph)
+    if inferred is None:
+        return {}
+    dtypes = {name: onnx_dtype(t) for name, t in inferred.tensors().items()}
+    return {name: dtype for name, dtype in dtypes.items() if dtype is not None}
 
 
-def _is_noop(graph: gs.Graph, node: gs.Node, dtypes: _InputTypes) -> bool:
+def _is_noop(graph: gs.Graph, node: gs.Node, inferred: dict[str, int]) -> bool:
     if node.op not in NOOP_OPS or node.domain not in ("", "ai.onnx", None):
         return False
     if not node.inputs or not node.outputs or node.inputs[0].is_empty():
@@ -119,7 +117,9 @@ def _is_noop(graph: gs.Graph, node: gs.Node, dtypes: _InputTypes) -> bool:
     if node.op == "Identity":
         return True
     if node.op == "Cast":
-        return dtypes.of(node.inputs[0]) == node.attrs.get("to")
+        src = node.inputs[0]
+        dtype = onnx_dtype(src)
+        return (dtype if dtype is not None else inferred.get(src.name)) == node.attrs.get("to")
     return _is_inference_dropout(graph, node)
 
 

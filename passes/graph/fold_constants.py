@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
 import onnx
@@ -12,6 +13,7 @@ from routetune.errors import PostconditionError
 from routetune.passes.graph.constants import (
     constant_node,
     inferred_types,
+    normalize_constant_node,
     onnx_dtype,
 )
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
@@ -32,10 +34,11 @@ class FoldConstants(Seasoning):
 
     Rewrite rules, in order:
 
-    1. A ``Constant`` node with a ``value_float(s)`` or ``value_int(s)`` attribute gets a
-       ``value`` tensor attribute of float32 or int64 instead. onnx-graphsurgeon reads
-       those attributes with ``np.array``, which gives float64 (and int32 on Windows),
-       and ONNX Runtime then refuses e.g. ``Mul(float, double)``.
+    1. A ``Constant`` node (in the graph, its subgraphs or its functions) with a
+       ``value_float(s)`` or ``value_int(s)`` attribute gets a ``value`` tensor
+       attribute of float32 or int64 instead. onnx-graphsurgeon reads those attributes
+       with ``np.array``, which gives float64 (and int32 on Windows), and ONNX Runtime
+       then refuses e.g. ``Mul(float, double)``.
     2. For the duration of the fold, intermediate tensors carry the dtypes and shapes
        of ONNX shape inference (``onnx.shape_inference.infer_shapes``, with data
        propagation). Without them onnx-graphsurgeon cannot fold ``Shape`` of an
@@ -45,7 +48,10 @@ class FoldConstants(Seasoning):
     3. Every ``Constant`` node becomes an initializer, and every node whose inputs are
        all constants (including ``Shape``, ``Gather``/``Slice`` of a ``Shape`` with
        static dims) becomes an initializer holding its output. Partitioning is
-       ``basic``: a subgraph that ONNX Runtime cannot evaluate stays as it is.
+       ``recursive``: a node that ONNX Runtime cannot evaluate stays, and its
+       constant inputs still fold. (``basic`` partitioning recurses without end on a
+       single node that fails, in onnx-graphsurgeon 0.6.1; ``None`` folds nothing
+       when any node fails.)
     4. Nodes and initializers that no graph output depends on are removed. Graph
        inputs are the model's signature and stay, with their names and dtypes, even
        when folding leaves them unused (``cleanup(remove_unused_graph_inputs=False)``):
@@ -87,12 +93,12 @@ class FoldConstants(Seasoning):
         graph = state.graph
         before = _signature(graph)
         n_nodes = len(graph.nodes)
-        normalized = 0
+        normalized = sum(normalize_constant_node(n) for n in _all_nodes(graph))
         graph.inputs = [t for t in graph.inputs if not isinstance(t, gs.Constant)]
         graph.toposort()
         with inferred_types(graph) as n_inferred:
             float64 = {name for name, t in graph.tensors().items() if _is_float64(t)}
-            graph.fold_constants(partitioning="basic")
+            graph.fold_constants(partitioning="recursive")
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         leaks = sorted(
             name
@@ -120,10 +126,17 @@ def _is_float64(tensor: gs.Tensor) -> bool:
     return onnx_dtype(tensor) == onnx.TensorProto.DOUBLE
 
 
+def _all_nodes(graph: gs.Graph) -> Iterator[gs.Node]:
+    """The nodes of `graph`, of its subgraphs and of its functions (which also fold)."""
+    for g in (graph, *graph.functions):
+        for sub in (g, *g.subgraphs(recursive=True)):
+            yield from sub.nodes
+
+
 def _signature(graph: gs.Graph) -> tuple[tuple[str, ...], list[tuple]]:
-    """The graph inputs and the sorted (op, inputs, outputs) of every node."""
+    """The graph inputs and the sorted (op, inputs, outputs) of every node, subgraphs too."""
     nodes = sorted(
         (n.op, tuple(t.name for t in n.inputs), tuple(t.name for t in n.outputs))
-        for n in graph.nodes
+        for n in _all_nodes(graph)
     )
     return tuple(t.name for t in graph.inputs), nodes

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
-import sys
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,47 +15,15 @@ import pytest
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning
 
-CACHE = Path(os.environ.get("ROUTETUNE_TEST_CACHE", "/tmp/routetune-test-cache"))
-WHEEL = "rapidocr-onnxruntime==1.4.4"
-CLS_MEMBER = "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
-CLS_SHA256_PREFIX = "e47acedf663230f8"
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
 
 @pytest.fixture(scope="session")
-def ppocr_cls_path() -> Path:
+def ppocr_cls_path(model_path: Callable[[str], Path]) -> Path:
     """The PP-OCR mobile v2.0 direction classifier, x f32[N,3,48,192] -> f32[N,2].
 
-    Taken from the rapidocr-onnxruntime 1.4.4 wheel (``pip download``, no install) and
-    cached under ``ROUTETUNE_TEST_CACHE`` (default /tmp/routetune-test-cache). Skips
-    when the wheel cannot be downloaded; fails when its sha256 is not the expected one.
+    Fetched by `routetune.examples` from the rapidocr-onnxruntime 1.4.4 wheel, sha256
+    checked; the test skips when the wheel cannot be downloaded.
     """
-    target = CACHE / Path(CLS_MEMBER).name
-    if target.is_file() and _sha256(target.read_bytes()).startswith(CLS_SHA256_PREFIX):
-        return target
-    wheels = CACHE / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), WHEEL]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        pytest.skip(f"pip download {WHEEL} failed: {e}")
-    found = sorted(wheels.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
-    if proc.returncode != 0 or not found:
-        last = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
-        pytest.skip(f"pip download {WHEEL} failed (offline?): {last}")
-    with zipfile.ZipFile(found[0]) as wheel:
-        data = wheel.read(CLS_MEMBER)
-    digest = _sha256(data)
-    if not digest.startswith(CLS_SHA256_PREFIX):
-        pytest.fail(f"{CLS_MEMBER}: sha256 {digest}, expected {CLS_SHA256_PREFIX}...")
-    partial = target.with_suffix(f".{os.getpid()}.part")
-    partial.write_bytes(data)
-    partial.replace(target)
-    return target
+    return model_path("ppocr-cls")
 
 
 @dataclass

@@ -87,6 +87,27 @@ def test_constant_attributes_fold_to_float32_and_int64(season, random_feeds, ass
     assert_equivalent(model, out.model, random_feeds(model))
 
 
+def test_constant_attributes_in_subgraphs_fold_to_float32(season, assert_equivalent):
+    model = parse("""
+    g (float[2] x, bool c) => (float[2] y) {
+      [if] y = If(c) <
+        then_branch = t () => (float[2] a) {
+          [k0] k = Constant <value_float = 2.0> ()
+          [mul] a = Mul(x, k)
+        },
+        else_branch = e () => (float[2] b) { [relu] b = Relu(x) }
+      >
+    }
+    """)
+    out = season(FoldConstants, model)
+    assert out.result.modified
+    then_branch = out.model.graph.node[0].attribute[0].g
+    assert [t.data_type for t in then_branch.initializer] == [onnx.TensorProto.FLOAT]
+    x = np.array([1.0, -2.0], np.float32)
+    for c in (True, False):
+        assert_equivalent(model, out.model, {"x": x, "c": np.array(c)})
+
+
 def test_keeps_user_inputs_that_folding_leaves_unused(season, random_feeds, assert_equivalent):
     model = parse("""
     g (float[2,3] x, float[3,2] like) => (float[3,2] y) {
@@ -164,3 +185,21 @@ def test_ppocr_classifier(ppocr_cls_path, season, random_feeds, assert_equivalen
     assert_equivalent(model, out.model, feeds, atol=1e-4)
     again = season(FoldConstants, out.model)
     assert not again.result.modified
+
+
+def test_leaves_what_onnx_runtime_cannot_evaluate(season):
+    # No numerical check: ONNX Runtime has no kernel for the custom op, which is why it
+    # must stay while the constants in front of it fold.
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17, "test.custom" : 1]>
+    g (float[3] x) => (float[3] y) {
+      [c0] a = Constant <value = float[3] {1.0, 2.0, 3.0}> ()
+      [add] ab = Add(a, a)
+      [custom] z = test.custom.Mystery(ab)
+      [mul] y = Mul(x, z)
+    }
+    """)
+    out = season(FoldConstants, model)
+    assert out.result.modified
+    assert out.ops == ["Mystery", "Mul"]
+    assert list(initializer_types(out.model)) == ["ab"]
