@@ -49,7 +49,7 @@ def main() -> None:
         for t in measured:
             route = parse_route(t.route)
             if len(route) == 1:
-                effects.setdefault(t.route, {})[name] = round(result.speedup(t), 3)
+                effects.setdefault(t.route, {})[name] = round(t.speedup, 3)
     print(f"routetune {routetune.__version__}, onnxruntime {ort.__version__}, onnx "
           f"{onnx.__version__}, Python {platform.python_version()}, {os.cpu_count()} cores, "
           f"{platform.processor() or platform.machine()}")

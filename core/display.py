@@ -37,17 +37,17 @@ def trials_table(
     """A table of trials in the given order: route, status and reason, latency, accuracy.
 
     Latency columns are in ms: p50, p90, and ``±`` the half-width of the median's 95%
-    confidence interval. Speed-up is the base route's p50 over the trial's p50.
+    confidence interval. Speed-up is the base route's p50 over the trial's p50, both
+    measured side by side during the trial.
     """
     table = Table(title=title, show_lines=False, expand=False)
     for col, justify in (("#", "right"), ("route", "left"), ("status", "left"),
                          ("p50 ms", "right"), ("p90 ms", "right"), ("±", "right"),
                          ("speed-up", "right"), ("accuracy", "left"), ("reason", "left")):
         table.add_column(col, justify=justify, overflow="fold")
-    base_p50 = base.latency.p50 if base.latency else None
     for i, t in enumerate(trials, 1):
         lat = t.latency
-        speed = f"{base_p50 / lat.p50:.2f}x" if lat and base_p50 else ""
+        speed = f"{t.speedup:.2f}x" if t.speedup else ""
         route = f"[bold]{t.route}[/bold]" if t is winner else t.route
         status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
         table.add_row(

@@ -65,6 +65,11 @@ class Latency:
         """Half the width of the median's confidence interval, in ms."""
         return (self.ci_high - self.ci_low) / 2
 
+    def scaled(self, factor: float) -> Latency:
+        """Every statistic multiplied by `factor` (``n`` unchanged)."""
+        return Latency(self.n, self.p50 * factor, self.p90 * factor, self.p99 * factor,
+                       self.mean * factor, self.ci_low * factor, self.ci_high * factor)
+
     def ties(self, other: Latency) -> bool:
         """Whether the two medians' confidence intervals overlap (a tie)."""
         return self.ci_low <= other.ci_high and other.ci_low <= self.ci_high
@@ -128,12 +133,16 @@ def measure(runner: Runner, feeds: Sequence[Feed], settings: MeasureSettings) ->
 
 
 def measure_side_by_side(
-    runners: Sequence[Runner], feeds: Sequence[Feed], settings: MeasureSettings
+    runners: Sequence[Runner], feeds: Sequence[Feed], settings: MeasureSettings,
+    block_s: float = 0.1,
 ) -> list[Latency]:
-    """Time several runners in one loop, one run of each in turn.
+    """Time several runners in one loop, in alternating blocks of runs.
 
-    Interleaving puts every runner under the same machine conditions, so the ratio of
-    their medians is fair even when the machine's speed drifts during the loop. The
+    Alternating puts every runner under the same machine conditions, so the ratio of
+    their medians is fair even when the machine's speed drifts during the loop. Each
+    block lasts about `block_s` seconds (3 runs at least) and its first run is not
+    counted: a runtime's idle threads may still be busy-waiting after the previous
+    block (ONNX Runtime's thread pools spin), which would slow the other runner. The
     count and time limits of `settings` apply per runner.
 
     Returns:
@@ -146,19 +155,26 @@ def measure_side_by_side(
                 call()
         runner.synchronize()
     samples: list[list[float]] = [[] for _ in runners]
-    spent = [0] * len(runners)
-    n = 0
+    spent = [0.0] * len(runners)
+    done = [0] * len(runners)  # runs so far, to rotate over the input sets
     while True:
         for i, runner in enumerate(runners):
-            call = calls[i][n % len(feeds)]
-            t0 = time.perf_counter_ns()
-            call()
-            runner.synchronize()
-            dt = time.perf_counter_ns() - t0
-            samples[i].append(dt / 1e6)
-            spent[i] += dt
-        n += 1
-        elapsed = min(spent) / 1e9
-        enough = n >= settings.min_runs and elapsed >= settings.min_time_s
-        if enough or n >= settings.max_runs or max(spent) / 1e9 >= settings.max_time_s:
+            block_start = time.perf_counter_ns()
+            k = 0
+            while True:
+                call = calls[i][done[i] % len(feeds)]
+                done[i] += 1
+                t0 = time.perf_counter_ns()
+                call()
+                runner.synchronize()
+                t1 = time.perf_counter_ns()
+                if k > 0 or len(runners) == 1:
+                    samples[i].append((t1 - t0) / 1e6)
+                    spent[i] += (t1 - t0) / 1e9
+                k += 1
+                if len(runners) == 1 or (k >= 3 and (t1 - block_start) / 1e9 >= block_s):
+                    break
+        n = min(len(s) for s in samples)
+        enough = n >= settings.min_runs and min(spent) >= settings.min_time_s
+        if enough or n >= settings.max_runs or max(spent) >= settings.max_time_s:
             return [latency_stats(s) for s in samples]

@@ -37,6 +37,7 @@ CREATE TABLE trials (
     status TEXT NOT NULL,
     reason TEXT NOT NULL,
     latency TEXT,
+    base_latency TEXT,
     build_ms REAL,
     engine_bytes INTEGER,
     accuracy TEXT,
@@ -68,6 +69,8 @@ class Trial:
         reason: Why the trial is not ``ok`` (or a note when it is).
         candidate_sha256: sha256 of the built model plus its full build settings.
         latency: Latency in ms, when measured.
+        base_latency: The base route's latency in ms, measured in alternating blocks
+            with this trial's (see `routetune.measure.measure_side_by_side`).
         build_ms: Build time in ms.
         engine_bytes: The engine's size in bytes.
         accuracy: Per output name, metric name to value.
@@ -88,6 +91,7 @@ class Trial:
     reason: str = ""
     candidate_sha256: str | None = None
     latency: Latency | None = None
+    base_latency: Latency | None = None
     build_ms: float | None = None
     engine_bytes: int | None = None
     accuracy: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
@@ -96,6 +100,27 @@ class Trial:
     artifact: str | None = None
     versions: Mapping[str, str] = field(default_factory=dict)
     created_at: float = 0.0
+
+
+    @property
+    def relative(self) -> Latency | None:
+        """The latency divided by the base route's p50 measured alongside it (unitless).
+
+        Machine speed drifts during a long search; the ratio to a base route measured
+        at the same time does not. Without a paired base measurement, the latency in ms.
+        """
+        if self.latency is None:
+            return None
+        if self.base_latency is None:
+            return self.latency
+        return self.latency.scaled(1.0 / self.base_latency.p50)
+
+    @property
+    def speedup(self) -> float | None:
+        """The base route's p50 over this trial's, measured side by side; None if unmeasured."""
+        if self.latency is None or self.base_latency is None:
+            return None
+        return self.base_latency.p50 / self.latency.p50
 
 
 class TrialStore:
@@ -182,7 +207,9 @@ class TrialStore:
         """
         row = asdict(trial)
         row["created_at"] = trial.created_at or time.time()
-        row["latency"] = json.dumps(asdict(trial.latency)) if trial.latency else None
+        for key in ("latency", "base_latency"):
+            value = getattr(trial, key)
+            row[key] = json.dumps(asdict(value)) if value else None
         for key in ("accuracy", "passes", "settings", "versions"):
             row[key] = json.dumps(row[key])
         cols = ", ".join(row)
@@ -212,12 +239,13 @@ class TrialStore:
 
 def _trial(row: dict[str, Any]) -> Trial:
     row.pop("id")
-    raw = row.pop("latency")
-    latency = json.loads(raw) if raw else None
+    latency, base = (json.loads(raw) if (raw := row.pop(k)) else None
+                     for k in ("latency", "base_latency"))
     return Trial(
         **{k: v for k, v in row.items()
            if k not in ("accuracy", "passes", "settings", "versions")},
         latency=Latency(**latency) if latency else None,
+        base_latency=Latency(**base) if base else None,
         accuracy=json.loads(row["accuracy"]),
         passes=tuple(json.loads(row["passes"])),
         settings=json.loads(row["settings"]),

@@ -106,12 +106,6 @@ class TuneResult:
     files: dict[str, Path]
     side_by_side: tuple[Latency, Latency] | None = None
 
-    def speedup(self, trial: Trial) -> float | None:
-        """Base p50 over `trial`'s p50 from the search, or None when either was not measured."""
-        if not (trial.latency and self.base.latency):
-            return None
-        return self.base.latency.p50 / trial.latency.p50
-
     @property
     def winner_speedup(self) -> float:
         """The winner's speed-up over the base route, from the side-by-side measurement."""
@@ -217,6 +211,7 @@ def tune(
             if old.exists():
                 old.rename(run.outdir / f"trials.{stamp}.sqlite{suffix}")
     store = TrialStore.open(store_path)
+    loop = None
     try:
         reference = run.backend if run.backend.name == "onnxruntime" else _backend(
             run.registry, "onnxruntime")
@@ -242,6 +237,8 @@ def tune(
                           f"{paired[0].p50:.3f} ms); the base route stands")
                 winner = trials[0]
     finally:
+        if loop is not None:
+            loop.close()
         store.close()
     return _finish(run, opts, trials, store_path, winner, reason, paired)
 
@@ -266,9 +263,10 @@ def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
 def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
     """Pick the winner: the fastest accurate trial, ties broken toward simpler routes.
 
-    Two trials tie when the 95% confidence intervals of their medians overlap; among
-    the trials tied with the fastest, the one with the fewest seasonings wins (then
-    the lower median).
+    Speed is each trial's p50 relative to the base route measured alongside it. Two
+    trials tie when the 95% confidence intervals of their medians overlap; among the
+    trials tied with the fastest, the one with the fewest seasonings wins (then the
+    lower median).
 
     Returns:
         The winner and a one-line reason. With no accurate trial, the base route.
@@ -278,7 +276,7 @@ def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
     if not accurate:
         return base, "no route met the accuracy constraint; the base route is the fallback"
     fastest = accurate[0]
-    tied = [t for t in accurate if t.latency.ties(fastest.latency)]
+    tied = [t for t in accurate if t.relative.ties(fastest.relative)]
     winner = min(tied, key=lambda t: (rank_key(t)[1], rank_key(t)[0]))
     if winner is fastest:
         return winner, "fastest accurate route"

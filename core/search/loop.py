@@ -22,7 +22,7 @@ import onnx_graphsurgeon as gs
 
 import routetune
 from routetune.accuracy import Constraint, check_accuracy
-from routetune.backend import Backend
+from routetune.backend import Backend, Runner
 from routetune.errors import (
     BackendError,
     PluginError,
@@ -100,6 +100,7 @@ class SearchLoop:
         self.versions = _versions(backend)
         self._snapshots: OrderedDict[Route, tuple[bytes, list[dict[str, Any]]]] = OrderedDict()
         self._snapshots[Route()] = (model.data, [])
+        self._base: Runner | bool | None = None
         self._candidates = {
             t.candidate_sha256: t.route for t in store.trials()
             if t.candidate_sha256 and t.status != "skipped"
@@ -230,12 +231,48 @@ class SearchLoop:
                 outputs = [runner.infer(feed) for feed in self.feeds]
                 verdict = check_accuracy(self.constraint, self.registry, outputs, self.references)
                 fields["accuracy"] = verdict.metrics
-                fields["latency"] = measure(runner, self.feeds, self.measure_settings)
+                fields["latency"], fields["base_latency"] = self._measure(runner, route)
         except Exception as e:  # a crash inside one candidate never stops the search
             return self._record(route, fingerprint, "crashed", _describe(e), **fields)
         if not verdict.passed:
             return self._record(route, fingerprint, "accuracy-failed", verdict.reason, **fields)
         return self._record(route, fingerprint, "ok", "; ".join(verdict.notes), **fields)
+
+    def _measure(self, runner: Runner, route: Route) -> tuple[Latency, Latency | None]:
+        """Time a candidate in alternating blocks with the base route's engine.
+
+        Returns:
+            The candidate's latency and the base route's, measured side by side (for the
+            base route itself, the same latency twice). Without a base engine, the
+            candidate's alone and None.
+        """
+        if route.is_base:
+            latency = measure(runner, self.feeds, self.measure_settings)
+            return latency, latency
+        base = self._base_runner()
+        if base is None:
+            return measure(runner, self.feeds, self.measure_settings), None
+        latency, base_latency = measure_side_by_side([runner, base], self.feeds,
+                                                     self.measure_settings)
+        return latency, base_latency
+
+    def _base_runner(self) -> Runner | None:
+        """The base route's engine, opened once and kept for paired measurements."""
+        if self._base is None:
+            path = self._save_model(self.model.data)
+            try:
+                engine = self.backend.build(path, self.backend.full_settings({}), path.parent)
+                self._base = self.backend.open(engine)
+            except Exception as e:  # the base trial records the same failure
+                logger.warning("base route cannot be built for paired timing: %s", e)
+                self._base = False
+        return self._base or None
+
+    def close(self) -> None:
+        """Close the base route's engine."""
+        if self._base:
+            self._base.close()
+        self._base = None
 
     def _apply(self, route: Route) -> tuple[bytes, list[dict[str, Any]], dict[str, Any]]:
         """Apply a route's steps to the prepared model, from the longest snapshot."""

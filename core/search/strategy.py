@@ -57,7 +57,10 @@ class Strategy:
 
 
 def rank_key(trial: Trial) -> tuple[float, int, str]:
-    """Sort key of accurate trials: faster first, then fewer steps, then by text."""
-    p50 = trial.latency.p50 if trial.latency else float("inf")
+    """Sort key of accurate trials: faster first, then fewer steps, then by text.
+
+    Speed is the p50 relative to the base route measured alongside (`Trial.relative`).
+    """
+    p50 = trial.relative.p50 if trial.relative else float("inf")
     steps = 0 if trial.route == "base" else trial.route.count(",") + 1
     return (p50, steps, trial.route)
