@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from routetune.errors import UsageError
 from routetune.registry import Registry
@@ -119,7 +119,7 @@ class RouteSpace:
 
 
 def _linear_extensions(
-    items: Sequence[str], must_precede: callable
+    items: Sequence[str], must_precede: Callable[[str, str], bool]
 ) -> list[tuple[str, ...]]:
     """All orders of `items` that respect `must_precede(a, b)`, in lexicographic order."""
     if not items:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -199,5 +198,3 @@ def _find_cycle(edges: dict[str, set[str]]) -> list[str]:
                 return found
     return []
 
-
-RegisterHook = Callable[[Registry], None]

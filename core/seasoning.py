@@ -153,13 +153,14 @@ class RouteState:
     """The state a route's seasonings act on.
 
     Args:
-        graph: The model being rewritten, as an onnx-graphsurgeon graph.
+        graph: The model being rewritten, as an onnx-graphsurgeon graph; None while only
+            build seasonings run (the search does not import the graph for them).
         settings: Backend build options, keyed by namespaced option name
             (``onnxruntime.graph_optimization_level``); checked against the backend's
             option schema before the build.
     """
 
-    graph: gs.Graph
+    graph: gs.Graph | None
     settings: dict[str, Any] = field(default_factory=dict)
 
 
