@@ -132,6 +132,15 @@ class Backend:
                 raise BackendError(f"option '{key}': bad value {value!r}; allowed: {allowed}")
         return {**{k: s.default for k, s in specs.items()}, **settings}
 
+    def dtype_support(self, dtype: str) -> str | None:
+        """Return why engines of this backend cannot compute in `dtype`, or None.
+
+        Args:
+            dtype: An ONNX element type name in lower case (``float16``, ``bfloat16``,
+                ``float8e4m3fn``).
+        """
+        return None
+
     def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path) -> Engine:
         """Build an engine from an ONNX file with full `settings`.
 
@@ -143,6 +152,14 @@ class Backend:
     def open(self, engine: Engine) -> Runner:
         """Open a built engine for inference."""
         raise NotImplementedError
+
+    def evaluate(self, model: Any, feeds: list[Feed]) -> list[dict[str, np.ndarray]]:
+        """Run an ``onnx.ModelProto`` as the FP32 reference on each feed; all outputs.
+
+        Raises:
+            BackendError: This backend cannot serve as the reference.
+        """
+        raise BackendError(f"backend '{self.name}' cannot compute reference outputs")
 
     def reference(self, model_path: Path) -> Runner:
         """Open `model_path` as the FP32 accuracy reference, with no optimisation.

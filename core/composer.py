@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from routetune.errors import UsageError
 from routetune.registry import Registry
 from routetune.route import Route, Step
-from routetune.seasoning import STAGES, SeasoningInfo
+from routetune.seasoning import STAGES, ParamValue, SeasoningInfo
 
 
 class RouteSpace:
@@ -40,11 +40,11 @@ class RouteSpace:
             raise UsageError(f"--max-depth {max_depth}: must be 0 or more")
 
     def choices(self, name: str) -> list[Step]:
-        """Every parameter combination of one seasoning, as steps (params sorted)."""
+        """Every parameter combination of one seasoning, as canonical steps."""
         info = self.infos[name]
         names = [p.name for p in info.params]
         combos = itertools.product(*(p.choices for p in info.params))
-        return [Step.of(name, dict(zip(names, combo, strict=True))) for combo in combos]
+        return [canonical_step(info, dict(zip(names, combo, strict=True))) for combo in combos]
 
     def consistent(self, names: Iterable[str]) -> bool:
         """Whether a set of seasonings meets every ``requires`` and ``conflicts``."""
@@ -108,7 +108,7 @@ class RouteSpace:
                 continue
             if not self.consistent(set(present) | added):
                 continue
-            extras = {n: Step.of(n, self.infos[n].defaults()) for n in added - {name}}
+            extras = {n: Step(n) for n in added - {name}}
             for order in self.orderings(set(present) | added):
                 if [n for n in order if n in present] != list(route.names):
                     continue
@@ -116,6 +116,12 @@ class RouteSpace:
                     fixed = {**present, **extras, name: step}
                     out.append(Route(tuple(fixed[n] for n in order)))
         return out
+
+
+def canonical_step(info: SeasoningInfo, params: Mapping[str, ParamValue]) -> Step:
+    """A step with only the parameters that differ from their defaults (its canonical form)."""
+    defaults = info.defaults()
+    return Step.of(info.name, {k: v for k, v in params.items() if v != defaults.get(k)})
 
 
 def _linear_extensions(
@@ -141,7 +147,7 @@ def resolve_route(route: Route, registry: Registry) -> Route:
         registry: The installed seasonings.
 
     Returns:
-        The same route with every parameter explicit: its canonical form.
+        The same route in canonical form: parameters at their default are left out.
 
     Raises:
         UsageError: An unknown seasoning or parameter, a bad value, a repeated
@@ -151,7 +157,7 @@ def resolve_route(route: Route, registry: Registry) -> Route:
     steps: list[Step] = []
     for step in route:
         cls = registry.seasoning(step.name)
-        steps.append(Step.of(step.name, cls(dict(step.params)).params))
+        steps.append(canonical_step(cls.info, cls(dict(step.params)).params))
     names = [s.name for s in steps]
     if len(set(names)) != len(names):
         raise UsageError(f"route '{route}': a seasoning appears twice; list each once")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from rich.table import Table
 
 from routetune.registry import Registry
@@ -58,8 +56,14 @@ def trials_table(
     return table
 
 
-def seasonings_table(registry: Registry, not_applicable: Mapping[str, str] | None = None) -> Table:
-    """Every installed seasoning: name, stage, parameters, constraints, backends, plugin."""
+def seasonings_table(registry: Registry) -> Table:
+    """Every installed seasoning: name, stage, parameters, constraints, backends, plugin.
+
+    Where a seasoning can never apply on an available backend (a precision the backend
+    has no kernels for), the summary says so.
+    """
+    backends = [e.item() for e in registry.backends.values()]
+    backends = [b for b in backends if b.available() is None]
     table = Table(title="seasonings")
     for col in ("name", "stage", "parameters (choices; default)", "constraints", "backends",
                 "plugin", "summary"):
@@ -75,8 +79,10 @@ def seasonings_table(registry: Registry, not_applicable: Mapping[str, str] | Non
                 ("after", info.after), ("before", info.before)) if v
         )
         summary = info.summary
-        if not_applicable and name in not_applicable:
-            summary += f" [yellow](not applicable: {not_applicable[name]})[/]"
+        for backend in backends:
+            why = entry.item().supports(backend)
+            if why and not info.backends:
+                summary += f" [yellow](not on {backend.name}: {why})[/]"
         plugin = f"{entry.plugin} ({registry.plugins.get(entry.plugin, '?')})"
         table.add_row(name, info.stage, params, cons, ",".join(sorted(info.backends)) or "all",
                       plugin, summary)

@@ -5,8 +5,9 @@ The canonical text reads like an MLIR pass pipeline or a trtexec build route::
     fold-constants,fuse-bn-into-conv,ort-opt-level{level=basic},ort-threads{intra_op=1}
 
 Steps are separated by commas; parameters go in braces as ``name=value``, sorted by
-name. Values are ``true``/``false``, integers, floats, bare words
-(``[A-Za-z0-9_.:/+-]``), JSON-quoted strings, or lists in brackets (``[Softmax,Pow]``).
+name; the canonical form leaves out parameters at their default. Values are
+``true``/``false``, integers, floats, bare words (``[A-Za-z0-9_.:/+-]``), JSON-quoted
+strings, or lists in brackets (``[Softmax,Pow]``).
 The route with no seasonings is written ``base``. `parse_route` reads the same text
 back: ``parse_route(str(r)) == r``.
 """

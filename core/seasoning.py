@@ -9,13 +9,14 @@ build seasonings set namespaced backend options in `RouteState.settings`. Both r
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from routetune.errors import PluginError, UsageError
 
 if TYPE_CHECKING:
+    import onnx
     import onnx_graphsurgeon as gs
 
     from routetune.backend import Backend
@@ -170,13 +171,19 @@ class RouteContext:
 
     Args:
         backend: The backend the route is built for.
-        feeds: The validation inputs, one mapping of input name to array per set.
+        feeds: The validation inputs, one mapping of input name to array per set; they
+            double as calibration data for precision seasonings.
         applied: The route text of the steps already applied.
+        evaluate: Runs an ONNX model in FP32 on the CPU (ONNX Runtime, optimisations
+            off) on every set of `feeds` and returns all its outputs, one mapping per
+            set. Precision seasonings use it to read activation ranges. None where no
+            reference runtime is available.
     """
 
     backend: Backend
     feeds: tuple[Mapping[str, Any], ...] = ()
     applied: str = "base"
+    evaluate: Callable[[onnx.ModelProto], list[dict[str, Any]]] | None = None
 
 
 class Seasoning:
@@ -200,15 +207,23 @@ class Seasoning:
             values[name] = self.info.param(name).check(value)
         self.params: Mapping[str, ParamValue] = values
 
-    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
-        """Return why this seasoning cannot apply to `graph` on `backend`, or None.
+    def supports(self, backend: Backend) -> str | None:
+        """Return why this seasoning can never apply on `backend`, whatever the model.
 
-        It must be cheap: it runs once per seasoning before the search. The default
-        checks `SeasoningInfo.backends`.
+        ``routetune seasonings`` shows it per backend. The default checks
+        `SeasoningInfo.backends`.
         """
         if self.info.backends and backend.name not in self.info.backends:
             return f"applies only to backends {', '.join(sorted(self.info.backends))}"
         return None
+
+    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
+        """Return why this seasoning cannot apply to `graph` on `backend`, or None.
+
+        It must be cheap: it runs once per seasoning before the search. The default
+        returns `supports`.
+        """
+        return self.supports(backend)
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Rewrite `state.graph` in place (graph, precision) or set `state.settings` (build).

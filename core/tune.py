@@ -217,11 +217,11 @@ def tune(
             run.registry, "onnxruntime")
         references = _references(reference, run)
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
-                          run.constraint, store, run.outdir, opts.measure, run.settings_hash)
+                          run.constraint, store, run.outdir, opts.measure, run.settings_hash,
+                          reference)
         strategy = run.registry.strategy(opts.search)(
             run.space, SearchConfig(beam_width=opts.beam_width))
-        skipped = [loop.record_skipped(Route((Step.of(n, run.registry.seasoning(n).info
-                                                      .defaults()),)), reason)
+        skipped = [loop.record_skipped(Route((Step(n),)), reason)
                    for n, reason in run.not_applicable.items()]
         planned = strategy.planned()
         on_start(run, None if planned is None else planned)

@@ -51,8 +51,9 @@ def test_parameter_choices_multiply() -> None:
     ])
     # base + a(3) + b(2*2) + a,b (3*4)
     assert space.size() == 1 + 3 + 4 + 12
-    assert texts(space)[:4] == ["base", "a{x=1}", "a{x=2}", "a{x=3}"]
+    assert texts(space)[:4] == ["base", "a", "a{x=2}", "a{x=3}"]  # defaults are left out
     assert "a{x=3},b{m=q,n=false}" in texts(space)
+    assert "a,b" in texts(space)
 
 
 def test_requires_and_conflicts_prune() -> None:
@@ -120,8 +121,9 @@ def small_registry() -> Registry:
     return registry
 
 
-def test_resolve_fills_defaults(small_registry: Registry) -> None:
-    assert str(resolve_route(parse_route("a,b"), small_registry)) == "a{x=1},b"
+def test_resolve_gives_the_canonical_form(small_registry: Registry) -> None:
+    assert str(resolve_route(parse_route("a{x=1},b"), small_registry)) == "a,b"
+    assert str(resolve_route(parse_route("a{x=2},b"), small_registry)) == "a{x=2},b"
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,8 @@ class SearchLoop:
         outdir: The output directory; candidate models go under ``artifacts/``.
         measure_settings: How long to time each candidate.
         settings_hash: sha256 of the inputs, constraint and measurement settings.
+        reference: The backend that runs models in FP32 for precision seasonings
+            (`Backend.evaluate`); None for none.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class SearchLoop:
         outdir: Path,
         measure_settings: MeasureSettings,
         settings_hash: str,
+        reference: Backend | None = None,
     ) -> None:
         self.registry = registry
         self.model = model
@@ -96,6 +99,7 @@ class SearchLoop:
         self.outdir = outdir
         self.measure_settings = measure_settings
         self.settings_hash = settings_hash
+        self.reference = reference
         self.device = backend.device()
         self.versions = _versions(backend)
         self._snapshots: OrderedDict[Route, tuple[bytes, list[dict[str, Any]]]] = OrderedDict()
@@ -298,7 +302,11 @@ class SearchLoop:
 
     def _step(self, step: Step, state: RouteState, applied: Route) -> dict[str, Any]:
         seasoning = self.registry.seasoning(step.name)(dict(step.params))
-        ctx = RouteContext(self.backend, tuple(self.feeds), str(applied))
+        evaluate = None
+        if self.reference is not None:
+            reference, feeds = self.reference, list(self.feeds)
+            evaluate = lambda model: reference.evaluate(model, feeds)  # noqa: E731
+        ctx = RouteContext(self.backend, tuple(self.feeds), str(applied), evaluate)
         t0 = time.perf_counter_ns()
         try:
             result = seasoning(state, ctx)

@@ -45,6 +45,13 @@ CONFIG_DEFAULTS = {
 }
 
 
+CPU_MISSING_DTYPES = {
+    "bfloat16": "ONNX Runtime's CPUExecutionProvider has no bfloat16 kernels "
+                "(MatMul and Add give NOT_IMPLEMENTED)",
+    "float8e4m3fn": "ONNX Runtime's CPUExecutionProvider has no FP8 kernels",
+}
+
+
 class OnnxRuntimeBackend(Backend):
     """Builds ONNX Runtime inference sessions; CPU execution provider by default."""
 
@@ -104,6 +111,23 @@ class OnnxRuntimeBackend(Backend):
         if engine.handle is None:
             engine = self.build(engine.model_path, engine.settings, engine.path.parent)
         return OnnxRuntimeRunner(engine.handle)
+
+    def dtype_support(self, dtype: str) -> str | None:
+        """bfloat16 and FP8 have no kernels on the CPU execution provider."""
+        provider = self.options()[NS + "execution_provider"].default
+        if provider == "CPUExecutionProvider" and dtype in CPU_MISSING_DTYPES:
+            return CPU_MISSING_DTYPES[dtype]
+        return None
+
+    def evaluate(self, model: Any, feeds: list[Feed]) -> list[dict[str, np.ndarray]]:
+        """Run an in-memory model on the CPU provider, optimisations off; all outputs."""
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.graph_optimization_level = OPT_LEVELS["disable"]
+        session = ort.InferenceSession(model.SerializeToString(), so,
+                                       providers=["CPUExecutionProvider"])
+        runner = OnnxRuntimeRunner(session)
+        return [runner.infer(feed) for feed in feeds]
 
     def reference(self, model_path: Path) -> Runner:
         """Open `model_path` on the CPU provider with every graph optimisation off."""

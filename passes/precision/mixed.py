@@ -1,0 +1,374 @@
+"""FP16 and BF16 mixed precision: run what is safe in the low type, keep the rest in FP32.
+
+TensorRT 11 networks are strongly typed, so precision is decided in the ONNX graph: the
+nodes that run in FP16 (or BF16) read and write tensors of that type, and Casts sit on
+the edges between the two precisions. The decision follows ModelOpt AutoCast
+(modelopt/onnx/autocast, guide ``8_autocast.rst``): a node stays in FP32 when any of its
+float inputs or outputs exceeds ``data_max`` on the calibration inputs, when one of its
+constant inputs would overflow the low type, when the user excludes it, or when the
+operator cannot run in the low type.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from routetune.backend import Backend
+from routetune.passes.graph.constants import constant_value, inferred_types, unique_name
+from routetune.passes.precision.ranges import Ranges, tensor_ranges
+from routetune.seasoning import (
+    Param,
+    PassResult,
+    RouteContext,
+    RouteState,
+    Seasoning,
+    SeasoningInfo,
+)
+
+FP16_MAX = 65504.0
+"""Largest finite float16 (IEEE 754 binary16)."""
+FP16_TINY = 2.0**-24
+"""Smallest positive float16 subnormal; smaller magnitudes become zero."""
+BF16_MAX = float(np.finfo(np.float32).max)
+"""bfloat16 keeps FP32's exponent range: its largest finite value is about FP32's."""
+
+ALWAYS_FP32 = frozenset({
+    "If", "Loop", "Scan", "Range", "NonMaxSuppression", "ConstantOfShape", "RandomNormal",
+    "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+})
+"""Operators that always stay FP32: control flow (whose subgraphs are left alone), ops
+whose float inputs the ONNX spec or good practice keeps FP32 (Range bounds,
+NonMaxSuppression thresholds), generators, and quantization ops."""
+
+KEEP_INPUTS = {"Resize": {1, 2}, "Upsample": {1}, "Dropout": {1}}
+"""Inputs that keep their type whatever the node's precision: Resize's roi and scales,
+Upsample's scales, Dropout's ratio (ONNX operator spec)."""
+
+QUANTIZED_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+    "ConvInteger", "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul",
+})
+
+FLOAT32 = np.dtype(np.float32)
+
+
+class MixedPrecision(Seasoning):
+    """Base of ``fp16`` and ``bf16``; subclasses set the target type.
+
+    Rules, applied to the top-level graph:
+
+    1. A node runs in the low type unless it is in `ALWAYS_FP32`, the user's
+       ``op_types_to_exclude`` or ``nodes_to_exclude`` (added to that block list, never
+       replacing it), its operator schema does not admit the low type, one of its float
+       inputs or outputs exceeds ``data_max`` in magnitude on the calibration inputs (or
+       the type's largest value), a reduction's partial sums exceed the type's largest
+       value, or a constant input holds values that overflow the type (``init_max``) or
+       more than 1% of its non-zero values would flush to zero. Each reason is counted.
+    2. A tensor produced by a low node becomes low; its FP32 consumers read it through
+       one Cast back to FP32, and a graph output keeps its name and FP32 type through a
+       final Cast (``keep_io_types``).
+    3. A low node reads FP32 variables through one Cast per tensor, and constants
+       (initializers and ``Constant`` nodes alike) as converted copies.
+    4. A ``Cast(to=FLOAT)`` that runs low is changed to cast to the low type.
+    5. Outer tensors that ``If``/``Loop``/``Scan`` subgraphs read stay FP32 (their
+       producers are kept FP32), so subgraphs keep their types.
+    6. No Cast that narrows to the low type feeds a Cast that widens back.
+
+    Raises:
+        ValueError: ``keep_io_types=false`` (the search keeps the model's signature).
+    """
+
+    low: ClassVar[np.dtype]
+    onnx_low: ClassVar[int]
+    type_max: ClassVar[float]
+    type_tiny: ClassVar[float]
+
+    def supports(self, backend: Backend) -> str | None:
+        """A reason when the backend has no kernels of the low type."""
+        return super().supports(backend) or backend.dtype_support(self.low.name)
+
+    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
+        """A reason when the backend lacks the type, or the model is already low or quantized."""
+        reason = self.supports(backend)
+        if reason:
+            return reason
+        quantized = sorted({n.op for n in graph.nodes if n.op in QUANTIZED_OPS})
+        if quantized:
+            return f"the model is already quantized ({', '.join(quantized)})"
+        floats = Counter(t.dtype for t in graph.tensors().values() if t.dtype is not None
+                         and np.dtype(t.dtype).kind == "f")
+        lowish = floats[np.dtype(np.float16)] + floats.get(self.low, 0)
+        if lowish and lowish >= floats[FLOAT32]:
+            return "the model is already in low precision (mostly float16 tensors)"
+        if not floats[FLOAT32] and not any(_float_outputs(n) for n in graph.nodes):
+            return "the model has no float32 tensors"
+        return None
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Decide each node's precision, then rewrite the graph (rules 1–6)."""
+        if not self.params["keep_io_types"]:
+            raise ValueError("keep_io_types=false is not supported: the search keeps the "
+                             "model's FP32 inputs and outputs; use keep_io_types=true")
+        graph = state.graph
+        ranges = tensor_ranges(graph, ctx)
+        with inferred_types(graph):
+            decisions, counts = self._decide(graph, ranges)
+            low = {id(n) for n in graph.nodes if decisions[n.name] is None}
+            kept = {name: why for name, why in decisions.items() if why}
+            casts = _rewrite(graph, low, self.low, self.onnx_low)
+        graph.cleanup().toposort()
+        stats = {"low_nodes": len(low), "fp32_nodes": len(kept), "casts": casts, **counts}
+        note = "; ".join(f"{n}: {why}" for n, why in list(kept.items())[:20])
+        if len(kept) > 20:
+            note += f"; … {len(kept) - 20} more"
+        return PassResult(modified=bool(low), stats=stats, note=note)
+
+    def _decide(self, graph: gs.Graph, ranges: Ranges) -> tuple[dict[str, str | None], Counter]:
+        data_max = min(float(self.params["data_max"]), self.type_max)
+        init_max = min(float(self.params["init_max"]), self.type_max)
+        excluded_ops = set(self.params["op_types_to_exclude"])
+        excluded_nodes = set(self.params["nodes_to_exclude"])
+        outer = _subgraph_reads(graph)
+        opset = graph.opset
+        decisions: dict[str, str | None] = {}
+        counts: Counter = Counter()
+
+        def keep(node: gs.Node, key: str, why: str) -> None:
+            decisions[node.name] = why
+            counts[key] += 1
+
+        for node in graph.nodes:
+            data = _data_tensors(node)
+            if not data or node.op == "Constant":  # constants are converted as values
+                decisions[node.name] = ""
+                continue
+            if node.op in ALWAYS_FP32:
+                keep(node, "kept_blocked", f"{node.op} always runs in FP32")
+            elif node.op in excluded_ops or node.name in excluded_nodes:
+                keep(node, "kept_user", "excluded by the user")
+            elif not _schema_admits(node, opset, self.onnx_low):
+                keep(node, "kept_blocked", f"{node.op} has no {self.low.name} kernel in the spec")
+            elif any(id(t) in outer for t in node.outputs):
+                keep(node, "kept_subgraph", "its output is read inside a subgraph")
+            else:
+                why = _range_reason(node, data, ranges, data_max, init_max, self)
+                if why:
+                    keep(node, why[0], why[1])
+                else:
+                    decisions[node.name] = None
+        # report constants whose values the low type cannot hold, whatever the decision
+        for node in graph.nodes:
+            for t in _data_tensors(node):
+                value = constant_value(t)
+                if value is not None and value.dtype == FLOAT32:
+                    counts["init_overflow_values"] += int(np.sum(np.abs(value) > self.type_max))
+        return decisions, counts
+
+
+def _range_reason(node: gs.Node, data: list[gs.Tensor], ranges: Ranges, data_max: float,
+                  init_max: float, seasoning: MixedPrecision) -> tuple[str, str] | None:
+    for t in data:
+        value = constant_value(t)
+        if value is not None:
+            if value.dtype != FLOAT32 or not value.size:
+                continue
+            mag = np.abs(value)
+            over = int(np.sum(mag > init_max))
+            if over:
+                return "kept_init_range", (f"constant '{t.name}' has {over} values above "
+                                           f"{init_max:g} (largest {mag.max():.3g})")
+            nonzero = mag[mag > 0]
+            under = int(np.sum(nonzero < seasoning.type_tiny))
+            if nonzero.size and under > 0.01 * nonzero.size:
+                return "kept_init_range", (f"constant '{t.name}': {under} of {nonzero.size} "
+                                           f"non-zero values would flush to zero")
+        elif ranges.amax.get(t.name, 0.0) > data_max:
+            return "kept_data_max", (f"'{t.name}' reaches {ranges.amax[t.name]:.4g} "
+                                     f"> data_max {data_max:g}")
+    partial = ranges.partial_sums.get(node.name, 0.0)
+    if partial > seasoning.type_max:
+        return "kept_partial_sums", (f"partial sums reach {partial:.4g} "
+                                     f"> {seasoning.type_max:g}")
+    return None
+
+
+def _data_tensors(node: gs.Node) -> list[gs.Tensor]:
+    """The node's float32 inputs and outputs that follow its precision."""
+    keep = KEEP_INPUTS.get(node.op, set())
+    ins = [t for i, t in enumerate(node.inputs) if i not in keep and _is_f32(t)]
+    if node.op == "Cast":
+        ins = []  # Cast reads any type; its output type comes from 'to'
+    return ins + [t for t in node.outputs if _is_f32(t)]
+
+
+def _float_outputs(node: gs.Node) -> list[gs.Tensor]:
+    return [t for t in node.outputs if _is_f32(t)]
+
+
+def _is_f32(tensor: gs.Tensor) -> bool:
+    if tensor.name == "" or tensor.dtype is None:
+        return False
+    value = constant_value(tensor)
+    dtype = value.dtype if value is not None else np.dtype(tensor.dtype)
+    return dtype == FLOAT32
+
+
+def _schema_admits(node: gs.Node, opset: int, onnx_low: int) -> bool:
+    """Whether the node's operator schema lets its float inputs be of the low type."""
+    try:
+        schema = onnx.defs.get_schema(node.op, opset, node.domain or "")
+    except onnx.defs.SchemaError:
+        return False
+    low_name = f"tensor({onnx.helper.tensor_dtype_to_string(onnx_low).split('.')[-1].lower()})"
+    allowed = {tc.type_param_str: set(tc.allowed_type_strs) for tc in schema.type_constraints}
+    params = [p.type_str for p in list(schema.inputs) + list(schema.outputs)]
+    float_params = [p for p in params if p in allowed and "tensor(float)" in allowed[p]]
+    return all(low_name in allowed[p] for p in float_params)
+
+
+def _subgraph_reads(graph: gs.Graph) -> set[int]:
+    """Ids of outer tensors read by nodes inside any subgraph (recursively)."""
+    reads: set[int] = set()
+
+    def visit(g: gs.Graph) -> None:
+        local = {id(t) for t in g.inputs}
+        for node in g.nodes:
+            local.update(id(t) for t in node.outputs)
+        for node in g.nodes:
+            for t in node.inputs:
+                if id(t) not in local:
+                    reads.add(id(t))
+            for sub in _subgraphs(node):
+                visit(sub)
+
+    for node in graph.nodes:
+        for sub in _subgraphs(node):
+            visit(sub)
+    return reads
+
+
+def _subgraphs(node: gs.Node) -> Iterable[gs.Graph]:
+    for value in node.attrs.values():
+        if isinstance(value, gs.Graph):
+            yield value
+        elif isinstance(value, list):
+            yield from (v for v in value if isinstance(v, gs.Graph))
+
+
+def _rewrite(graph: gs.Graph, low: set[int], dtype: np.dtype, onnx_low: int) -> int:
+    """Apply rules 2–4 to the nodes whose ids are in `low`; return the Casts added."""
+    taken = set(graph.tensors())
+    converted: set[int] = set()  # ids of tensors now of the low type, written by low nodes
+    low_of: dict[int, gs.Tensor] = {}  # FP32 tensor id -> its low-precision twin
+    high_of: dict[int, gs.Tensor] = {}  # low tensor id -> its FP32 twin
+    new_nodes: list[gs.Node] = []
+    outputs = {id(t) for t in graph.outputs}
+    # rule 2: outputs of low nodes become low; graph outputs keep their FP32 tensor
+    for node in [n for n in graph.nodes if id(n) in low]:
+        if node.op == "Cast" and node.attrs.get("to") == onnx.TensorProto.FLOAT:
+            node.attrs["to"] = onnx_low  # rule 4
+        for i, t in enumerate(node.outputs):
+            if not _is_f32(t):
+                continue
+            if id(t) in outputs:
+                twin = gs.Variable(unique_name(f"{t.name}_{dtype.name}", taken), dtype, t.shape)
+                node.outputs[i] = twin
+                new_nodes.append(gs.Node("Cast", unique_name(f"{t.name}_to_fp32", taken),
+                                         {"to": onnx.TensorProto.FLOAT}, [twin], [t]))
+                high_of[id(twin)] = t
+            else:
+                t.dtype = dtype
+                converted.add(id(t))
+    casts = len(new_nodes)
+    for node in list(graph.nodes):
+        is_low = id(node) in low
+        keep = KEEP_INPUTS.get(node.op, set()) if is_low else set()
+        for i, t in enumerate(list(node.inputs)):
+            if i in keep or t.name == "":
+                continue
+            if is_low and node.op != "Cast" and _is_f32(t):
+                node.inputs[i] = _low_twin(t, low_of, dtype, taken, new_nodes)
+            elif not is_low and id(t) in converted:
+                node.inputs[i] = _high_twin(t, high_of, taken, new_nodes)
+    graph.nodes.extend(new_nodes)
+    return casts + sum(1 for n in new_nodes[casts:] if n.op == "Cast")
+
+
+def _low_twin(t: gs.Tensor, low_of: dict[int, gs.Tensor], dtype: np.dtype, taken: set[str],
+              new_nodes: list[gs.Node]) -> gs.Tensor:
+    if id(t) in low_of:
+        return low_of[id(t)]
+    value = constant_value(t)
+    if value is not None:
+        twin: gs.Tensor = gs.Constant(unique_name(f"{t.name}_{dtype.name}", taken),
+                                      _convert(value, dtype))
+    else:
+        twin = gs.Variable(unique_name(f"{t.name}_{dtype.name}", taken), dtype, t.shape)
+        new_nodes.append(gs.Node("Cast", unique_name(f"{t.name}_to_{dtype.name}", taken),
+                                 {"to": _onnx_type(dtype)}, [t], [twin]))
+    low_of[id(t)] = twin
+    return twin
+
+
+def _high_twin(t: gs.Tensor, high_of: dict[int, gs.Tensor], taken: set[str],
+               new_nodes: list[gs.Node]) -> gs.Tensor:
+    if id(t) not in high_of:
+        twin = gs.Variable(unique_name(f"{t.name}_fp32", taken), FLOAT32, t.shape)
+        new_nodes.append(gs.Node("Cast", unique_name(f"{t.name}_to_fp32", taken),
+                                 {"to": onnx.TensorProto.FLOAT}, [t], [twin]))
+        high_of[id(t)] = twin
+    return high_of[id(t)]
+
+
+def _convert(value: np.ndarray, dtype: np.dtype) -> Any:
+    return value.astype(dtype)
+
+
+def _onnx_type(dtype: np.dtype) -> int:
+    return onnx.helper.np_dtype_to_tensor_dtype(dtype)
+
+
+def _params(data_max: float, init_max: float) -> tuple[Param, ...]:
+    return (
+        Param("keep_io_types", (True,), True, "keep FP32 graph inputs and outputs"),
+        Param("data_max", (float(data_max),), float(data_max),
+              "keep a node FP32 when a float input or output exceeds this magnitude"),
+        Param("init_max", (float(init_max),), float(init_max),
+              "keep a node FP32 when a constant input exceeds this magnitude"),
+        Param("op_types_to_exclude", ((),), (), "op types kept FP32, added to the block list"),
+        Param("nodes_to_exclude", ((),), (), "node names kept FP32"),
+    )
+
+
+class Fp16(MixedPrecision):
+    """FP16 mixed precision (see `MixedPrecision` for the rules)."""
+
+    low = np.dtype(np.float16)
+    onnx_low = onnx.TensorProto.FLOAT16
+    type_max = FP16_MAX
+    type_tiny = FP16_TINY
+    info = SeasoningInfo(
+        name="fp16", stage="precision", summary="FP16 mixed precision, range-aware",
+        params=_params(512.0, FP16_MAX), conflicts=frozenset({"bf16"}),
+    )
+
+
+class Bf16(MixedPrecision):
+    """BF16 mixed precision (see `MixedPrecision` for the rules)."""
+
+    low = np.dtype(ml_dtypes.bfloat16)
+    onnx_low = onnx.TensorProto.BFLOAT16
+    type_max = BF16_MAX
+    type_tiny = float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal)
+    info = SeasoningInfo(
+        name="bf16", stage="precision", summary="BF16 mixed precision, range-aware",
+        params=_params(BF16_MAX, BF16_MAX), conflicts=frozenset({"fp16"}),
+    )

@@ -1,0 +1,108 @@
+"""Activation ranges: the largest magnitude of every tensor on the calibration inputs.
+
+ONNX Runtime's CPU provider computes many FP16 ops in FP32 internally, so an FP16
+candidate can look exact on the CPU and still overflow on a GPU. The precision
+seasonings therefore decide from the FP32 model's own ranges, not from a low-precision
+run: the model is run once on the calibration inputs with every intermediate float
+tensor as an extra output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from routetune.passes.graph.constants import constant_value
+from routetune.seasoning import RouteContext
+
+REDUCTIONS = {"ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2"}
+"""Reductions whose partial sums are accumulated in the low-precision type."""
+
+
+@dataclass(frozen=True)
+class Ranges:
+    """What one FP32 run on the calibration inputs showed.
+
+    Args:
+        amax: Per tensor name, the largest finite magnitude over every input set.
+        partial_sums: Per reduction node name, the largest sum of input magnitudes along
+            the reduced axes: the accumulator's magnitude (squared inputs for
+            ``ReduceSumSquare`` and ``ReduceL2``).
+    """
+
+    amax: Mapping[str, float] = field(default_factory=dict)
+    partial_sums: Mapping[str, float] = field(default_factory=dict)
+
+
+def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
+    """Run the FP32 graph with every float tensor as an output and record magnitudes.
+
+    Args:
+        graph: The model to analyse; not changed.
+        ctx: Supplies the calibration inputs (``ctx.feeds``) and the FP32 runtime
+            (``ctx.evaluate``).
+
+    Returns:
+        The ranges; empty when ``ctx`` has no runtime or no inputs.
+    """
+    if ctx.evaluate is None or not ctx.feeds:
+        return Ranges()
+    model = gs.export_onnx(graph.copy(), do_type_check=False)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    known = {v.name for v in model.graph.output}
+    for value in inferred.graph.value_info:
+        if value.type.tensor_type.elem_type in FLOATS and value.name not in known:
+            out = onnx.ValueInfoProto()
+            out.name = value.name
+            out.type.tensor_type.elem_type = value.type.tensor_type.elem_type
+            inferred.graph.output.append(out)
+            known.add(value.name)
+    for value in inferred.graph.input:
+        if value.type.tensor_type.elem_type in FLOATS and value.name not in known:
+            inferred.graph.output.append(value)
+            known.add(value.name)
+    del inferred.graph.value_info[:]
+    runs = ctx.evaluate(inferred)
+    amax: dict[str, float] = {}
+    for outputs in runs:
+        for name, array in outputs.items():
+            if array.dtype.kind == "f" and array.size:
+                finite = np.abs(array[np.isfinite(array)])
+                peak = float(finite.max()) if finite.size else 0.0
+                amax[name] = max(amax.get(name, 0.0), peak)
+    return Ranges(amax, _partial_sums(graph, runs))
+
+
+FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+          onnx.TensorProto.BFLOAT16}
+
+
+def _partial_sums(graph: gs.Graph, runs: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for node in graph.nodes:
+        if node.op not in REDUCTIONS or not node.inputs:
+            continue
+        axes = _axes(node)
+        squared = node.op in ("ReduceSumSquare", "ReduceL2")
+        for outputs in runs:
+            x = outputs.get(node.inputs[0].name)
+            if x is None or x.dtype.kind != "f":
+                continue
+            mag = np.abs(x.astype(np.float64))
+            acc = np.sum(mag * mag if squared else mag, axis=axes)
+            sums[node.name] = max(sums.get(node.name, 0.0), float(np.max(acc, initial=0.0)))
+    return sums
+
+
+def _axes(node: gs.Node) -> tuple[int, ...] | None:
+    """The reduced axes from the attribute (opset < 18) or a constant input; None: all."""
+    if "axes" in node.attrs:
+        return tuple(int(a) for a in node.attrs["axes"])
+    value = constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if value is not None and value.size:
+        return tuple(int(a) for a in np.ravel(value))
+    return None

@@ -1,0 +1,226 @@
+"""fp16/bf16 on small named graphs and on the real PP-OCRv4 detector, with real ORT sessions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from routetune.examples import get_example
+from routetune.model import prepare
+from routetune.passes.graph.fuse_bn_into_conv import FuseBnIntoConv
+from routetune.passes.precision.mixed import Bf16, Fp16
+from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+from routetune.seasoning import PassResult, RouteContext, RouteState
+
+BACKEND = OnnxRuntimeBackend()
+
+
+def ctx(feeds: list[dict[str, np.ndarray]]) -> RouteContext:
+    return RouteContext(BACKEND, tuple(feeds), "base",
+                        lambda model: BACKEND.evaluate(model, feeds))
+
+
+def convert(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], cls=Fp16,  # noqa: ANN001
+            **params: object) -> tuple[PassResult, onnx.ModelProto]:
+    graph = gs.import_onnx(model)
+    result = cls(params)(RouteState(graph), ctx(feeds))
+    out = gs.export_onnx(graph)
+    onnx.checker.check_model(out, full_check=True)
+    return result, out
+
+
+def run(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, dict(feed))
+
+
+def low_nodes(model: onnx.ModelProto) -> set[str]:
+    """Names of the nodes that write a float16 tensor, the inserted Casts left out."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in [*inferred.graph.value_info, *inferred.graph.output]}
+    return {n.name for n in model.graph.node
+            if any(types.get(o) == TensorProto.FLOAT16 for o in n.output)
+            and not (n.op_type == "Cast" and n.name.endswith(("_to_float16", "_to_fp32")))}
+
+
+def narrow_widen_pairs(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    producer = {o: n for n in model.graph.node for o in n.output}
+    pairs = []
+    for n in model.graph.node:
+        if n.op_type == "Cast" and n.attribute[0].i == TensorProto.FLOAT:
+            src = producer.get(n.input[0])
+            narrows = src is not None and src.op_type == "Cast" and (
+                src.attribute[0].i == TensorProto.FLOAT16)
+            if narrows:
+                pairs.append((src.name, n.name))
+    return pairs
+
+
+def make(nodes: list, inputs: list, outputs: list, inits: list = (),
+         opset: int = 17) -> onnx.ModelProto:
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def f32(name: str, shape: list) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def test_written_out_layernorm_keeps_the_squares_in_fp32() -> None:
+    # ReduceMean -> Sub -> Pow(2) -> ReduceMean -> Add(eps) -> Sqrt -> Div, |x - mean| ~ 400
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], name="mean", axes=[-1]),
+        helper.make_node("Sub", ["x", "mean"], ["centered"], name="sub"),
+        helper.make_node("Pow", ["centered", "two"], ["sq"], name="pow"),
+        helper.make_node("ReduceMean", ["sq"], ["var"], name="var", axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="add_eps"),
+        helper.make_node("Sqrt", ["var_eps"], ["std"], name="sqrt"),
+        helper.make_node("Div", ["centered", "std"], ["y"], name="div"),
+    ]
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-5, np.float32), "eps")]
+    model = make(nodes, [f32("x", [4, 64])], [f32("y", [4, 64])], inits, opset=13)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((4, 64)) * 150).astype(np.float32)
+    x[:, 0] = 400.0
+    result, out = convert(model, [{"x": x}])
+    # sq reaches 160000 > 65504; var, var_eps and std stay above data_max 512 or feed it
+    assert low_nodes(out) == {"mean", "sub", "div"}
+    assert result.stats["kept_data_max"] == 4
+    assert "pow: 'sq' reaches" in result.note
+    assert not narrow_widen_pairs(out)
+    np.testing.assert_allclose(run(out, {"x": x})[0], run(model, {"x": x})[0], atol=2e-3)
+
+
+def test_bn_variance_out_of_fp16_range_keeps_bn_fp32_or_fuses_first() -> None:
+    rng = np.random.default_rng(1)
+    var = np.full(8, 1e8, np.float32)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.ones(8, np.float32) * 5e3, "scale"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "bias"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "mean"),
+             numpy_helper.from_array(var, "var")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"],
+                              name="bn"),
+             helper.make_node("Relu", ["b"], ["y"], name="relu")]
+    model = make(nodes, [f32("x", [1, 3, 8, 8])], [f32("y", [1, 8, 8, 8])], inits)
+    feed = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    result, out = convert(model, [feed])
+    assert "bn" not in low_nodes(out) and {"conv", "relu"} <= low_nodes(out)
+    assert result.stats["init_overflow_values"] == 8  # counted, not clamped
+    assert "constant 'var' has 8 values above 65504" in result.note
+    ref, got = run(model, feed)[0], run(out, feed)[0]
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
+    # fuse-bn-into-conv first: the variance disappears into the weights, all of it runs low
+    graph = gs.import_onnx(model)
+    FuseBnIntoConv()(RouteState(graph), ctx([feed]))
+    result, fused = convert(gs.export_onnx(graph), [feed])
+    assert low_nodes(fused) == {"conv", "relu"}
+    assert result.stats["init_overflow_values"] == 0
+
+
+def test_cast_from_int64_and_resize_scales_load_in_onnxruntime() -> None:
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["maskf"], name="cast_mask", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "maskf"], ["masked"], name="mul"),
+        helper.make_node("Resize", ["masked", "", "scales"], ["y"], name="resize", mode="nearest"),
+    ]
+    model = make(nodes, [f32("x", [1, 2, 4, 4]),
+                         helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 2, 4, 4])],
+                 [f32("y", [1, 2, 8, 8])], [scales], opset=13)
+    feed = {"x": np.random.default_rng(2).random((1, 2, 4, 4), np.float32),
+            "mask": np.ones((1, 2, 4, 4), np.int64)}
+    _, out = convert(model, [feed])
+    cast = next(n for n in out.graph.node if n.name == "cast_mask")
+    assert cast.attribute[0].i == TensorProto.FLOAT16
+    resize = next(n for n in out.graph.node if n.name == "resize")
+    scales_init = next(i for i in out.graph.initializer if i.name == resize.input[2])
+    assert scales_init.data_type == TensorProto.FLOAT  # the spec keeps scales float
+    np.testing.assert_allclose(run(out, feed)[0], run(model, feed)[0], atol=1e-3)
+
+
+def test_large_value_between_blocked_ops_never_narrows() -> None:
+    big = numpy_helper.from_array(np.array(1e5, np.float32), "big")
+    nodes = [helper.make_node("Mul", ["x", "big"], ["up"], name="scale_up"),
+             helper.make_node("Relu", ["up"], ["mid"], name="relu"),
+             helper.make_node("Div", ["mid", "big"], ["y"], name="scale_down")]
+    model = make(nodes, [f32("x", [16])], [f32("y", [16])], [big])
+    feed = {"x": np.linspace(-1, 1, 16, dtype=np.float32)}
+    result, out = convert(model, [feed], nodes_to_exclude=("scale_up", "scale_down"))
+    assert low_nodes(out) == set()
+    assert [n.op_type for n in out.graph.node] == ["Mul", "Relu", "Div"]
+    assert not narrow_widen_pairs(out)
+    assert result.stats["kept_user"] == 2 and result.stats["kept_data_max"] == 1
+
+
+def test_if_subgraph_keeps_its_outer_inputs_fp32() -> None:
+    then_g = helper.make_graph([helper.make_node("Relu", ["h"], ["t_out"], name="then_relu")],
+                               "then", [], [f32("t_out", [4])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["h"], ["e_out"], name="else_neg")],
+                               "else", [], [f32("e_out", [4])])
+    nodes = [helper.make_node("Tanh", ["x"], ["h"], name="tanh"),
+             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g,
+                              else_branch=else_g)]
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    model = make(nodes, [f32("x", [4]), cond], [f32("y", [4])])
+    feed = {"x": np.array([-1, 0, 1, 2], np.float32), "cond": np.array(True)}
+    result, out = convert(model, [feed])
+    assert result.stats["kept_subgraph"] == 1 and result.stats["kept_blocked"] == 1
+    np.testing.assert_allclose(run(out, feed)[0], run(model, feed)[0])
+
+
+def test_already_low_or_quantized_models_are_not_converted_again(tmp_path: Path) -> None:
+    half = make([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4])])
+    reason = Fp16().applicable(gs.import_onnx(half), BACKEND)
+    assert reason == "the model is already in low precision (mostly float16 tensors)"
+    from onnxruntime.quantization import quantize_dynamic
+
+    w = numpy_helper.from_array(np.random.default_rng(3).random((16, 16), np.float32), "w")
+    fp32 = make([helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")],
+                [f32("x", [2, 16])], [f32("y", [2, 16])], [w], opset=13)
+    onnx.save(fp32, tmp_path / "f.onnx")
+    quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"))
+    reason = Fp16().applicable(gs.import_onnx(onnx.load(tmp_path / "q.onnx")), BACKEND)
+    assert reason.startswith("the model is already quantized (DynamicQuantizeLinear")
+    assert "MatMulInteger" in reason
+
+
+def test_bf16_is_not_applicable_on_the_cpu_provider_and_that_is_true() -> None:
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    model = make([helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")],
+                 [f32("x", [2, 4])], [f32("y", [2, 4])], [w])
+    assert Bf16().applicable(gs.import_onnx(model), BACKEND) == (
+        "ONNX Runtime's CPUExecutionProvider has no bfloat16 kernels "
+        "(MatMul and Add give NOT_IMPLEMENTED)")
+    feed = {"x": np.ones((2, 4), np.float32)}
+    _, out = convert(model, [feed], cls=Bf16)  # the rewrite itself is valid ONNX
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
+        run(out, feed)
+
+
+def test_real_ppocr_det_fp16_matches_fp32(model_path: Callable[[str], Path]) -> None:
+    example = get_example("ppocr-det")
+    model = prepare(model_path("ppocr-det"))
+    feeds = example.make_inputs(example.shapes, 0, 2)
+    result, out = convert(model.proto, feeds)
+    assert result.stats["init_overflow_values"] > 0  # the BN variance of ~9.8e7
+    assert result.stats["low_nodes"] > 250
+    for feed in feeds:
+        ref, got = run(model.proto, feed)[0], run(out, feed)[0]
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
