@@ -30,16 +30,16 @@ err = Console(stderr=True)
 def tune_command(
     model: Annotated[Path | None, typer.Argument(help="ONNX model file.")] = None,
     example: Annotated[str | None, typer.Option(help="Bundled example model, e.g. ppocr-det.")] = None,
-    output: Annotated[Path | None, typer.Option(help="Output directory [default: routetune-out/<model stem>].")] = None,
+    output: Annotated[Path | None, typer.Option(help="Output directory (default: routetune-out/MODEL-STEM).")] = None,
     backend: Annotated[str, typer.Option(help="Backend that builds and runs engines.")] = "onnxruntime",
-    seasonings: Annotated[str | None, typer.Option(help="Restrict the space to these seasonings, comma-separated [default: all applicable].")] = None,
+    seasonings: Annotated[str | None, typer.Option(help="Restrict the space to these seasonings, comma-separated (default: all applicable).")] = None,
     search: Annotated[str, typer.Option(help="Search strategy: beam or exhaustive.")] = "beam",
     beam_width: Annotated[int, typer.Option(help="Routes kept per depth by beam search.")] = 3,
     max_depth: Annotated[int, typer.Option(help="Seasonings per route at most.")] = 3,
     accuracy: Annotated[str, typer.Option(help="Accuracy constraint, e.g. 'cos>=0.999' or 'out0:linf<=0.01'.")] = DEFAULT_ACCURACY,
     inputs: Annotated[Path | None, typer.Option(help="Validation inputs: an .npz file or a directory of them.")] = None,
     shapes: Annotated[str | None, typer.Option(help="Shapes of dynamic inputs, trtexec style: x:1x3x320x320.")] = None,
-    fresh: Annotated[bool, typer.Option("--fresh", help="Ignore stored trials (the old store is moved aside).")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh/--resume", help="Ignore stored trials (the old store is moved aside), or reuse them.")] = False,
     max_trials: Annotated[int | None, typer.Option(help="Stop after this many trials.")] = None,
     time_budget: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
     min_runs: Annotated[int, typer.Option(help="Timed runs per candidate, at least.")] = MeasureSettings.min_runs,
@@ -63,14 +63,20 @@ def tune_command(
     task = progress.add_task("tuning", total=None)
     registry = load_registry()
 
+    started = False
+
     def on_start(run: Prepared, planned: int | None) -> None:
+        nonlocal started
         err.print(f"model {run.model.source} (sha256 {run.model.source_sha256[:16]}), "
                   f"backend {run.backend.name} {run.backend.version()} on {run.backend.device()}")
-        err.print(f"route space: {run.space.size()} routes from {len(run.space.infos)} "
-                  f"seasonings; search {opts.search}, "
-                  f"{'up to ' + str(planned) if planned else 'unknown number of'} trials")
-        progress.update(task, total=(planned or 0) + 1)
+        size, offered = run.space.size(), len(run.space.infos)
+        total = None if planned is None else planned + 1  # the base route first
+        err.print(f"route space: {size} route{'s' * (size != 1)} from {offered} "
+                  f"seasoning{'s' * (offered != 1)}; search {opts.search}, "
+                  + (f"up to {total} trials" if total else "number of trials not known"))
+        progress.update(task, total=total)
         progress.start()
+        started = True
 
     def on_trial(trial, cached: bool) -> None:  # noqa: ANN001
         progress.update(task, advance=1, description=f"{'stored ' if cached else ''}{trial.route}"[:60])
@@ -78,10 +84,13 @@ def tune_command(
     try:
         result = tune(opts, registry, on_start, on_trial)
     finally:
-        progress.stop()
+        if started:
+            progress.stop()
     console.print(trials_table(list(result.trials), result.base, result.winner, registry,
                                title=f"{len(result.trials)} trials, winner first"))
     w = result.winner
+    if result.stopped:
+        console.print(f"[yellow]stopped early: {result.stopped}; the best so far stands[/]")
     console.print(f"winner: [bold]{w.route}[/bold] ({result.winner_reason})")
     if result.side_by_side:
         base, win = result.side_by_side

@@ -35,13 +35,15 @@ def trials_table(
     """A table of trials in the given order: route, status and reason, latency, accuracy.
 
     Latency columns are in ms: p50, p90, and ``±`` the half-width of the median's 95%
-    confidence interval. Speed-up is the base route's p50 over the trial's p50, both
-    measured side by side during the trial.
+    confidence interval. "base p50" is the base route's p50 measured in alternating
+    blocks with the trial, and speed-up is that over the trial's p50: the machine's
+    speed drifts, so p50s of different trials are not compared directly.
     """
     table = Table(title=title, show_lines=False, expand=False)
     for col, justify in (("#", "right"), ("route", "left"), ("status", "left"),
                          ("p50 ms", "right"), ("p90 ms", "right"), ("±", "right"),
-                         ("speed-up", "right"), ("accuracy", "left"), ("reason", "left")):
+                         ("base p50 ms", "right"), ("speed-up", "right"),
+                         ("accuracy", "left"), ("reason", "left")):
         table.add_column(col, justify=justify, overflow="fold")
     for i, t in enumerate(trials, 1):
         lat = t.latency
@@ -51,7 +53,9 @@ def trials_table(
         table.add_row(
             str(i), route, status,
             f"{lat.p50:.3f}" if lat else "", f"{lat.p90:.3f}" if lat else "",
-            f"{lat.spread:.3f}" if lat else "", speed, accuracy_text(t, registry), t.reason,
+            f"{lat.spread:.3f}" if lat else "",
+            f"{t.base_latency.p50:.3f}" if t.base_latency else "", speed,
+            accuracy_text(t, registry), t.reason,
         )
     return table
 

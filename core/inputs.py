@@ -16,6 +16,9 @@ from routetune.model import TensorSpec
 
 Feed = dict[str, np.ndarray]
 
+MAX_INPUT_BYTES = 2 * 2**30
+"""The largest synthesised input, 2 GiB: a guard against a typo in ``--shapes``."""
+
 SYNTH_SEED = 0
 SYNTH_SETS = 2
 """Synthesised inputs: two sets from ``numpy.random.default_rng(0)``. Floats are uniform
@@ -34,6 +37,8 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
     if not text:
         return shapes
     for term in text.split(","):
+        if term.strip().rpartition(":")[0] in shapes:
+            raise UsageError(f"--shapes '{text}': input '{term.split(':')[0]}' given twice")
         name, sep, dims = term.strip().rpartition(":")
         try:
             shape = tuple(int(d) for d in dims.split("x"))
@@ -73,10 +78,18 @@ def resolve_shapes(
                 raise UsageError(
                     f"input '{spec.name}' ({spec}): dimension {i} ('{spec.shape[i]}') is "
                     f"dynamic; give its size with --shapes {spec.name}:"
-                    + "x".join(str(d) if isinstance(d, int) else "N" for d in spec.shape)
+                    + "x".join(str(d) if isinstance(d, int) else "1" for d in spec.shape)
+                    + " (1 stands for the size you want)"
                 )
             shape = tuple(int(d) for d in spec.shape)
         _check_shape(spec, shape, "--shapes")
+        size = int(np.prod(shape, dtype=np.float64)) * spec.dtype.itemsize
+        if size > MAX_INPUT_BYTES:
+            raise UsageError(
+                f"--shapes {spec.name}:{'x'.join(map(str, shape))}: one input set would take "
+                f"{size / 2**30:.1f} GiB; give smaller sizes (at most "
+                f"{MAX_INPUT_BYTES // 2**30} GiB per input)"
+            )
         shapes[spec.name] = shape
     return shapes
 

@@ -48,7 +48,7 @@ class PreparedModel:
 
     Args:
         source: Where the model was read from.
-        source_sha256: sha256 of the file's bytes, hex.
+        source_sha256: sha256 of the model's bytes (external data included), hex.
         proto: The prepared model.
         data: The prepared model, serialized.
         inputs: The graph inputs (initializers excluded).
@@ -77,7 +77,8 @@ def load_model(path: Path) -> tuple[onnx.ModelProto, bytes]:
     """Read and parse an ONNX file.
 
     Returns:
-        The model and the file's bytes.
+        The model, with any external data loaded into it, and its bytes (the file's,
+        or with external data, the whole model serialized).
 
     Raises:
         UsageError: The file is missing, unreadable, truncated or not an ONNX model.
@@ -95,6 +96,15 @@ def load_model(path: Path) -> tuple[onnx.ModelProto, bytes]:
         raise UsageError(f"{path}: not a valid ONNX file (truncated or corrupt); {fix}") from e
     if not model.graph.node or not model.opset_import:
         raise UsageError(f"{path}: not an ONNX model (no graph nodes or no opset); {fix}")
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+            data = model.SerializeToString()  # the model's bytes now include its data
+        except (OSError, ValueError) as e:
+            raise UsageError(
+                f"{path}: cannot load its external data ({' '.join(str(e).split())[:200]}); "
+                "keep the data files next to the model, as onnx.save wrote them"
+            ) from e
     return model, data
 
 
@@ -111,8 +121,12 @@ def prepare(path: Path) -> PreparedModel:
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         first = str(e).strip().splitlines()[0]
         raise UsageError(f"{path}: the ONNX checker rejects the model: {first}") from e
+    try:
+        serialized = model.SerializeToString()
+    except ValueError as e:  # protobuf's 2 GiB limit
+        raise UsageError(f"{path}: models over 2 GiB are not supported yet ({e})") from e
     return PreparedModel(
-        path, sha256(data), model, model.SerializeToString(),
+        path, sha256(data), model, serialized,
         tuple(_specs(graph_inputs(model))), tuple(_specs(model.graph.output)),
     )
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ from routetune.errors import UsageError
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
 from routetune.measure import Latency, MeasureSettings
 from routetune.model import PreparedModel, prepare, sha256
+from routetune.outdir import locked, make_outdir, move_aside
 from routetune.plugin_manager import load_registry
 from routetune.recipe import write_winner_recipe
 from routetune.registry import Registry
@@ -90,6 +89,7 @@ class TuneResult:
         not_applicable: Seasoning name to the reason it was not offered.
         outdir: The output directory.
         files: What was written, by role (``model``, ``settings``, ``recipe``, ``store``).
+        stopped: Why the search stopped early (a budget), or None when it ran to the end.
         side_by_side: The base route's and the search's best route's latency (ms),
             re-measured in one interleaved loop after the search; None when the base
             route was best. Unless the best route's interval lies wholly below the base
@@ -104,6 +104,7 @@ class TuneResult:
     not_applicable: Mapping[str, str]
     outdir: Path
     files: dict[str, Path]
+    stopped: str | None = None
     side_by_side: tuple[Latency, Latency] | None = None
 
     @property
@@ -141,6 +142,13 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     registry = registry or load_registry()
     if opts.max_trials is not None and opts.max_trials < 1:
         raise UsageError(f"--max-trials {opts.max_trials}: must be 1 or more (the base route)")
+    if opts.measure.min_runs < 1 or opts.measure.min_time_s < 0:
+        raise UsageError("--min-runs must be 1 or more and --min-time 0 or more")
+    if opts.seasonings is not None and not opts.seasonings:
+        raise UsageError("--seasonings: no names given; list seasonings (see `routetune "
+                         "seasonings`) or leave the flag out for all")
+    if opts.inputs is not None and opts.shapes:
+        raise UsageError("--shapes with --inputs: the inputs fix the shapes; give one of them")
     if opts.time_budget_s is not None and opts.time_budget_s <= 0:
         raise UsageError(f"--time-budget {opts.time_budget_s}: must be positive (seconds)")
     backend = _backend(registry, opts.backend)
@@ -159,7 +167,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     else:
         raise UsageError("no model given; pass MODEL.onnx or --example NAME (e.g. ppocr-det)")
     model = prepare(path)
-    outdir = _outdir(opts.output, path)
+    outdir = make_outdir(opts.output, path)
     if opts.inputs is not None:
         feeds = load_npz(opts.inputs, model.inputs)
         source["inputs"] = str(opts.inputs.resolve())
@@ -203,19 +211,23 @@ def tune(
         StorageError: The trial store cannot be opened or written.
     """
     run = prepare_run(opts, registry)
+    with locked(run.outdir):
+        return _tune_locked(run, opts, on_start, on_trial)
+
+
+def _tune_locked(
+    run: Prepared, opts: TuneOptions, on_start: Callable[[Prepared, int | None], None],
+    on_trial: Callable[[Trial, bool], None],
+) -> TuneResult:
     store_path = run.outdir / FILENAME
-    if opts.fresh and store_path.exists():
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        for suffix in ("", "-wal", "-shm"):
-            old = Path(f"{store_path}{suffix}")
-            if old.exists():
-                old.rename(run.outdir / f"trials.{stamp}.sqlite{suffix}")
+    reference = run.backend if run.backend.name == "onnxruntime" else _backend(
+        run.registry, "onnxruntime")
+    references = _references(reference, run)
+    if opts.fresh:
+        move_aside(store_path)
     store = TrialStore.open(store_path)
     loop = None
     try:
-        reference = run.backend if run.backend.name == "onnxruntime" else _backend(
-            run.registry, "onnxruntime")
-        references = _references(reference, run)
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
                           run.constraint, store, run.outdir, opts.measure, run.settings_hash,
                           reference)
@@ -240,7 +252,7 @@ def tune(
         if loop is not None:
             loop.close()
         store.close()
-    return _finish(run, opts, trials, store_path, winner, reason, paired)
+    return _finish(run, opts, trials, store_path, winner, reason, paired, loop.stopped)
 
 
 def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
@@ -256,7 +268,7 @@ def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
         raise UsageError(
             f"{run.model.source}: the FP32 reference ({backend.name}, optimisations off) "
             f"cannot run the model on these inputs: {' '.join(str(e).split())[:300]}; "
-            "check the inputs and shapes"
+            "the original model must run in ONNX Runtime on the CPU"
         ) from e
 
 
@@ -285,14 +297,15 @@ def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
 
 
 def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path, winner: Trial,
-            reason: str, paired: tuple[Latency, Latency] | None) -> TuneResult:
+            reason: str, paired: tuple[Latency, Latency] | None,
+            stopped: str | None) -> TuneResult:
     base = next(t for t in trials if t.route == "base")
     ordered = [winner] + sorted(
         (t for t in trials if t is not winner),
         key=lambda t: ((0 if t.status == "ok" else 1), *rank_key(t)),
     )
     result = TuneResult(winner, reason, tuple(ordered), base, run.space.size(),
-                        run.not_applicable, run.outdir, {"store": store}, paired)
+                        run.not_applicable, run.outdir, {"store": store}, stopped, paired)
     result.files.update(_write_winner(run, opts, result))
     return result
 
@@ -348,17 +361,3 @@ def _offered(
         else:
             infos.append(cls.info)
     return infos, skipped
-
-
-def _outdir(output: Path | None, model_path: Path) -> Path:
-    outdir = output if output is not None else Path("routetune-out") / model_path.stem
-    try:
-        outdir.mkdir(parents=True, exist_ok=True)
-        probe = outdir / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(
-            f"--output {outdir}: not writable ({e.strerror}); choose a directory you can write"
-        ) from e
-    return outdir

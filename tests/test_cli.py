@@ -71,13 +71,18 @@ BAD = {
                           "dimension 1 is 4 but the model fixes it at 3"),
     "dynamic without shape": (lambda d, m: ["tune", str(m)],
                               "dimension 0 ('N') is dynamic; give its size with "
-                              "--shapes x:Nx3x32x32"),
+                              "--shapes x:1x3x32x32"),
     "bad shapes text": (lambda d, m: ["tune", str(m), "--shapes", "x=1x3"], "cannot read 'x=1x3'"),
     "output not writable": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32", "--output",
-                                          str(_text(d / "afile", "x") / "sub")], "not writable"),
+                                          str(_text(d / "afile", "x") / "sub")],
+                            "cannot create or write"),
     "unknown search": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32", "--search", "dfs"],
                        "unknown search strategy 'dfs'"),
     "unknown example": (lambda d, m: ["tune", "--example", "resnet"], "unknown example"),
+    "huge shapes": (lambda d, m: ["tune", str(m), "--shapes", "x:99999999x3x32x32"],
+                    "would take 1144.4 GiB; give smaller sizes"),
+    "empty seasonings": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
+                                       "--seasonings", ","], "--seasonings: no names given"),
 }
 
 
@@ -135,3 +140,33 @@ def test_seasonings_lists_plugins() -> None:
                  "ort-no-spinning", "beam", "exhaustive", "cos", "onnxruntime"):
         assert name in done.stdout
     assert "routetune 0.1.0" in done.stdout  # the distribution that registered the built-ins
+
+
+def test_an_early_stop_is_announced(tuned: tuple[Path, Path, int], tmp_path: Path) -> None:
+    model, _, _ = tuned
+    done = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(tmp_path),
+                     "--max-trials", "2", *FAST)
+    assert done.returncode == 0
+    assert "stopped early: --max-trials 2 reached; the best so far stands" in done.stdout
+
+
+def test_a_second_run_on_a_locked_output_is_refused(
+    tuned: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    model, out, rows = tuned
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from routetune.outdir import locked; "
+         "cm = locked(Path(sys.argv[1])); cm.__enter__(); print('locked', flush=True); "
+         "time.sleep(60)", str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        done = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
+                         "--fresh", *FAST)
+        assert done.returncode == 2
+        assert f"another routetune run (pid {holder.pid}) is using this directory" in done.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    kept = sqlite3.connect(out / "trials.sqlite").execute("SELECT count(*) FROM trials")
+    assert kept.fetchone()[0] == rows

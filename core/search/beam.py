@@ -15,7 +15,7 @@ from routetune.store import Trial
 
 
 class Beam(Strategy):
-    """Beam search of width ``config.beam_width`` up to ``space.max_depth`` seasonings."""
+    """Grows routes one seasoning at a time, keeping the fastest accurate per depth."""
 
     name = "beam"
 

@@ -100,6 +100,8 @@ class SearchLoop:
         self.measure_settings = measure_settings
         self.settings_hash = settings_hash
         self.reference = reference
+        self.stopped: str | None = None
+        """Why the last `run` stopped before the strategy was done, or None."""
         self.device = backend.device()
         self.versions = _versions(backend)
         self._snapshots: OrderedDict[Route, tuple[bytes, list[dict[str, Any]]]] = OrderedDict()
@@ -138,11 +140,14 @@ class SearchLoop:
         """
         started = time.monotonic()
         trials: list[Trial] = []
+        self.stopped = None
 
         def visit(route: Route) -> bool:
             if budget.max_trials is not None and len(trials) >= budget.max_trials:
+                self.stopped = f"--max-trials {budget.max_trials} reached"
                 return False
             if budget.time_s is not None and time.monotonic() - started >= budget.time_s:
+                self.stopped = f"--time-budget {budget.time_s:g} s reached"
                 return False
             trial, cached = self.evaluate(route)
             trials.append(trial)

@@ -1,9 +1,10 @@
-"""ONNX Runtime integration: registers the ``onnxruntime`` backend."""
+"""ONNX Runtime integration: the ``onnxruntime`` backend and its quantization seasonings."""
 
 from __future__ import annotations
 
 from routetune import hookimpl
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
 from routetune.registry import Registry
 
 
@@ -11,3 +12,10 @@ from routetune.registry import Registry
 def routetune_register_backends(registry: Registry) -> None:
     """Register the ONNX Runtime backend."""
     registry.add_backend(OnnxRuntimeBackend)
+
+
+@hookimpl
+def routetune_register_seasonings(registry: Registry) -> None:
+    """Register ``int8-qdq`` and ``fp8-qdq`` (they import onnxruntime.quantization)."""
+    registry.add_seasoning(Int8Qdq)
+    registry.add_seasoning(Fp8Qdq)

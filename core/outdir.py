@@ -1,0 +1,97 @@
+"""The output directory: created and checked up front, locked while a run uses it.
+
+One run at a time per directory: a second run on the same directory is refused with
+a clear message instead of racing the first for the trial store.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from routetune.errors import UsageError
+
+LOCK_NAME = ".routetune.lock"
+
+
+def make_outdir(output: Path | None, model_path: Path) -> Path:
+    """Create the output directory and check that it can be written.
+
+    Args:
+        output: ``--output``, or None for ``routetune-out/<model stem>``.
+        model_path: The model, for the default name.
+
+    Raises:
+        UsageError: An empty path, or a directory that cannot be created or written.
+    """
+    if output is not None and not str(output).strip():
+        raise UsageError("--output '': empty path; give a directory name")
+    outdir = output if output is not None else Path("routetune-out") / model_path.stem
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+        probe = outdir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(
+            f"--output {outdir}: cannot create or write this directory ({e.strerror}); "
+            "choose a directory you can write"
+        ) from e
+    return outdir
+
+
+@contextmanager
+def locked(outdir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `outdir` (``flock`` on ``.routetune.lock``) while inside.
+
+    The lock goes with the process: a killed run leaves no stale lock behind.
+
+    Raises:
+        UsageError: Another run holds the lock.
+    """
+    path = outdir / LOCK_NAME
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            handle.seek(0)
+            owner = handle.read().strip() or "?"
+            raise UsageError(
+                f"--output {outdir}: another routetune run (pid {owner}) is using this "
+                "directory; wait for it to finish or choose another --output"
+            ) from e
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def move_aside(store: Path) -> Path | None:
+    """Rename a trial store (and its WAL files) to a free ``trials.<time>[-n].sqlite``.
+
+    Returns:
+        The new path, or None when there was no store.
+    """
+    if not store.exists():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    n = 0
+    while True:
+        name = f"{store.stem}.{stamp}{f'-{n}' if n else ''}{store.suffix}"
+        target = store.with_name(name)
+        if not any(Path(f"{target}{s}").exists() for s in ("", "-wal", "-shm")):
+            break
+        n += 1
+    for suffix in ("-wal", "-shm", ""):  # the database last: it is what marks a store
+        old = Path(f"{store}{suffix}")
+        if old.exists():
+            old.rename(f"{target}{suffix}")
+    return target

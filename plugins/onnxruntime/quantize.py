@@ -1,0 +1,442 @@
+"""``int8-qdq`` and ``fp8-qdq``: explicit quantization with ONNX Runtime's own tooling.
+
+The model is quantized by `onnxruntime.quantization.quantize_static` in
+`QuantFormat.QDQ`: QuantizeLinear/DequantizeLinear pairs around the chosen op types, with
+activation ranges calibrated by ONNX Runtime's calibrators (MinMax, Entropy, Percentile,
+Distribution) on the route's validation inputs (``ctx.feeds``). routetune adds no
+calibrator of its own; it prepares the model, decides which nodes to leave in FP32, and
+copies the result back into the route's graph.
+
+ONNX Runtime quantizer behaviour this module works around (onnxruntime 1.32):
+
+- Weights held in ``Constant`` nodes (Paddle2ONNX writes every weight that way) are not
+  seen as weights: they get calibrated per-tensor activation Q/DQ pairs and
+  ``per_channel`` does nothing. They are turned into initializers first.
+- Per-channel weights get a ``DequantizeLinear`` with ``axis``, which exists from opset
+  13; the quantizer does not raise the opset, so an opset-11 model comes out invalid.
+  Such models are converted to opset 13 first (``onnx.version_converter``).
+- Entropy calibration through `quantize_static` equals MinMax (see `ENTROPY_BINS`), so
+  the ranges come from ONNX Runtime's `create_calibrator` with TensorRT's bin counts and
+  reach `quantize_static` through its calibration cache.
+- `quantize_static` given a ``ModelProto`` saves it with external data in place, so the
+  caller's proto ends up pointing at a deleted temporary file; and
+  `quant_pre_process` given a ``ModelProto`` fails in its optimizer step. Both are given
+  file paths here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
+from onnx import numpy_helper
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_static,
+)
+from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from routetune.backend import Backend
+from routetune.seasoning import (
+    Param,
+    PassResult,
+    RouteContext,
+    RouteState,
+    Seasoning,
+    SeasoningInfo,
+)
+
+__all__ = ["Fp8Qdq", "Int8Qdq", "quantized_ops", "range_mismatches"]
+
+logger = logging.getLogger(__name__)
+
+WEIGHTED_OPS = ("Conv", "MatMul", "Gemm")
+"""The ops whose inputs TensorRT and ONNX Runtime's CPU kernels gain from quantizing."""
+QDQ_CHAIN_OPS = WEIGHTED_OPS + (
+    "Add", "Mul", "Concat", "Relu", "Clip", "MaxPool", "AveragePool", "GlobalAveragePool",
+    "Resize", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
+)
+"""Weighted ops plus the ones ONNX Runtime's QDQ quantizer handles between them, so that
+fewer QuantizeLinear/DequantizeLinear transitions remain."""
+
+QUANTIZED_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+    "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention",
+    "MatMulNBits",
+})
+"""Ops that mean a model is quantized already (plus every ``QLinear*`` op)."""
+
+MERGING_INPUTS: Mapping[str, tuple[int, ...] | None] = {"Concat": None, "Where": (1, 2)}
+"""Ops whose output holds the values of several inputs unchanged (None: all inputs), so
+one Q/DQ scale on that output, or on a consumer's input, covers all of their ranges.
+Add and Mul are not here: their output's own range sets its scale. ONNX Runtime's QDQ
+quantizer gives every other tensor its own scale."""
+
+MAX_RANGE_RATIO = 10.0
+"""Largest ratio of calibrated max |x| between inputs that may share one INT8 scale
+(issue 3, "int8-qdq and fp8-qdq": "differ by more than a factor of about 10", e.g. box
+pixels 0..640 concatenated with sigmoid scores 0..1)."""
+
+FP8_PROVIDERS = frozenset({"TensorrtExecutionProvider"})
+"""Execution providers that run FP8 Q/DQ models with FP8 kernels."""
+
+CALIBRATION = {
+    "minmax": CalibrationMethod.MinMax,
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+    "distribution": CalibrationMethod.Distribution,
+}
+
+ENTROPY_BINS = {"num_bins": 2048, "num_quantized_bins": 128}
+"""Histogram and quantized bins of entropy (KL) calibration, as in TensorRT (S. Migacz,
+"8-bit Inference with TensorRT", GTC 2017, which ONNX Runtime's calibrator cites).
+`quantize_static` does not pass these on, and with its defaults (128 and 128) the search
+has one candidate threshold, the full range: MinMax again."""
+
+_PER_CHANNEL_OPSET = 13
+"""First opset whose DequantizeLinear has ``axis`` (ONNX operator spec)."""
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
+
+
+class _Feeds(CalibrationDataReader):
+    """The validation input sets, one by one, for ONNX Runtime's calibrators."""
+
+    def __init__(self, feeds: Sequence[Mapping[str, Any]]) -> None:
+        self._sets = iter([{k: np.asarray(v) for k, v in f.items()} for f in feeds])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        """The next input set, or None after the last."""
+        return next(self._sets, None)
+
+
+def quantized_ops(graph: gs.Graph) -> list[str]:
+    """Return the sorted op types of `graph`'s top level that show it is quantized already."""
+    return sorted({n.op for n in graph.nodes
+                   if n.op in QUANTIZED_OPS or n.op.startswith("QLinear")})
+
+
+def range_mismatches(
+    model: onnx.ModelProto,
+    feeds: Sequence[Mapping[str, Any]],
+    op_types: Iterable[str],
+    max_ratio: float = MAX_RANGE_RATIO,
+) -> dict[str, str]:
+    """Find the nodes whose one Q/DQ scale would cover inputs of very different ranges.
+
+    For each `MERGING_INPUTS` node, the largest magnitude of each of its data inputs is
+    taken from an FP32 run of `model` in ONNX Runtime (CPU, optimisations off) on
+    `feeds`, with those tensors added as outputs (constants are read directly; inputs
+    that are all zero are ignored, zero being exact in any scale). When the largest
+    exceeds `max_ratio` times the smallest, the node (if its op type is quantized) and
+    every consumer of its output whose op type is quantized are reported.
+
+    Args:
+        model: The FP32 model, top-level nodes named; not changed.
+        feeds: Input sets, name to array.
+        op_types: The op types that will be quantized.
+        max_ratio: The largest ratio of magnitudes that may share a scale.
+
+    Returns:
+        Node name to a one-line reason, e.g. ``concat: inputs boxes 640, scores 1 (640x)``.
+    """
+    op_types = set(op_types)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    merges = []
+    for node in model.graph.node:
+        if node.op_type not in MERGING_INPUTS:
+            continue
+        picked = MERGING_INPUTS[node.op_type]
+        inputs = [t for i, t in enumerate(node.input) if t and (picked is None or i in picked)]
+        affected = [node] if node.op_type in op_types else []
+        affected += [c for c in consumers.get(node.output[0], []) if c.op_type in op_types]
+        if len(inputs) > 1 and affected:
+            merges.append((node, inputs, affected))
+    amax = _amax(model, {t for _, inputs, _ in merges for t in inputs}, feeds)
+    found: dict[str, str] = {}
+    for node, inputs, affected in merges:
+        peaks = {t: amax[t] for t in inputs if amax.get(t, 0.0) > 0.0}
+        if len(peaks) < 2 or max(peaks.values()) <= max_ratio * min(peaks.values()):
+            continue
+        ratio = max(peaks.values()) / min(peaks.values())
+        text = ", ".join(f"{t} {v:.3g}" for t, v in peaks.items())
+        for target in affected:
+            via = "" if target is node else f"reads {node.name} whose "
+            found[target.name] = f"{target.name}: {via}inputs max |x| {text} ({ratio:.0f}x)"
+    return found
+
+
+def _amax(model: onnx.ModelProto, names: set[str], feeds: Sequence[Mapping[str, Any]]
+          ) -> dict[str, float]:
+    """The largest finite |x| of each float tensor in `names` over every input set."""
+    if not names:
+        return {}
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+                 if t.name in names}
+    probe = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type for v in [*probe.graph.value_info, *probe.graph.input,
+                                     *probe.graph.output]}
+    outputs = {o.name for o in probe.graph.output}
+    wanted = sorted(n for n in names - constants.keys()
+                    if n in types and types[n].tensor_type.elem_type in _FLOAT_TYPES)
+    for name in wanted:
+        if name not in outputs:
+            probe.graph.output.append(onnx.helper.make_value_info(name, types[name]))
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(probe.SerializeToString(), so,
+                                   providers=["CPUExecutionProvider"])
+    amax = {n: _peak(v) for n, v in constants.items() if v.dtype.kind == "f"}
+    for feed in feeds:
+        values = session.run(wanted, {k: np.asarray(v) for k, v in feed.items()})
+        for name, value in zip(wanted, values, strict=True):
+            amax[name] = max(amax.get(name, 0.0), _peak(value))
+    return amax
+
+
+def _peak(array: np.ndarray) -> float:
+    finite = np.abs(array[np.isfinite(array)])
+    return float(finite.max()) if finite.size else 0.0
+
+
+def _constants_to_initializers(model: onnx.ModelProto) -> int:
+    """Make top-level ``Constant(value=tensor)`` nodes initializers, in place; return how many."""
+    outputs = {o.name for o in model.graph.output}
+    kept = []
+    for node in model.graph.node:
+        attrs = node.attribute
+        if (node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(attrs) == 1
+                and attrs[0].name == "value" and node.output[0] not in outputs):
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(attrs[0].t)
+            tensor.name = node.output[0]
+            model.graph.initializer.append(tensor)
+        else:
+            kept.append(node)
+    moved = len(model.graph.node) - len(kept)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return moved
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _count_quantized(model: onnx.ModelProto, op_types: Iterable[str]) -> int:
+    """Nodes of `op_types` that read at least one DequantizeLinear output."""
+    dequantized = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    op_types = set(op_types)
+    return sum(1 for n in model.graph.node
+               if n.op_type in op_types and dequantized.intersection(n.input))
+
+
+class _QdqSeasoning(Seasoning):
+    """Shared by ``int8-qdq`` and ``fp8-qdq``; subclasses choose the quantized types."""
+
+    max_range_ratio: ClassVar[float | None] = None
+
+    def quant_types(self) -> tuple[QuantType, QuantType, dict[str, Any]]:
+        """The activation type, weight type and extra ``quantize_static`` options."""
+        raise NotImplementedError
+
+    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
+        """Say why not: a backend other than ONNX Runtime, a quantized model, no op to quantize.
+
+        A model is quantized already when its top level holds any of `QUANTIZED_OPS` or a
+        ``QLinear*`` op; there is nothing to quantize when no node has an ``op_types`` type.
+        """
+        reason = super().applicable(graph, backend)
+        if reason:
+            return reason
+        found = quantized_ops(graph)
+        if found:
+            return (f"the model is quantized already ({', '.join(found)}); "
+                    "quantizing it again would stack Q/DQ on quantized tensors")
+        op_types = self.params["op_types"]
+        if not any(n.op in op_types for n in graph.nodes):
+            return f"no {'/'.join(op_types)} node to quantize"
+        return None
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Quantize `state.graph` with `quantize_static` and copy the result into it.
+
+        Raises:
+            ValueError: ``ctx.feeds`` is empty: there is nothing to calibrate on.
+            Exception: Whatever ONNX Runtime's quantizer or ``onnx.version_converter``
+                raise (the search records it as ``build-failed``).
+        """
+        if not ctx.feeds:
+            raise ValueError(f"{self.info.name} calibrates on the validation inputs; none given")
+        p = self.params
+        op_types = tuple(p["op_types"])
+        model = gs.export_onnx(state.graph)
+        moved = _constants_to_initializers(model)
+        mismatched = {}
+        if self.max_range_ratio is not None and p.get("range_check", False):
+            found = range_mismatches(model, ctx.feeds, op_types, self.max_range_ratio)
+            mismatched = {k: v for k, v in found.items() if k not in p["nodes_to_exclude"]}
+        notes = [f"{moved} Constant nodes became initializers"] if moved else []
+        if p["per_channel"] and _opset(model) < _PER_CHANNEL_OPSET:
+            notes.append(f"opset {_opset(model)} -> {_PER_CHANNEL_OPSET} for per-channel axis")
+            model = onnx.version_converter.convert_version(model, _PER_CHANNEL_OPSET)
+        activation_type, weight_type, extra = self.quant_types()
+        with tempfile.TemporaryDirectory(prefix="routetune-qdq-") as tmp:
+            src, pre, out = (str(Path(tmp) / f) for f in ("in.onnx", "pre.onnx", "q.onnx"))
+            onnx.save(model, src)
+            # ONNX shape inference only: the optimizer step is routetune's graph stage
+            # (fold-constants, fuse-bn-into-conv), and symbolic shape inference needs sympy.
+            quant_pre_process(src, pre, skip_optimization=True, skip_symbolic_shape=True)
+            cache = Path(tmp) / "ranges.json"
+            with contextlib.redirect_stdout(io.StringIO()):  # histogram calibrators print
+                if p["calibration"] == "entropy":
+                    calibrator = create_calibrator(
+                        Path(pre), list(op_types), str(Path(tmp) / "augmented.onnx"),
+                        CalibrationMethod.Entropy, extra_options=ENTROPY_BINS)
+                    calibrator.collect_data(_Feeds(ctx.feeds))
+                    save_tensors_data(calibrator.compute_data(), cache)
+                quantize_static(
+                    pre, out, _Feeds(ctx.feeds), quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=list(op_types), per_channel=p["per_channel"],
+                    activation_type=activation_type, weight_type=weight_type,
+                    nodes_to_exclude=sorted(set(p["nodes_to_exclude"]) | mismatched.keys()),
+                    calibrate_method=CALIBRATION[p["calibration"]], extra_options=extra,
+                    calibration_cache_path=cache if cache.exists() else None,
+                )
+            quantized = onnx.load(out)
+        count = _count_quantized(quantized, op_types)
+        stats = {
+            "quantized_nodes": count,
+            "excluded_range_mismatch": len(mismatched),
+            "quantize_linear": sum(n.op_type == "QuantizeLinear" for n in quantized.graph.node),
+            "dequantize_linear": sum(n.op_type == "DequantizeLinear" for n in quantized.graph.node),
+        }
+        if mismatched:
+            notes.append("excluded for range mismatch: " + "; ".join(mismatched.values()))
+        if count == 0:
+            return PassResult(False, stats, "; ".join(notes + ["no node was quantized"]))
+        new = gs.import_onnx(quantized)
+        graph = state.graph
+        graph.nodes, graph.inputs, graph.outputs = new.nodes, new.inputs, new.outputs
+        graph.opset, graph.import_domains = new.opset, new.import_domains
+        graph.ir_version = max(graph.ir_version or 0, new.ir_version or 0) or None
+        return PassResult(True, stats, "; ".join(notes))
+
+
+_COMMON_PARAMS = (
+    Param("per_channel", (True, False), True, "per-output-channel weight scales"),
+    Param("op_types", (WEIGHTED_OPS, QDQ_CHAIN_OPS), WEIGHTED_OPS, "op types to quantize"),
+    Param("nodes_to_exclude", ((),), (), "node names to keep in FP32"),
+)
+
+
+class Int8Qdq(_QdqSeasoning):
+    """INT8 Q/DQ with weights symmetric signed per channel or per tensor.
+
+    Rules:
+
+    1. Top-level ``Constant(value=...)`` nodes become initializers, so that ONNX Runtime's
+       quantizer treats them as weights (it calibrates ``Constant`` outputs as
+       activations). With ``per_channel`` a model below opset 13 is converted to 13.
+    2. With ``range_check`` (default; a route can pin ``range_check=false``), a
+       ``Concat`` or ``Where`` whose data inputs' calibrated max |x| differ by more than
+       `MAX_RANGE_RATIO` (10x, from issue 3) is left in FP32 if its op type is quantized,
+       and so is every quantized consumer of its output: one INT8 scale for 0..640 has a
+       step of about 5, and sigmoid scores in 0..1 would all become 0. Ranges come from
+       an FP32 ONNX Runtime run on ``ctx.feeds`` (`range_mismatches`). The excluded
+       names go into the note, their count into ``excluded_range_mismatch``.
+    3. `quantize_static` (``QuantFormat.QDQ``) quantizes the ``op_types`` nodes not in
+       ``nodes_to_exclude`` or rule 2, calibrated on ``ctx.feeds`` with ``calibration``:
+       MinMax, Entropy (with `ENTROPY_BINS`) or Percentile (99.999%, ORT's default).
+       Weights are ``QInt8`` symmetric. Activations are ``QInt8`` with
+       ``ActivationSymmetric=True`` when ``symmetric_activations`` (TensorRT accepts only
+       symmetric signed INT8), else ``QUInt8`` asymmetric (the u8s8 form that ONNX
+       Runtime's x86 CPU kernels prefer). Weights keep all 8 bits (no ``reduce_range``):
+       on x86 CPUs without VNNI, ONNX Runtime's fused per-channel kernels then saturate
+       and lose accuracy that the unfused Q/DQ model keeps; the accuracy check sees it.
+    4. The quantized model's nodes, inputs, outputs, opset and domains replace the
+       graph's, in place. ``quantized_nodes`` counts ``op_types`` nodes that read a
+       DequantizeLinear output; when it is 0 the graph is left alone (``modified=False``).
+    """
+
+    info = SeasoningInfo(
+        name="int8-qdq", stage="precision", backends=frozenset({"onnxruntime"}),
+        summary="INT8 Q/DQ via onnxruntime.quantization.quantize_static, calibrated on the inputs",
+        params=(
+            _COMMON_PARAMS[0],
+            Param("calibration", ("minmax", "entropy", "percentile"), "minmax",
+                  "ONNX Runtime calibration method"),
+            Param("symmetric_activations", (True, False), True,
+                  "QInt8 symmetric activations (TensorRT) or QUInt8 asymmetric (CPU)"),
+            *_COMMON_PARAMS[1:],
+            Param("range_check", (True,), True,
+                  "keep Concat/Where with inputs >10x apart in range in FP32"),
+        ),
+    )
+    max_range_ratio: ClassVar[float | None] = MAX_RANGE_RATIO
+
+    def quant_types(self) -> tuple[QuantType, QuantType, dict[str, Any]]:
+        """QInt8 weights; QInt8 symmetric or QUInt8 asymmetric activations."""
+        symmetric = bool(self.params["symmetric_activations"])
+        activation = QuantType.QInt8 if symmetric else QuantType.QUInt8
+        return activation, QuantType.QInt8, {"ActivationSymmetric": symmetric,
+                                             "WeightSymmetric": True}
+
+
+class Fp8Qdq(_QdqSeasoning):
+    """FP8 (float8e4m3fn) Q/DQ, for backends with FP8 kernels.
+
+    Rules:
+
+    1. As `Int8Qdq` rule 1, except that ONNX Runtime's quantizer itself raises the opset
+       to 19 (the first with float8 QuantizeLinear). No range check: FP8 keeps a
+       per-value exponent, so 0..640 and 0..1 share a scale without losing the scores.
+    2. `quantize_static` with ``QuantType.QFLOAT8E4M3FN`` for weights and activations and
+       ``CalibrationMethod.Distribution``, the only method it accepts for float types.
+    3. Not applicable unless the backend's execution provider is in `FP8_PROVIDERS`.
+       ONNX Runtime's CPU provider runs the result (its QuantizeLinear/DequantizeLinear
+       have float8 kernels) but keeps Conv/MatMul in FP32 between them: the FP8 error
+       is emulated and the engine can only be slower.
+    """
+
+    info = SeasoningInfo(
+        name="fp8-qdq", stage="precision", backends=frozenset({"onnxruntime"}),
+        summary="FP8 (e4m3fn) Q/DQ via onnxruntime.quantization; TensorRT provider only",
+        params=(
+            _COMMON_PARAMS[0],
+            Param("calibration", ("distribution",), "distribution",
+                  "ONNX Runtime accepts only Distribution calibration for FP8"),
+            *_COMMON_PARAMS[1:],
+        ),
+    )
+
+    def quant_types(self) -> tuple[QuantType, QuantType, dict[str, Any]]:
+        """float8e4m3fn for both, symmetric (FP8 Q/DQ has zero point 0)."""
+        return QuantType.QFLOAT8E4M3FN, QuantType.QFLOAT8E4M3FN, {"ActivationSymmetric": True}
+
+    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
+        """A reason unless the backend runs on an FP8-capable provider (rule 3)."""
+        if backend.name == "onnxruntime":  # for other backends the base class says why
+            provider = backend.full_settings({})["onnxruntime.execution_provider"]
+            if provider not in FP8_PROVIDERS:
+                return (f"ONNX Runtime's {provider} has no FP8 (float8e4m3fn) kernels for "
+                        "Conv/MatMul: an FP8 Q/DQ model runs there only as FP32 compute "
+                        "between float8 Quantize/DequantizeLinear, never faster; FP8 Q/DQ "
+                        "needs TensorRT on a GPU with FP8 support (compute capability 8.9+)")
+        return super().applicable(graph, backend)
