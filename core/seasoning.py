@@ -41,24 +41,31 @@ class Param:
         choices: The values the search tries, in order.
         default: The value used when a route names the seasoning without this parameter.
         help: One line for ``routetune seasonings``.
+        allowed: More values a route may pin that the search does not try by default
+            (slow or rarely useful ones); empty means any value of the default's type.
     """
 
     name: str
     choices: tuple[ParamValue, ...]
     default: ParamValue
     help: str = ""
+    allowed: tuple[ParamValue, ...] = ()
 
     def check(self, value: ParamValue) -> ParamValue:
         """Return `value` if this parameter takes it.
 
-        A value outside `choices` is accepted when it has the default's type, so that a
-        hand-written route can pin a value the search does not enumerate.
+        A value outside `choices` is accepted when it is in `allowed`, or, with no
+        `allowed` list, when it has the default's type, so that a hand-written route can
+        pin a value the search does not enumerate.
 
         Raises:
             UsageError: The value has the wrong type.
         """
-        if value in self.choices or value == self.default:
+        if value in self.choices or value == self.default or value in self.allowed:
             return value
+        if self.allowed:
+            known = "|".join(str(c) for c in (*self.choices, *self.allowed))
+            raise UsageError(f"parameter '{self.name}': {value!r} is not one of {known}")
         expected = type(self.default)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)

@@ -135,3 +135,12 @@ def test_resolve_gives_the_canonical_form(small_registry: Registry) -> None:
 def test_resolve_rejects_bad_routes(small_registry: Registry, text: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         resolve_route(parse_route(text), small_registry)
+
+
+def test_pin_only_values_are_accepted_but_not_enumerated() -> None:
+    p = Param("calibration", ("minmax",), "minmax", allowed=("entropy",))
+    assert p.check("entropy") == "entropy"
+    with pytest.raises(UsageError, match="not one of minmax|entropy"):
+        p.check("entropopy")
+    space = RouteSpace([info("q", params=(p,))])
+    assert texts(space) == ["base", "q"]

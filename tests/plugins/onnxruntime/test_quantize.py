@@ -158,8 +158,9 @@ def test_int8_conv_matmul(calibration: str, per_channel: bool, symmetric: bool) 
     expected = run(model, feed, optimize=False)
     for optimize in (False, True):
         got = run(quantized, feed, optimize)
-        # measured: at most 0.6% of max|y| over these 12 settings, both optimisation levels
-        assert np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
+        # measured max error / max|y|: 0.58..1.03% with optimisations off; on, ONNX
+        # Runtime's fused per-channel kernels saturate on x86 without VNNI: up to 1.56%
+        assert np.abs(got - expected).max() <= 0.025 * np.abs(expected).max()
 
 
 def test_int8_constant_node_weights_at_opset_11() -> None:
@@ -176,7 +177,7 @@ def test_int8_constant_node_weights_at_opset_11() -> None:
     assert "Constant" not in [n.op_type for n in quantized.graph.node]
     feed = feeds_for(model, 1, seed=7)[0]
     expected = run(model, feed, optimize=False)
-    assert np.abs(run(quantized, feed) - expected).max() <= 0.02 * np.abs(expected).max()
+    assert np.abs(run(quantized, feed) - expected).max() <= 0.025 * np.abs(expected).max()
 
 
 READERS = {"box_matmul", "box_relu", "score_matmul", "score_sigmoid"}
@@ -293,6 +294,7 @@ def test_fp8_on_the_cpu_is_only_emulated(tmp_path: Path) -> None:
                                    providers=["CPUExecutionProvider"])
     feed = feeds_for(model, 1, seed=7)[0]
     expected = run(model, feed, optimize=False)
+    # measured 0.53 of max|y| 7.14: FP8 e4m3 keeps 3 mantissa bits
     assert np.abs(session.run(None, feed)[0] - expected).max() < 0.1 * np.abs(expected).max()
     optimized = [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
     assert "QuantizeLinear" in optimized and "DequantizeLinear" in optimized
@@ -308,7 +310,7 @@ def test_tune_int8_on_a_small_model(registry: Registry, tmp_path: Path) -> None:
                               search="exhaustive", measure=SHORT, output=tmp_path / "out"),
                   registry)
     int8 = [t for t in result.trials if t.route.startswith("int8-qdq")]
-    assert len(int8) == 2 * 3 * 2 * 2  # per_channel x calibration x symmetric x op_types
+    assert len(int8) == 2 * 2  # per_channel x symmetric; other values are pin-only
     for trial in int8:
         # the synthesised inputs are uniform in [0, 1): no outliers to clip, so entropy
         # calibration picks the full range and its routes repeat the MinMax models
@@ -340,12 +342,18 @@ def test_tune_int8_skips_a_quantized_model(registry: Registry, tmp_path: Path) -
 @pytest.mark.slow
 def test_tune_int8_ppocr_cls(model_path: Callable[[str], Path], registry: Registry,
                              tmp_path: Path) -> None:
+    # base + the first 4 int8 routes: per-channel MinMax, symmetric or not, both op sets
     result = tune(TuneOptions(model=model_path("ppocr-cls"), shapes="x:1x3x48x192",
                               seasonings=("int8-qdq",), search="exhaustive", measure=SHORT,
-                              output=tmp_path / "out"), registry)
+                              max_trials=5, output=tmp_path / "out"), registry)
     int8 = [t for t in result.trials if t.route.startswith("int8-qdq")]
-    assert len(int8) == 24
+    assert len(int8) == 4
     for trial in int8:
         assert trial.status in ("ok", "accuracy-failed"), (trial.route, trial.reason)
-        assert trial.passes[0]["stats"]["quantized_nodes"] >= 53  # every Conv, the MatMul
-    print({t.route: (t.status, t.accuracy) for t in int8})
+        stats = trial.passes[0]["stats"]
+        assert stats["quantized_nodes"] >= 54  # 53 Conv and the MatMul
+        assert trial.passes[0]["note"].startswith("308 Constant nodes became initializers")
+        # on these synthesised uniform-noise inputs every route measured cos 0.978..0.984
+        # and failed the default l0 bound; on the example's text images per-tensor routes pass
+        (accuracy,) = trial.accuracy.values()
+        assert accuracy["cos"] > 0.95
