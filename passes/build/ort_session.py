@@ -9,6 +9,7 @@ meanings are ONNX Runtime's: ``SessionOptions`` attributes, and the config keys 
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 from routetune.seasoning import (
     Param,
@@ -95,7 +96,17 @@ class OrtThreads(Seasoning):
         return _set(state, {NS + "intra_op_num_threads": self.params["intra_op"]})
 
 
-class OrtNoSpinning(Seasoning):
+class _ConfigEntries(Seasoning):
+    """Sets fixed session config entries (``onnxruntime.config.<key>``)."""
+
+    entries: ClassVar[dict[str, str]]
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Set the entries."""
+        return _set(state, {NS + "config." + k: v for k, v in self.entries.items()})
+
+
+class OrtNoSpinning(_ConfigEntries):
     """Let idle worker threads sleep instead of spinning.
 
     1. Sets config ``session.intra_op.allow_spinning`` and
@@ -108,14 +119,10 @@ class OrtNoSpinning(Seasoning):
         summary="session config: thread pools do not spin while idle",
         backends=ORT,
     )
-
-    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
-        """Turn spinning off."""
-        return _set(state, {NS + "config.session.intra_op.allow_spinning": "0",
-                            NS + "config.session.inter_op.allow_spinning": "0"})
+    entries = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
 
 
-class OrtDenormalAsZero(Seasoning):
+class OrtDenormalAsZero(_ConfigEntries):
     """Flush denormal floats to zero (FTZ/DAZ), which can avoid slow denormal arithmetic.
 
     1. Sets config ``session.set_denormal_as_zero`` to ``"1"`` (default ``"0"``).
@@ -127,13 +134,10 @@ class OrtDenormalAsZero(Seasoning):
         summary="session config: treat denormal floats as zero",
         backends=ORT,
     )
-
-    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
-        """Turn flush-to-zero on."""
-        return _set(state, {NS + "config.session.set_denormal_as_zero": "1"})
+    entries = {"session.set_denormal_as_zero": "1"}
 
 
-class OrtNoPrepacking(Seasoning):
+class OrtNoPrepacking(_ConfigEntries):
     """Keep weights in their original layout instead of pre-packing them for MLAS.
 
     1. Sets config ``session.disable_prepacking`` to ``"1"`` (default ``"0"``).
@@ -145,10 +149,7 @@ class OrtNoPrepacking(Seasoning):
         summary="session config: do not pre-pack constant weights",
         backends=ORT,
     )
-
-    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
-        """Turn weight pre-packing off."""
-        return _set(state, {NS + "config.session.disable_prepacking": "1"})
+    entries = {"session.disable_prepacking": "1"}
 
 
 SEASONINGS = (OrtOptLevel, OrtParallel, OrtThreads, OrtNoSpinning, OrtDenormalAsZero,
