@@ -86,7 +86,7 @@ def tune_command(
     finally:
         if started:
             progress.stop()
-    console.print(trials_table(list(result.trials), result.base, result.winner, registry,
+    console.print(trials_table(list(result.trials), result.winner, registry,
                                title=f"{len(result.trials)} trials, winner first"))
     w = result.winner
     if result.stopped:

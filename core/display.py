@@ -29,7 +29,7 @@ def accuracy_text(trial: Trial, registry: Registry) -> str:
 
 
 def trials_table(
-    trials: list[Trial] | tuple[Trial, ...], base: Trial, winner: Trial, registry: Registry,
+    trials: list[Trial] | tuple[Trial, ...], winner: Trial, registry: Registry,
     title: str = "",
 ) -> Table:
     """A table of trials in the given order: route, status and reason, latency, accuracy.

@@ -252,7 +252,7 @@ def _tune_locked(
         if loop is not None:
             loop.close()
         store.close()
-    return _finish(run, opts, trials, store_path, winner, reason, paired, loop.stopped)
+    return _finish(run, trials, store_path, winner, reason, paired, loop.stopped)
 
 
 def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
@@ -296,7 +296,7 @@ def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
                     "within the confidence intervals, and is simpler")
 
 
-def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path, winner: Trial,
+def _finish(run: Prepared, trials: list[Trial], store: Path, winner: Trial,
             reason: str, paired: tuple[Latency, Latency] | None,
             stopped: str | None) -> TuneResult:
     base = next(t for t in trials if t.route == "base")
@@ -306,11 +306,11 @@ def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path, 
     )
     result = TuneResult(winner, reason, tuple(ordered), base, run.space.size(),
                         run.not_applicable, run.outdir, {"store": store}, stopped, paired)
-    result.files.update(_write_winner(run, opts, result))
+    result.files.update(_write_winner(run, result))
     return result
 
 
-def _write_winner(run: Prepared, opts: TuneOptions, result: TuneResult) -> dict[str, Path]:
+def _write_winner(run: Prepared, result: TuneResult) -> dict[str, Path]:
     winner, reason = result.winner, result.winner_reason
     model_path = run.outdir / "winner.onnx"
     if winner.artifact:
