@@ -152,6 +152,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     if opts.time_budget_s is not None and opts.time_budget_s <= 0:
         raise UsageError(f"--time-budget {opts.time_budget_s}: must be positive (seconds)")
     backend = _backend(registry, opts.backend)
+    registry.strategy(opts.search)  # an unknown name fails here, before any work
     source: dict[str, Any] = {}
     given_shapes = parse_shapes(opts.shapes)
     if opts.example and opts.model is not None:
