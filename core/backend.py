@@ -141,6 +141,19 @@ class Backend:
         """
         return None
 
+    def emulates(self, dtype: str, settings: Mapping[str, Any]) -> bool:
+        """Whether engines built with `settings` compute `dtype` in a wider type inside.
+
+        Such a device hides overflow of the low type (ONNX Runtime's CPU provider runs
+        many float16 kernels in float32), so the search adds the strict-FP16 check
+        (`routetune.strict_fp16`) to the accuracy check. The default is False.
+
+        Args:
+            dtype: An ONNX element type name in lower case (``float16``).
+            settings: Full build settings (`full_settings`).
+        """
+        return False
+
     def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path) -> Engine:
         """Build an engine from an ONNX file with full `settings`.
 

@@ -29,12 +29,14 @@ class RouteSpace:
     """The routes that can be composed from a set of seasonings.
 
     Args:
-        infos: The seasonings on offer (already filtered for applicability).
+        infos: The seasonings on offer (already filtered for applicability); those
+            with ``searched=False`` are left out.
         max_depth: The most seasonings in one route; None for no limit.
     """
 
     def __init__(self, infos: Iterable[SeasoningInfo], max_depth: int | None = None) -> None:
-        self.infos = {info.name: info for info in sorted(infos, key=lambda i: i.name)}
+        self.infos = {info.name: info for info in sorted(infos, key=lambda i: i.name)
+                      if info.searched}
         self.max_depth = len(self.infos) if max_depth is None else max_depth
         if self.max_depth < 0:
             raise UsageError(f"--max-depth {max_depth}: must be 0 or more")

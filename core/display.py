@@ -55,9 +55,32 @@ def trials_table(
             f"{lat.p50:.3f}" if lat else "", f"{lat.p90:.3f}" if lat else "",
             f"{lat.spread:.3f}" if lat else "",
             f"{t.base_latency.p50:.3f}" if t.base_latency else "", speed,
-            accuracy_text(t, registry), t.reason,
+            accuracy_text(t, registry), verdict_text(t, registry),
         )
     return table
+
+
+def verdict_text(trial: Trial, registry: Registry) -> str:
+    """The trial's reason, then what each precision step decided.
+
+    For each precision step: its non-zero statistics (``fp16: low_nodes 252,
+    fp32_nodes 35, kept_data_max 20``), and for ``precision-repair`` the nodes it kept
+    in FP32, so that a reader sees why a precision route passed or failed.
+    """
+    parts = [trial.reason] if trial.reason else []
+    for record in trial.passes:
+        step = str(record.get("step", ""))
+        name = step.split("{")[0]
+        if name not in registry.seasonings or (
+                registry.seasoning(name).info.stage != "precision"):
+            continue
+        stats = ", ".join(f"{k} {v}" for k, v in record.get("stats", {}).items() if v)
+        text = f"{name}: {stats or 'no change'}"
+        note = str(record.get("note", ""))
+        if note.startswith("kept in FP32:"):
+            text += f"; {note.split('; ')[0]}"
+        parts.append(text)
+    return " | ".join(parts)
 
 
 def seasonings_table(registry: Registry) -> Table:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +183,10 @@ def signature(model: onnx.ModelProto) -> tuple[tuple[str, int], ...]:
 def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...]) -> None:
     """The postcondition of every graph and precision seasoning.
 
+    The signature must keep its names, order and element types, except that a float32
+    input or output may become float16 or bfloat16 (``fp16{keep_io_types=false}``);
+    runners cast the validation inputs to the types the engine takes.
+
     Raises:
         PostconditionError: The full ONNX checker rejects the model, or its signature
             differs from `expected`.
@@ -192,10 +197,56 @@ def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...
         first = " ".join(str(e).split())[:400]
         raise PostconditionError(f"the ONNX checker rejects the rewritten model: {first}") from e
     got = signature(model)
-    if got != expected:
+    if not _same_signature(got, expected):
         raise PostconditionError(
             f"the rewrite changed the model's signature from {_sig(expected)} to {_sig(got)}"
         )
+
+
+FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                         onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16})
+
+
+def with_intermediates(model: onnx.ModelProto, names: Iterable[str] | None = None
+                       ) -> onnx.ModelProto:
+    """A copy of `model` whose graph outputs also list intermediate float tensors.
+
+    Polygraphy's ``--onnx-outputs mark all``: running the copy returns every float
+    tensor's value, for range analysis, layer-wise comparison and strict-FP16 checks.
+
+    Args:
+        model: The model; not changed. Top-level tensors only (subgraphs stay closed).
+        names: The tensors to add; None for every float tensor whose type shape
+            inference knows, graph inputs included.
+
+    Returns:
+        The copy, with the original outputs first; ``value_info`` is cleared.
+    """
+    probe = onnx.shape_inference.infer_shapes(model)
+    known = {v.name for v in probe.graph.output}
+    wanted = None if names is None else set(names)
+    for value in [*probe.graph.value_info, *graph_inputs(probe)]:
+        if value.name in known or (wanted is not None and value.name not in wanted):
+            continue
+        if value.type.tensor_type.elem_type in FLOAT_TYPES:
+            out = onnx.ValueInfoProto()
+            out.name = value.name
+            out.type.tensor_type.elem_type = value.type.tensor_type.elem_type
+            probe.graph.output.append(out)
+            known.add(value.name)
+    del probe.graph.value_info[:]
+    return probe
+
+
+LOW_IO = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+
+
+def _same_signature(got: tuple[tuple[str, int], ...], expected: tuple[tuple[str, int], ...]
+                    ) -> bool:
+    if [n for n, _ in got] != [n for n, _ in expected]:
+        return False
+    return all(g == e or (e == onnx.TensorProto.FLOAT and g in LOW_IO)
+               for (_, g), (_, e) in zip(got, expected, strict=True))
 
 
 def _sig(sig: tuple[tuple[str, int], ...]) -> str:

@@ -97,6 +97,8 @@ class SeasoningInfo:
         before: Seasonings of the same stage that must run after this one when both are
             present.
         backends: Names of the backends this seasoning applies to; empty means all.
+        searched: Whether strategies enumerate it. False for a seasoning the search
+            loop adds by itself, such as ``precision-repair`` after an accuracy failure.
     """
 
     name: str
@@ -108,6 +110,7 @@ class SeasoningInfo:
     after: frozenset[str] = frozenset()
     before: frozenset[str] = frozenset()
     backends: frozenset[str] = frozenset()
+    searched: bool = True
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -166,10 +169,27 @@ class RouteState:
         settings: Backend build options, keyed by namespaced option name
             (``onnxruntime.graph_optimization_level``); checked against the backend's
             option schema before the build.
+        lowered: Set by a precision seasoning: how to redo its conversion with more
+            nodes kept in FP32 (``precision-repair`` reads it).
     """
 
     graph: gs.Graph | None
     settings: dict[str, Any] = field(default_factory=dict)
+    lowered: Lowering | None = None
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """A precision seasoning's conversion, kept so that it can be redone.
+
+    Args:
+        seasoning: The precision seasoning as applied; it has a ``nodes_to_exclude``
+            parameter.
+        graph: A copy of the graph it converted, before conversion.
+    """
+
+    seasoning: Seasoning
+    graph: gs.Graph
 
 
 @dataclass(frozen=True)

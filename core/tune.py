@@ -29,6 +29,7 @@ from routetune.recipe import write_winner_recipe
 from routetune.registry import Registry
 from routetune.route import Route, Step
 from routetune.search.loop import Budget, SearchLoop
+from routetune.search.repair import REPAIR
 from routetune.search.strategy import SearchConfig, rank_key
 from routetune.seasoning import SeasoningInfo
 from routetune.store import FILENAME, Trial, TrialStore
@@ -130,6 +131,7 @@ class Prepared:
     outdir: Path
     settings_hash: str
     source: Mapping[str, Any]
+    repair: bool = False
 
 
 def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared:
@@ -186,8 +188,9 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
                                   for f in feeds for a in f.values()))
     settings_hash = sha256(json.dumps(
         [inputs_hash, constraint.text, asdict(opts.measure)]).encode())
+    repair = any(info.name == REPAIR for info in infos)
     return Prepared(registry, model, backend, feeds, constraint, space, not_applicable,
-                    outdir, settings_hash, source)
+                    outdir, settings_hash, source, repair)
 
 
 def tune(
@@ -231,7 +234,7 @@ def _tune_locked(
     try:
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
                           run.constraint, store, run.outdir, opts.measure, run.settings_hash,
-                          reference)
+                          reference, run.repair)
         strategy = run.registry.strategy(opts.search)(
             run.space, SearchConfig(beam_width=opts.beam_width))
         skipped = [loop.record_skipped(Route((Step(n),)), reason)

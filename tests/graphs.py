@@ -87,3 +87,48 @@ def wasteful(path: Path, width: int = 256, depth: int = 6) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, width])], inits,
     )
     return _save(graph, path)
+
+
+def layernorm(path: Path, rows: int = 4, width: int = 64, opset: int = 13) -> Path:
+    """A written-out LayerNorm on x f32[rows,width] -> y, over the last axis.
+
+    ReduceMean(mean) -> Sub(sub) -> Pow(pow, 2) -> ReduceMean(var) -> Add(add_eps, 1e-5)
+    -> Sqrt(sqrt) -> Div(div).
+    """
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], name="mean", axes=[-1]),
+        helper.make_node("Sub", ["x", "mean"], ["centered"], name="sub"),
+        helper.make_node("Pow", ["centered", "two"], ["sq"], name="pow"),
+        helper.make_node("ReduceMean", ["sq"], ["var"], name="var", axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="add_eps"),
+        helper.make_node("Sqrt", ["var_eps"], ["std"], name="sqrt"),
+        helper.make_node("Div", ["centered", "std"], ["y"], name="div"),
+    ]
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-5, np.float32), "eps")]
+    graph = helper.make_graph(
+        nodes, "layernorm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, width])], inits)
+    return _save(graph, path, opset)
+
+
+def cancellation(path: Path, width: int = 64) -> Path:
+    """x f32[1,width] -> Mul(scale, 2) -> Add(shift, 300) -> Sub(unshift, 300) -> Relu(relu) -> y.
+
+    For small x the shift and unshift cancel: exact in FP32, while FP16 rounds 300 + 2x to
+    a multiple of 0.25 and the output loses everything. Both ``shift`` and ``unshift``
+    must stay FP32 to fix it; ``scale`` and ``relu`` are exact in FP16 for inputs that
+    FP16 represents exactly.
+    """
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(300.0, np.float32), "offset")]
+    nodes = [
+        helper.make_node("Mul", ["x", "two"], ["s"], name="scale"),
+        helper.make_node("Add", ["s", "offset"], ["a"], name="shift"),
+        helper.make_node("Sub", ["a", "offset"], ["d"], name="unshift"),
+        helper.make_node("Relu", ["d"], ["y"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes, "cancellation", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])], inits)
+    return _save(graph, path)

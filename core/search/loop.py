@@ -34,14 +34,19 @@ from routetune.measure import Latency, MeasureSettings, measure, measure_side_by
 from routetune.model import PreparedModel, check_candidate, sha256
 from routetune.registry import Registry
 from routetune.route import Route, Step
+from routetune.search.repair import bisect_repair, repair_point
 from routetune.search.strategy import Strategy
-from routetune.seasoning import RouteContext, RouteState
+from routetune.seasoning import Lowering, RouteContext, RouteState
 from routetune.store import Trial, TrialStore
+from routetune.strict_fp16 import mentions_float16, strict_fp16_overflows
 
 logger = logging.getLogger(__name__)
 
 SNAPSHOTS = 16
 """Model snapshots kept at route prefixes (branch points), least recently used out."""
+
+Snapshot = tuple[bytes, list[dict[str, Any]], Lowering | None]
+"""A route prefix's model, its pass records, and its precision step's `Lowering`."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class SearchLoop:
         settings_hash: sha256 of the inputs, constraint and measurement settings.
         reference: The backend that runs models in FP32 for precision seasonings
             (`Backend.evaluate`); None for none.
+        repair: Whether a route whose precision step fails the accuracy constraint is
+            followed by ``precision-repair`` trials (`routetune.search.repair`).
     """
 
     def __init__(
@@ -88,6 +95,7 @@ class SearchLoop:
         measure_settings: MeasureSettings,
         settings_hash: str,
         reference: Backend | None = None,
+        repair: bool = False,
     ) -> None:
         self.registry = registry
         self.model = model
@@ -100,12 +108,14 @@ class SearchLoop:
         self.measure_settings = measure_settings
         self.settings_hash = settings_hash
         self.reference = reference
+        self.repair = repair
+        self._repaired: set[Route] = set()
         self.stopped: str | None = None
         """Why the last `run` stopped before the strategy was done, or None."""
         self.device = backend.device()
         self.versions = _versions(backend)
-        self._snapshots: OrderedDict[Route, tuple[bytes, list[dict[str, Any]]]] = OrderedDict()
-        self._snapshots[Route()] = (model.data, [])
+        self._snapshots: OrderedDict[Route, Snapshot] = OrderedDict()
+        self._snapshots[Route()] = (model.data, [], None)
         self._base: Runner | bool | None = None
         self._candidates = {
             t.candidate_sha256: t.route for t in store.trials()
@@ -142,25 +152,39 @@ class SearchLoop:
         trials: list[Trial] = []
         self.stopped = None
 
-        def visit(route: Route) -> bool:
+        def visit(route: Route, tell: bool = True) -> Trial | None:
             if budget.max_trials is not None and len(trials) >= budget.max_trials:
                 self.stopped = f"--max-trials {budget.max_trials} reached"
-                return False
+                return None
             if budget.time_s is not None and time.monotonic() - started >= budget.time_s:
                 self.stopped = f"--time-budget {budget.time_s:g} s reached"
-                return False
+                return None
             trial, cached = self.evaluate(route)
             trials.append(trial)
-            strategy.tell(route, trial)
+            if tell:
+                strategy.tell(route, trial)
             on_trial(trial, cached)
-            return True
+            if trial.status == "accuracy-failed":
+                self._repair(route, lambda r: visit(r, tell=False))
+            return trial
 
         visit(Route())
         while batch := strategy.ask():
             for route in batch:
-                if not visit(route):
+                if visit(route) is None:
                     return trials
         return trials
+
+    def _repair(self, route: Route, visit: Callable[[Route], Trial | None]) -> None:
+        """Run precision-repair trials once per failing precision prefix, untold to the strategy."""
+        at = repair_point(route, self.registry) if self.repair else None
+        if at is None:
+            return
+        prefix = Route(tuple(s for s in route.steps[:at]
+                             if self.registry.seasoning(s.name).info.stage != "build"))
+        if prefix not in self._repaired:
+            self._repaired.add(prefix)
+            bisect_repair(route, at, visit)
 
     def evaluate(self, route: Route) -> tuple[Trial, bool]:
         """Return the stored trial of `route`, or build, check, measure and store it.
@@ -240,12 +264,28 @@ class SearchLoop:
                 outputs = [runner.infer(feed) for feed in self.feeds]
                 verdict = check_accuracy(self.constraint, self.registry, outputs, self.references)
                 fields["accuracy"] = verdict.metrics
+                overflows = self._strict_fp16(data, settings) if verdict.passed else {}
                 fields["latency"], fields["base_latency"] = self._measure(runner, route)
         except Exception as e:  # a crash inside one candidate never stops the search
             return self._record(route, fingerprint, "crashed", _describe(e), **fields)
         if not verdict.passed:
             return self._record(route, fingerprint, "accuracy-failed", verdict.reason, **fields)
+        if overflows:
+            return self._record(
+                route, fingerprint, "accuracy-failed",
+                "strict FP16 check (this device computes float16 in float32): "
+                + "; ".join(overflows.values()), **fields)
         return self._record(route, fingerprint, "ok", "; ".join(verdict.notes), **fields)
+
+    def _strict_fp16(self, data: bytes, settings: Mapping[str, Any]) -> dict[str, str]:
+        """Overflows a float16 device would show, where this one emulates float16."""
+        if self.reference is None or not self.backend.emulates("float16", settings):
+            return {}
+        model = onnx.load_from_string(data)
+        if not mentions_float16(model):
+            return {}
+        reference, feeds = self.reference, list(self.feeds)
+        return strict_fp16_overflows(model, lambda m: reference.evaluate(m, feeds))
 
     def _measure(self, runner: Runner, route: Route) -> tuple[Latency, Latency | None]:
         """Time a candidate in alternating blocks with the base route's engine.
@@ -292,15 +332,16 @@ class SearchLoop:
                 in self._snapshots)
         prefix = Route(tuple(model_steps[:k]))
         self._snapshots.move_to_end(prefix)
-        data, passes = self._snapshots[prefix]
+        data, passes, lowered = self._snapshots[prefix]
         passes = list(passes)
-        state = RouteState(gs.import_onnx(onnx.load_from_string(data)) if model_steps[k:] else None)
+        state = RouteState(gs.import_onnx(onnx.load_from_string(data)) if model_steps[k:] else None,
+                           lowered=lowered)
         for i in range(k, len(model_steps)):
             passes.append(self._step(model_steps[i], state, Route(tuple(model_steps[:i]))))
             exported = gs.export_onnx(state.graph)
             check_candidate(exported, self.model.signature)
             data = exported.SerializeToString()
-            self._snapshot(Route(tuple(model_steps[: i + 1])), data, passes)
+            self._snapshot(Route(tuple(model_steps[: i + 1])), (data, passes, state.lowered))
         for i, step in enumerate(build_steps):
             passes.append(self._step(step, state, Route(tuple(model_steps + build_steps[:i]))))
         return data, passes, self.backend.full_settings(state.settings)
@@ -323,8 +364,9 @@ class SearchLoop:
         return {"step": str(step), "modified": result.modified, "stats": dict(result.stats),
                 "note": result.note, "ms": round(ms, 3)}
 
-    def _snapshot(self, prefix: Route, data: bytes, passes: list[dict[str, Any]]) -> None:
-        self._snapshots[prefix] = (data, list(passes))
+    def _snapshot(self, prefix: Route, snapshot: Snapshot) -> None:
+        data, passes, lowered = snapshot
+        self._snapshots[prefix] = (data, list(passes), lowered)
         while len(self._snapshots) > SNAPSHOTS:
             oldest = next(iter(self._snapshots))
             if oldest.is_base:

@@ -187,3 +187,14 @@ def remove_orphan_constant_nodes(graph: gs.Graph, tensors: list[gs.Tensor]) -> i
         for node in orphans.values():
             node.outputs.clear()
     return len(orphans)
+
+
+def replace_graph(graph: gs.Graph, new: gs.Graph) -> None:
+    """Make `graph` hold `new`'s nodes, inputs, outputs and opsets, in place.
+
+    Seasonings must rewrite `RouteState.graph` in place; one that builds a new graph
+    (through an external tool, or by redoing a conversion) moves the result in here.
+    """
+    graph.nodes, graph.inputs, graph.outputs = new.nodes, new.inputs, new.outputs
+    graph.opset, graph.import_domains = new.opset, new.import_domains
+    graph.ir_version = max(graph.ir_version or 0, new.ir_version or 0) or None

@@ -24,6 +24,7 @@ from routetune.backend import Backend
 from routetune.passes.graph.constants import constant_value, inferred_types, unique_name
 from routetune.passes.precision.ranges import Ranges, tensor_ranges
 from routetune.seasoning import (
+    Lowering,
     Param,
     PassResult,
     RouteContext,
@@ -74,16 +75,15 @@ class MixedPrecision(Seasoning):
        more than 1% of its non-zero values would flush to zero. Each reason is counted.
     2. A tensor produced by a low node becomes low; its FP32 consumers read it through
        one Cast back to FP32, and a graph output keeps its name and FP32 type through a
-       final Cast (``keep_io_types``).
+       final Cast (``keep_io_types``, the default). With ``keep_io_types=false`` such
+       outputs, and FP32 graph inputs that a low node reads, take the low type; FP32
+       readers of such an input read it through a Cast.
     3. A low node reads FP32 variables through one Cast per tensor, and constants
        (initializers and ``Constant`` nodes alike) as converted copies.
     4. A ``Cast(to=FLOAT)`` that runs low is changed to cast to the low type.
     5. Outer tensors that ``If``/``Loop``/``Scan`` subgraphs read stay FP32 (their
        producers are kept FP32), so subgraphs keep their types.
     6. No Cast that narrows to the low type feeds a Cast that widens back.
-
-    Raises:
-        ValueError: ``keep_io_types=false`` (the search keeps the model's signature).
     """
 
     low: ClassVar[np.dtype]
@@ -114,17 +114,17 @@ class MixedPrecision(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Decide each node's precision, then rewrite the graph (rules 1–6)."""
-        if not self.params["keep_io_types"]:
-            raise ValueError("keep_io_types=false is not supported: the search keeps the "
-                             "model's FP32 inputs and outputs; use keep_io_types=true")
         graph = state.graph
+        before = graph.copy()
         ranges = tensor_ranges(graph, ctx)
         with inferred_types(graph):
             decisions, counts = self._decide(graph, ranges)
             low = {id(n) for n in graph.nodes if decisions[n.name] is None}
             kept = {name: why for name, why in decisions.items() if why}
-            casts = _rewrite(graph, low, self.low, self.onnx_low)
+            casts = _rewrite(graph, low, self.low, self.onnx_low,
+                             bool(self.params["keep_io_types"]))
         graph.cleanup().toposort()
+        state.lowered = Lowering(self, before)
         stats = {"low_nodes": len(low), "fp32_nodes": len(kept), "casts": casts, **counts}
         note = "; ".join(f"{n}: {why}" for n, why in list(kept.items())[:20])
         if len(kept) > 20:
@@ -263,14 +263,20 @@ def _subgraphs(node: gs.Node) -> Iterable[gs.Graph]:
             yield from (v for v in value if isinstance(v, gs.Graph))
 
 
-def _rewrite(graph: gs.Graph, low: set[int], dtype: np.dtype, onnx_low: int) -> int:
+def _rewrite(graph: gs.Graph, low: set[int], dtype: np.dtype, onnx_low: int,
+             keep_io: bool) -> int:
     """Apply rules 2–4 to the nodes whose ids are in `low`; return the Casts added."""
     taken = set(graph.tensors())
-    converted: set[int] = set()  # ids of tensors now of the low type, written by low nodes
+    converted: set[int] = set()  # ids of tensors now of the low type
     low_of: dict[int, gs.Tensor] = {}  # FP32 tensor id -> its low-precision twin
     high_of: dict[int, gs.Tensor] = {}  # low tensor id -> its FP32 twin
     new_nodes: list[gs.Node] = []
-    outputs = {id(t) for t in graph.outputs}
+    outputs = {id(t) for t in graph.outputs} if keep_io else set()
+    if not keep_io:
+        for t in graph.inputs:
+            if _is_f32(t) and any(id(n) in low and _reads_as_data(n, t) for n in t.outputs):
+                t.dtype = dtype
+                converted.add(id(t))
     # rule 2: outputs of low nodes become low; graph outputs keep their FP32 tensor
     for node in [n for n in graph.nodes if id(n) in low]:
         if node.op == "Cast" and node.attrs.get("to") == onnx.TensorProto.FLOAT:
@@ -300,6 +306,12 @@ def _rewrite(graph: gs.Graph, low: set[int], dtype: np.dtype, onnx_low: int) -> 
                 node.inputs[i] = _high_twin(t, high_of, taken, new_nodes)
     graph.nodes.extend(new_nodes)
     return casts + sum(1 for n in new_nodes[casts:] if n.op == "Cast")
+
+
+def _reads_as_data(node: gs.Node, t: gs.Tensor) -> bool:
+    """Whether `node` reads `t` at an input that follows its precision."""
+    keep = KEEP_INPUTS.get(node.op, set())
+    return node.op != "Cast" and any(x is t and i not in keep for i, x in enumerate(node.inputs))
 
 
 def _low_twin(t: gs.Tensor, low_of: dict[int, gs.Tensor], dtype: np.dtype, taken: set[str],
@@ -338,7 +350,9 @@ def _onnx_type(dtype: np.dtype) -> int:
 
 def _params(data_max: float, init_max: float) -> tuple[Param, ...]:
     return (
-        Param("keep_io_types", (True,), True, "keep FP32 graph inputs and outputs"),
+        Param("keep_io_types", (True,), True,
+              "keep FP32 graph inputs and outputs (false: the model takes and gives the "
+              "low type where low nodes read or write them)", allowed=(False,)),
         Param("data_max", (float(data_max),), float(data_max),
               "keep a node FP32 when a float input or output exceeds this magnitude"),
         Param("init_max", (float(init_max),), float(init_max),

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
+from routetune.model import with_intermediates
 from routetune.passes.graph.constants import constant_value
 from routetune.seasoning import RouteContext
 
@@ -51,22 +51,7 @@ def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
     """
     if ctx.evaluate is None or not ctx.feeds:
         return Ranges()
-    model = gs.export_onnx(graph.copy(), do_type_check=False)
-    inferred = onnx.shape_inference.infer_shapes(model)
-    known = {v.name for v in model.graph.output}
-    for value in inferred.graph.value_info:
-        if value.type.tensor_type.elem_type in FLOATS and value.name not in known:
-            out = onnx.ValueInfoProto()
-            out.name = value.name
-            out.type.tensor_type.elem_type = value.type.tensor_type.elem_type
-            inferred.graph.output.append(out)
-            known.add(value.name)
-    for value in inferred.graph.input:
-        if value.type.tensor_type.elem_type in FLOATS and value.name not in known:
-            inferred.graph.output.append(value)
-            known.add(value.name)
-    del inferred.graph.value_info[:]
-    runs = ctx.evaluate(inferred)
+    runs = ctx.evaluate(with_intermediates(gs.export_onnx(graph.copy(), do_type_check=False)))
     amax: dict[str, float] = {}
     for outputs in runs:
         for name, array in outputs.items():
@@ -75,10 +60,6 @@ def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
                 peak = float(finite.max()) if finite.size else 0.0
                 amax[name] = max(amax.get(name, 0.0), peak)
     return Ranges(amax, _partial_sums(graph, runs))
-
-
-FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
-          onnx.TensorProto.BFLOAT16}
 
 
 def _partial_sums(graph: gs.Graph, runs: list[dict[str, np.ndarray]]) -> dict[str, float]:

@@ -119,6 +119,15 @@ class OnnxRuntimeBackend(Backend):
             return CPU_MISSING_DTYPES[dtype]
         return None
 
+    def emulates(self, dtype: str, settings: Mapping[str, Any]) -> bool:
+        """The CPU provider computes float16 Pow, reductions, Exp and Softmax in float32.
+
+        Its MLAS kernels widen float16 to float32, compute, and round the result, so an
+        accumulator that would overflow in float16 does not show.
+        """
+        return dtype == "float16" and settings.get(NS + "execution_provider") in (
+            None, "CPUExecutionProvider")
+
     def evaluate(self, model: Any, feeds: list[Feed]) -> list[dict[str, np.ndarray]]:
         """Run an in-memory model on the CPU provider, optimisations off; all outputs."""
         so = ort.SessionOptions()
@@ -141,14 +150,21 @@ class OnnxRuntimeRunner(Runner):
     def __init__(self, session: ort.InferenceSession) -> None:
         self.session = session
         self.output_names = [o.name for o in session.get_outputs()]
+        self.low_inputs = {i.name: np.dtype(np.float16) for i in session.get_inputs()
+                           if i.type == "tensor(float16)"}
 
     def infer(self, feed: Feed) -> dict[str, np.ndarray]:
-        """Run once; outputs by name, as host arrays."""
-        return dict(zip(self.output_names, self.session.run(None, dict(feed)), strict=True))
+        """Run once; outputs by name, as host arrays (float16 where the model gives it)."""
+        return dict(zip(self.output_names, self.session.run(None, self._cast(feed)), strict=True))
+
+    def _cast(self, feed: Feed) -> dict[str, Any]:
+        """The feed, float32 arrays cast to float16 where the model takes float16."""
+        return {k: np.asarray(v).astype(self.low_inputs[k]) if k in self.low_inputs else v
+                for k, v in feed.items()}
 
     def prepare(self, feed: Feed) -> Callable[[], None]:
-        """Return a call that runs the session once on `feed`."""
-        session, names, inputs = self.session, self.output_names, dict(feed)
+        """Return a call that runs the session once on `feed` (cast once, here)."""
+        session, names, inputs = self.session, self.output_names, self._cast(feed)
         return lambda: session.run(names, inputs)
 
     def close(self) -> None:

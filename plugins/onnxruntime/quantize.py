@@ -50,7 +50,10 @@ from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_d
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from routetune.backend import Backend
+from routetune.model import FLOAT_TYPES, with_intermediates
+from routetune.passes.graph.constants import replace_graph
 from routetune.seasoning import (
+    Lowering,
     Param,
     PassResult,
     RouteContext,
@@ -111,7 +114,6 @@ on a 2-core x86 CPU (80 s for ppocr-cls's 108 tensors)."""
 
 _PER_CHANNEL_OPSET = 13
 """First opset whose DequantizeLinear has ``axis`` (ONNX operator spec)."""
-_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
 
 
 class _Feeds(CalibrationDataReader):
@@ -191,15 +193,9 @@ def _amax(model: onnx.ModelProto, names: set[str], feeds: Sequence[Mapping[str, 
         return {}
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
                  if t.name in names}
-    probe = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type for v in [*probe.graph.value_info, *probe.graph.input,
-                                     *probe.graph.output]}
-    outputs = {o.name for o in probe.graph.output}
-    wanted = sorted(n for n in names - constants.keys()
-                    if n in types and types[n].tensor_type.elem_type in _FLOAT_TYPES)
-    for name in wanted:
-        if name not in outputs:
-            probe.graph.output.append(onnx.helper.make_value_info(name, types[name]))
+    probe = with_intermediates(model, names - constants.keys())
+    wanted = sorted(o.name for o in probe.graph.output if o.name in names
+                    and o.type.tensor_type.elem_type in FLOAT_TYPES)
     amax = {n: _peak(v) for n, v in constants.items() if v.dtype.kind == "f"}
     if not wanted:  # run([]) would return every output
         return amax
@@ -291,6 +287,7 @@ class _QdqSeasoning(Seasoning):
             raise ValueError(f"{self.info.name} calibrates on the validation inputs; none given")
         p = self.params
         op_types = tuple(p["op_types"])
+        before = state.graph.copy()
         model = gs.export_onnx(state.graph)
         moved = _constants_to_initializers(model)
         mismatched: dict[str, str] = {}
@@ -337,10 +334,8 @@ class _QdqSeasoning(Seasoning):
         if count == 0:
             return PassResult(False, stats, "; ".join(notes + ["no node was quantized"]))
         new = gs.import_onnx(quantized)
-        graph = state.graph
-        graph.nodes, graph.inputs, graph.outputs = new.nodes, new.inputs, new.outputs
-        graph.opset, graph.import_domains = new.opset, new.import_domains
-        graph.ir_version = max(graph.ir_version or 0, new.ir_version or 0) or None
+        replace_graph(state.graph, new)
+        state.lowered = Lowering(self, before)
         return PassResult(True, stats, "; ".join(notes))
 
 

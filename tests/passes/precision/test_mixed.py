@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,14 +11,18 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
+from graphs import conv_bn, layernorm
 from onnx import TensorProto, helper, numpy_helper
 
 from routetune.examples import get_example
+from routetune.measure import MeasureSettings
 from routetune.model import prepare
 from routetune.passes.graph.fuse_bn_into_conv import FuseBnIntoConv
 from routetune.passes.precision.mixed import Bf16, Fp16
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+from routetune.registry import Registry
 from routetune.seasoning import PassResult, RouteContext, RouteState
+from routetune.tune import TuneOptions, tune
 
 BACKEND = OnnxRuntimeBackend()
 
@@ -78,20 +83,9 @@ def f32(name: str, shape: list) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
 
 
-def test_written_out_layernorm_keeps_the_squares_in_fp32() -> None:
+def test_written_out_layernorm_keeps_the_squares_in_fp32(tmp_path: Path) -> None:
     # ReduceMean -> Sub -> Pow(2) -> ReduceMean -> Add(eps) -> Sqrt -> Div, |x - mean| ~ 400
-    nodes = [
-        helper.make_node("ReduceMean", ["x"], ["mean"], name="mean", axes=[-1]),
-        helper.make_node("Sub", ["x", "mean"], ["centered"], name="sub"),
-        helper.make_node("Pow", ["centered", "two"], ["sq"], name="pow"),
-        helper.make_node("ReduceMean", ["sq"], ["var"], name="var", axes=[-1]),
-        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="add_eps"),
-        helper.make_node("Sqrt", ["var_eps"], ["std"], name="sqrt"),
-        helper.make_node("Div", ["centered", "std"], ["y"], name="div"),
-    ]
-    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-             numpy_helper.from_array(np.array(1e-5, np.float32), "eps")]
-    model = make(nodes, [f32("x", [4, 64])], [f32("y", [4, 64])], inits, opset=13)
+    model = onnx.load(layernorm(tmp_path / "ln.onnx"))
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((4, 64)) * 150).astype(np.float32)
     x[:, 0] = 400.0
@@ -212,6 +206,36 @@ def test_bf16_is_not_applicable_on_the_cpu_provider_and_that_is_true() -> None:
     _, out = convert(model, [feed], cls=Bf16)  # the rewrite itself is valid ONNX
     with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
         run(out, feed)
+
+
+def test_keep_io_types_false_gives_a_model_that_takes_and_returns_float16(
+        tmp_path: Path) -> None:
+    model = onnx.load(conv_bn(tmp_path / "m.onnx", batch=1))
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    result, out = convert(model, [{"x": x}], keep_io_types=False)
+    assert [(v.name, v.type.tensor_type.elem_type) for v in (*out.graph.input, *out.graph.output)
+            ] == [("x", TensorProto.FLOAT16), ("y", TensorProto.FLOAT16)]
+    assert not [n.name for n in out.graph.node if n.op_type == "Cast"]
+    assert result.stats["casts"] == 0
+    got = run(out, {"x": x.astype(np.float16)})[0]
+    assert got.dtype == np.float16
+    ref = run(model, {"x": x})[0]
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_keep_io_types_false_runs_in_the_search(registry: Registry, tmp_path: Path) -> None:
+    class Fp16Io(Fp16):
+        info = replace(Fp16.info, name="fp16-io", params=tuple(
+            replace(p, choices=(False,), default=False) if p.name == "keep_io_types" else p
+            for p in Fp16.info.params))
+
+    registry.add_seasoning(Fp16Io)
+    opts = TuneOptions(model=conv_bn(tmp_path / "m.onnx", batch=1), output=tmp_path / "out",
+                       seasonings=("fp16-io",), accuracy="rel_l2<=0.01",
+                       measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01))
+    trial = next(t for t in tune(opts, registry).trials if t.route == "fp16-io")
+    assert trial.status == "ok", trial.reason  # the runner casts the float32 inputs
+    assert trial.accuracy["y"]["rel_l2"] < 1e-2
 
 
 def test_real_ppocr_det_fp16_matches_fp32(model_path: Callable[[str], Path]) -> None:

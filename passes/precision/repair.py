@@ -1,0 +1,105 @@
+"""``precision-repair``: keep the nodes that lose the most precision in FP32.
+
+When a low-precision route fails the accuracy constraint, the search loop adds this
+seasoning after the route's precision step and bisects ``count``: 1, 2, 4, … until the
+route passes, then halves the gap back down (`routetune.search.repair`). Each step is
+a measured trial, so a route that keeps a few nodes in FP32 competes on speed with
+everything else. The references are Polygraphy's ``debug precision`` (bisection over
+layers kept in higher precision) and NNCF's accuracy control (ranking by each node's
+contribution to the error, reverting the worst first); this one ranks once, by
+`rank_nodes`, and redoes the conversion with the top ``count`` nodes excluded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from routetune.passes.graph.constants import replace_graph
+from routetune.passes.precision.sensitivity import Sensitivity, rank_nodes
+from routetune.seasoning import (
+    Param,
+    PassResult,
+    RouteContext,
+    RouteState,
+    Seasoning,
+    SeasoningInfo,
+)
+from routetune.strict_fp16 import mentions_float16, strict_fp16_overflows
+
+REPAIRED = frozenset({"fp16", "bf16", "int8-qdq", "fp8-qdq"})
+"""The built-in precision seasonings that record a `Lowering` this one can redo."""
+
+
+class PrecisionRepair(Seasoning):
+    """Redo the route's precision step with the ``count`` most sensitive nodes in FP32.
+
+    The ranking compares the FP32 graph the precision step converted with its result on
+    ``ctx.feeds``, node by node (`rank_nodes`). Where the backend emulates float16
+    (`Backend.emulates`), the nodes the strict-FP16 check finds overflowing rank first.
+    The precision step runs again with its own parameters and ``nodes_to_exclude``
+    extended by the chosen nodes. The pass note names each kept node and why.
+
+    Raises:
+        ValueError: No precision step ran before it, ``count`` is below 1, or there is
+            no reference runtime to rank with.
+    """
+
+    info = SeasoningInfo(
+        name="precision-repair", stage="precision",
+        summary="keep the nodes that add the most low-precision error in FP32; added by "
+                "the search after an accuracy failure, which bisects count",
+        params=(Param("count", (1,), 1, "how many of the most sensitive nodes stay FP32"),),
+        after=REPAIRED, searched=False,
+    )
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Rank, pick the top ``count`` nodes, and redo the precision step without them."""
+        count = int(self.params["count"])
+        lowered = state.lowered
+        if lowered is None:
+            raise ValueError("precision-repair must follow a precision seasoning "
+                             f"({', '.join(sorted(REPAIRED))}); put it right after one")
+        if count < 1:
+            raise ValueError(f"precision-repair count={count}: must be 1 or more")
+        if ctx.evaluate is None:
+            raise ValueError("precision-repair ranks nodes on the FP32 reference runtime; "
+                             "none is available")
+        fp32 = gs.export_onnx(lowered.graph.copy(), do_type_check=False)
+        low = gs.export_onnx(state.graph.copy(), do_type_check=False)
+        ranking = _overflows(fp32, low, state, ctx) + rank_nodes(fp32, low, ctx.evaluate)
+        ranking = list({s.node: s for s in reversed(ranking)}.values())[::-1]
+        previous = lowered.seasoning
+        if "op_types" in previous.params:  # Q/DQ: excluding an op it does not quantize is a no-op
+            ranking = [s for s in ranking if s.op in previous.params["op_types"]]
+        chosen = ranking[:count]
+        excluded = set(previous.params["nodes_to_exclude"]) | {s.node for s in chosen}
+        redo = type(previous)({**previous.params, "nodes_to_exclude": tuple(sorted(excluded))})
+        again = RouteState(lowered.graph.copy(), state.settings)
+        result = redo(again, ctx)
+        replace_graph(state.graph, again.graph)
+        state.lowered = again.lowered
+        kept = ", ".join(map(str, chosen))
+        note = (f"kept in FP32: {kept or 'none'}; {len(ranking)} converted nodes ranked; "
+                f"{previous.info.name}: {result.note}")
+        stats = {"ranked": len(ranking), "kept_fp32": len(chosen), **result.stats}
+        return PassResult(bool(chosen), stats, note)
+
+
+def _overflows(fp32: onnx.ModelProto, low: onnx.ModelProto, state: RouteState,
+               ctx: RouteContext) -> list[Sensitivity]:
+    """Nodes the strict-FP16 check finds overflowing, where the device emulates float16.
+
+    On such a device the low run matches FP32 and the error ranking sees nothing; the
+    nodes that would overflow on a float16 device rank first instead.
+    """
+    if ctx.evaluate is None or not ctx.backend.emulates("float16", state.settings):
+        return []
+    if not mentions_float16(low):
+        return []
+    ops = {n.name: n.op_type for n in fp32.graph.node}
+    found = strict_fp16_overflows(low, ctx.evaluate, limit=len(low.graph.node))
+    return [Sensitivity(name, ops[name], math.inf, math.inf, line)
+            for name, line in found.items() if name in ops]

@@ -1,0 +1,119 @@
+"""Per-node sensitivity of a low-precision conversion: the error each node adds.
+
+Both models, the FP32 one and its FP16/BF16/Q/DQ conversion, run once on the
+validation inputs with every float tensor as an output (Polygraphy's ``--onnx-outputs
+mark all`` layer-wise comparison). A tensor's error is its relative L2 distance from
+the FP32 value. A node's sensitivity is the error it adds: its output's error minus the
+worst error among its inputs. Ranking by added error rather than by output error points
+at the node where precision is lost, not at everything downstream of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from routetune.model import with_intermediates
+
+LOW_DTYPES = frozenset({"float16", "bfloat16"})
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """One node's share of the conversion's error.
+
+    Args:
+        node: The node's name (as in the FP32 model; ``nodes_to_exclude`` takes it).
+        op: Its operator type.
+        added: Relative L2 error it adds over the worst of its inputs; inf when its
+            output overflows while its inputs are finite.
+        output: Relative L2 error of its output against FP32, worst over the inputs sets.
+        why: Another reason it ranks where it does (a strict-FP16 overflow); empty when
+            the error figures say it all.
+    """
+
+    node: str
+    op: str
+    added: float
+    output: float
+    why: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.node} ({self.why or f'{self.op}, adds rel-L2 {self.added:.2g}'})"
+
+
+def rank_nodes(
+    fp32: onnx.ModelProto,
+    low: onnx.ModelProto,
+    evaluate: Callable[[onnx.ModelProto], list[dict[str, np.ndarray]]],
+) -> list[Sensitivity]:
+    """Rank the converted nodes of `low` by the error each one adds, largest first.
+
+    Args:
+        fp32: The model before conversion.
+        low: The converted model; its nodes keep their names, and tensors that exist in
+            both keep theirs (as `Fp16`, `Bf16` and ONNX Runtime's QDQ quantizer do).
+        evaluate: Runs a model on every validation input set and returns all outputs.
+
+    Returns:
+        The nodes of `fp32` that run in low precision in `low` (they write a float16 or
+        bfloat16 tensor, or read a DequantizeLinear output) and add error, sorted by
+        added error, largest first, then by name.
+
+    Raises:
+        Exception: Whatever `evaluate` raises for a model it cannot run.
+    """
+    low_runs = evaluate(with_intermediates(low))
+    error = _tensor_errors(evaluate(with_intermediates(fp32)), low_runs)
+    dtypes = {name: value.dtype.name for run in low_runs for name, value in run.items()}
+    lowered = _lowered_nodes(low, dtypes)
+    ranked = []
+    for node in fp32.graph.node:
+        outs = [error[o] for o in node.output if o in error]
+        if node.name not in lowered or not outs:
+            continue
+        out = max(outs)
+        inp = max((error[i] for i in node.input if i in error), default=0.0)
+        if math.isinf(inp):
+            continue
+        added = math.inf if math.isinf(out) else out - inp
+        if added > 0:
+            ranked.append(Sensitivity(node.name, node.op_type, added, out))
+    return sorted(ranked, key=lambda s: (-s.added, s.node))
+
+
+def _tensor_errors(ref_runs: list[dict[str, np.ndarray]], low_runs: list[dict[str, np.ndarray]]
+                   ) -> dict[str, float]:
+    """Per tensor in both runs: the worst relative L2 error over the input sets."""
+    errors: dict[str, float] = {}
+    for ref, got in zip(ref_runs, low_runs, strict=True):
+        for name, value in got.items():
+            expected = ref.get(name)
+            if expected is None or expected.shape != value.shape or value.dtype.kind != "f":
+                continue
+            errors[name] = max(errors.get(name, 0.0), _rel_l2(value, expected))
+    return errors
+
+
+def _rel_l2(value: np.ndarray, expected: np.ndarray) -> float:
+    got = value.astype(np.float64)
+    if not np.isfinite(got).all():
+        return math.inf
+    want = expected.astype(np.float64)
+    scale = float(np.linalg.norm(want))
+    return float(np.linalg.norm(got - want)) / (scale if scale > 0 else 1.0)
+
+
+def _lowered_nodes(low: onnx.ModelProto, dtypes: dict[str, str]) -> set[str]:
+    """Nodes that write a float16/bfloat16 tensor or read a DequantizeLinear output."""
+    dequantized = {o for n in low.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    lowered = set()
+    for node in low.graph.node:
+        writes_low = any(dtypes.get(o) in LOW_DTYPES for o in node.output)
+        if writes_low or any(i in dequantized for i in node.input):
+            lowered.add(node.name)
+    return lowered

@@ -1,0 +1,64 @@
+"""precision-repair and its sensitivity ranking, on real ONNX Runtime runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from graphs import matmul_chain
+
+from routetune.passes.precision.repair import PrecisionRepair
+from routetune.passes.precision.sensitivity import rank_nodes
+from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+from routetune.plugins.onnxruntime.quantize import Int8Qdq
+from routetune.seasoning import RouteContext, RouteState
+
+BACKEND = OnnxRuntimeBackend()
+
+
+@pytest.fixture
+def chain(tmp_path: Path) -> tuple[onnx.ModelProto, RouteContext]:
+    model = onnx.load(matmul_chain(tmp_path / "chain.onnx", depth=4, width=64, batch=8))
+    feeds = [{"x": np.random.default_rng(i).standard_normal((8, 64)).astype(np.float32)}
+             for i in range(2)]
+    return model, RouteContext(BACKEND, tuple(feeds), "base",
+                               lambda m: BACKEND.evaluate(m, feeds))
+
+
+def test_int8_nodes_are_ranked_by_the_error_they_add(chain) -> None:  # noqa: ANN001
+    model, ctx = chain
+    state = RouteState(gs.import_onnx(model))
+    Int8Qdq()(state, ctx)
+    ranking = rank_nodes(model, gs.export_onnx(state.graph), ctx.evaluate)
+    names = [s.node for s in ranking]
+    assert {n for n in names if n.startswith("matmul")} == {f"matmul{i}" for i in range(4)}
+    assert all(s.added > 0 for s in ranking)
+    assert [s.added for s in ranking] == sorted((s.added for s in ranking), reverse=True)
+    assert all(s.output >= s.added for s in ranking)
+
+
+def test_repair_redoes_the_quantization_without_the_top_nodes(chain) -> None:  # noqa: ANN001
+    model, ctx = chain
+    state = RouteState(gs.import_onnx(model))
+    Int8Qdq()(state, ctx)
+    result = PrecisionRepair({"count": 2})(state, ctx)
+    assert result.modified and result.stats["kept_fp32"] == 2
+    kept = [part.split(" (")[0] for part in
+            result.note.split(";")[0].removeprefix("kept in FP32: ").split("), ")]
+    assert len(kept) == 2 and all(k.startswith("matmul") for k in kept)
+    out = gs.export_onnx(state.graph)
+    onnx.checker.check_model(out, full_check=True)
+    dequantized = {o for n in out.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    dq_fed = {n.name for n in out.graph.node if n.op_type == "MatMul"
+              and any(i in dequantized for i in n.input)}
+    assert dq_fed == {f"matmul{i}" for i in range(4)} - set(kept)  # kept ones read FP32
+    assert result.stats["quantized_nodes"] == 2
+
+
+def test_repair_without_a_precision_step_is_a_clear_error(chain) -> None:  # noqa: ANN001
+    model, ctx = chain
+    with pytest.raises(ValueError, match="must follow a precision seasoning"):
+        PrecisionRepair()(RouteState(gs.import_onnx(model)), ctx)
