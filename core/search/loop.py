@@ -34,7 +34,7 @@ from routetune.measure import Latency, MeasureSettings, measure, measure_side_by
 from routetune.model import PreparedModel, check_candidate, sha256
 from routetune.registry import Registry
 from routetune.route import Route, Step
-from routetune.search.repair import bisect_repair, repair_point
+from routetune.search.repair import bisect_repair, repairs
 from routetune.search.strategy import Strategy
 from routetune.seasoning import Lowering, RouteContext, RouteState
 from routetune.store import Trial, TrialStore
@@ -78,8 +78,10 @@ class SearchLoop:
         settings_hash: sha256 of the inputs, constraint and measurement settings.
         reference: The backend that runs models in FP32 for precision seasonings
             (`Backend.evaluate`); None for none.
-        repair: Whether a route whose precision step fails the accuracy constraint is
-            followed by ``precision-repair`` trials (`routetune.search.repair`).
+        repair: Whether, after each batch of routes, the fastest route that failed the
+            accuracy constraint is repaired, once per precision seasoning, with
+            ``precision-repair`` trials (`routetune.search.repair`). Those trials are
+            stored and compete for the win, but are not told to the strategy.
     """
 
     def __init__(
@@ -109,7 +111,7 @@ class SearchLoop:
         self.settings_hash = settings_hash
         self.reference = reference
         self.repair = repair
-        self._repaired: set[Route] = set()
+        self._repaired: set[str] = set()  # precision seasonings repaired already
         self.stopped: str | None = None
         """Why the last `run` stopped before the strategy was done, or None."""
         self.device = backend.device()
@@ -164,27 +166,20 @@ class SearchLoop:
             if tell:
                 strategy.tell(route, trial)
             on_trial(trial, cached)
-            if trial.status == "accuracy-failed":
-                self._repair(route, lambda r: visit(r, tell=False))
             return trial
 
         visit(Route())
         while batch := strategy.ask():
-            for route in batch:
-                if visit(route) is None:
+            done = [(route, trial) for route in batch if (trial := visit(route)) is not None]
+            if len(done) < len(batch):
+                return trials
+            if self.repair:
+                for route, at in repairs(done, self.registry, self._repaired):
+                    self._repaired.add(route.steps[at - 1].name)
+                    bisect_repair(route, at, lambda r: visit(r, tell=False))
+                if self.stopped:
                     return trials
         return trials
-
-    def _repair(self, route: Route, visit: Callable[[Route], Trial | None]) -> None:
-        """Run precision-repair trials once per failing precision prefix, untold to the strategy."""
-        at = repair_point(route, self.registry) if self.repair else None
-        if at is None:
-            return
-        prefix = Route(tuple(s for s in route.steps[:at]
-                             if self.registry.seasoning(s.name).info.stage != "build"))
-        if prefix not in self._repaired:
-            self._repaired.add(prefix)
-            bisect_repair(route, at, visit)
 
     def evaluate(self, route: Route) -> tuple[Trial, bool]:
         """Return the stored trial of `route`, or build, check, measure and store it.

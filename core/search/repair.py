@@ -1,7 +1,10 @@
 """Precision repair in the search: after an accuracy failure, find how few nodes must stay FP32.
 
-A route whose precision step (``fp16``, ``int8-qdq`` …) fails the accuracy constraint
-gets ``precision-repair{count=k}`` inserted right after that step, for k = 1, 2, 4, …
+After each batch of routes a strategy asks for, the loop picks, for each precision
+seasoning (``fp16``, ``int8-qdq`` …) not repaired yet, the fastest of the batch's routes
+whose precision step failed the accuracy constraint (speed relative to the base route,
+as measured alongside it): the route worth the most if repaired. It gets
+``precision-repair{count=k}`` inserted right after that step, for k = 1, 2, 4, …
 until a route passes (or every ranked node is kept), then k is bisected between the
 largest failing and the smallest passing count. That is O(2 log n) trials for n ranked
 nodes, each one built, checked, measured and stored like any other, so the winner may
@@ -11,10 +14,11 @@ more nodes stay FP32 (the premise of Polygraphy's ``debug precision`` bisection)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from routetune.registry import Registry
 from routetune.route import Route, Step
+from routetune.search.strategy import rank_key
 from routetune.store import Trial
 
 REPAIR = "precision-repair"
@@ -22,18 +26,42 @@ REPAIR = "precision-repair"
 
 
 def repair_point(route: Route, registry: Registry) -> int | None:
-    """Where ``precision-repair`` goes in `route`: after its last precision step.
+    """Where ``precision-repair`` goes in `route`: right after its precision step.
 
     Returns:
-        The index to insert at, or None when the route has no precision step or holds
-        a repair already. (A precision seasoning that records no `Lowering` makes the
-        repair step fail, and that failure is recorded like any other.)
+        The index to insert at, or None when the route has no precision step, more than
+        one (``int8-qdq,fp16``: the repair could redo only the last, while the error may
+        come from the first), or a repair already. (A precision seasoning that records
+        no `Lowering` makes the repair step fail, and that is recorded like any other.)
     """
     if REPAIR not in registry.seasonings or REPAIR in route.names:
         return None
     found = [i for i, step in enumerate(route)
              if registry.seasoning(step.name).info.stage == "precision"]
-    return found[-1] + 1 if found else None
+    return found[0] + 1 if len(found) == 1 else None
+
+
+def repairs(done: Sequence[tuple[Route, Trial]], registry: Registry, repaired: set[str]
+            ) -> list[tuple[Route, int]]:
+    """The failing routes to repair after a batch: the fastest per precision seasoning.
+
+    Args:
+        done: The batch's routes and trials.
+        registry: The installed seasonings.
+        repaired: Names of precision seasonings repaired already; they are left out.
+
+    Returns:
+        ``(route, insertion point)`` pairs, by seasoning name.
+    """
+    fastest: dict[str, tuple[Route, Trial, int]] = {}
+    for route, trial in done:
+        at = repair_point(route, registry)
+        if trial.status != "accuracy-failed" or at is None or route.steps[at - 1].name in repaired:
+            continue
+        name = route.steps[at - 1].name
+        if name not in fastest or rank_key(trial) < rank_key(fastest[name][1]):
+            fastest[name] = (route, trial, at)
+    return [(route, at) for route, _, at in (fastest[n] for n in sorted(fastest))]
 
 
 def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None]) -> list[Trial]:

@@ -362,6 +362,11 @@ def _params(data_max: float, init_max: float) -> tuple[Param, ...]:
     )
 
 
+AFTER = frozenset({"int8-qdq", "fp8-qdq"})
+"""Q/DQ first, then FP16/BF16 for what stays unquantized (TensorRT's usual INT8 + FP16
+mix); ONNX Runtime's quantizer cannot quantize a graph already in float16."""
+
+
 class Fp16(MixedPrecision):
     """FP16 mixed precision (see `MixedPrecision` for the rules)."""
 
@@ -371,7 +376,7 @@ class Fp16(MixedPrecision):
     type_tiny = FP16_TINY
     info = SeasoningInfo(
         name="fp16", stage="precision", summary="FP16 mixed precision, range-aware",
-        params=_params(512.0, FP16_MAX), conflicts=frozenset({"bf16"}),
+        params=_params(512.0, FP16_MAX), conflicts=frozenset({"bf16"}), after=AFTER,
     )
 
 
@@ -384,5 +389,5 @@ class Bf16(MixedPrecision):
     type_tiny = float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal)
     info = SeasoningInfo(
         name="bf16", stage="precision", summary="BF16 mixed precision, range-aware",
-        params=_params(BF16_MAX, BF16_MAX), conflicts=frozenset({"fp16"}),
+        params=_params(BF16_MAX, BF16_MAX), conflicts=frozenset({"fp16"}), after=AFTER,
     )

