@@ -7,6 +7,7 @@ through `Runner.prepare`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,24 @@ class Runner:
         """
         raise NotImplementedError
 
+    def prepare_end_to_end(self, feed: Feed) -> Callable[[], None]:
+        """Like `prepare`, but each call also copies the inputs and outputs host↔device.
+
+        The default is `prepare`: a host device has no copies.
+        """
+        return self.prepare(feed)
+
+    def timed(self, call: Callable[[], None]) -> float:
+        """Run a prepared call once and return its duration in ms.
+
+        The default: wall-clock time (``time.perf_counter_ns``) around the call and
+        `synchronize`. A GPU runner times on the device instead (CUDA events).
+        """
+        t0 = time.perf_counter_ns()
+        call()
+        self.synchronize()
+        return (time.perf_counter_ns() - t0) / 1e6
+
     def synchronize(self) -> None:
         """Wait until queued work has finished (a no-op on synchronous devices)."""
 
@@ -107,6 +126,10 @@ class Backend:
     def device(self) -> str:
         """A one-line description of the device that runs and times engines."""
         raise NotImplementedError
+
+    def versions(self) -> dict[str, str]:
+        """Versions recorded with every trial: the backend's, and its device stack's."""
+        return {self.name: self.version()}
 
     def options(self) -> Mapping[str, OptionSpec]:
         """The build options this backend accepts, by namespaced key."""

@@ -175,13 +175,11 @@ def measure_side_by_side(
             while True:
                 call = calls[i][done[i] % len(feeds)]
                 done[i] += 1
-                t0 = time.perf_counter_ns()
-                call()
-                runner.synchronize()
+                ms = runner.timed(call)
                 t1 = time.perf_counter_ns()
                 if k > 0 or len(runners) == 1:
-                    samples[i].append((t1 - t0) / 1e6)
-                    spent[i] += (t1 - t0) / 1e9
+                    samples[i].append(ms)
+                    spent[i] += ms / 1e3
                 k += 1
                 if len(runners) == 1 or (k >= 3 and (t1 - block_start) / 1e9 >= block_s):
                     break

@@ -390,7 +390,7 @@ def _versions(backend: Backend) -> dict[str, str]:
 
     return {
         "routetune": routetune.__version__,
-        backend.name: backend.version(),
+        **backend.versions(),
         "onnx": onnx.__version__,
         "onnx_graphsurgeon": gs.__version__,
         "numpy": np.__version__,

@@ -22,6 +22,8 @@ from routetune.seasoning import (
 
 NS = "onnxruntime."
 ORT = frozenset({"onnxruntime"})
+"""The CPU backend: thread, spinning and MLAS options do nothing useful on a GPU."""
+ANY_ORT = frozenset({"onnxruntime", "onnxruntime-cuda"})
 
 
 def _set(state: RouteState, values: dict[str, object]) -> PassResult:
@@ -47,7 +49,7 @@ class OrtOptLevel(Seasoning):
         summary="session graph optimisation level below the default 'all'",
         params=(Param("level", ("disable", "basic", "extended"), "extended",
                       "GraphOptimizationLevel: ORT_DISABLE_ALL, _BASIC or _EXTENDED"),),
-        backends=ORT,
+        backends=ANY_ORT,
     )
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:

@@ -1,17 +1,19 @@
-"""ONNX Runtime integration: the ``onnxruntime`` backend and its quantization seasonings."""
+"""ONNX Runtime integration: the CPU and CUDA backends, and the Q/DQ seasonings."""
 
 from __future__ import annotations
 
 from routetune import hookimpl
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+from routetune.plugins.onnxruntime.cuda import OnnxRuntimeCudaBackend
 from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
 from routetune.registry import Registry
 
 
 @hookimpl
 def routetune_register_backends(registry: Registry) -> None:
-    """Register the ONNX Runtime backend."""
+    """Register the ONNX Runtime backends: CPU (``onnxruntime``) and CUDA."""
     registry.add_backend(OnnxRuntimeBackend)
+    registry.add_backend(OnnxRuntimeCudaBackend)
 
 
 @hookimpl

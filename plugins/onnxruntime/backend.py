@@ -36,7 +36,7 @@ MODES = {
     "parallel": ort.ExecutionMode.ORT_PARALLEL,
 }
 
-# Session config keys and their defaults, from onnxruntime_session_options_config_keys.h.
+# Session config keys and their defaults, from onnxruntimesession_options_config_keys.h.
 CONFIG_DEFAULTS = {
     "session.intra_op.allow_spinning": "1",
     "session.inter_op.allow_spinning": "1",
@@ -97,7 +97,7 @@ class OnnxRuntimeBackend(Backend):
         Raises:
             BuildError: ONNX Runtime refused the model or the options.
         """
-        so = _session_options(settings)
+        so = session_options(settings)
         provider = settings[NS + "execution_provider"]
         try:
             session = ort.InferenceSession(str(model_path), so, providers=[provider])
@@ -172,7 +172,8 @@ class OnnxRuntimeRunner(Runner):
         self.session = None  # type: ignore[assignment]
 
 
-def _session_options(settings: Mapping[str, Any]) -> ort.SessionOptions:
+def session_options(settings: Mapping[str, Any]) -> ort.SessionOptions:
+    """`ort.SessionOptions` from full settings (``onnxruntime.*`` keys)."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = OPT_LEVELS[settings[NS + "graph_optimization_level"]]

@@ -1,0 +1,295 @@
+"""The GPU benchmark: tune on ONNX Runtime's CUDA provider, then compare with PyTorch.
+
+Usage, on a machine with a CUDA GPU, onnxruntime-gpu, CuPy and torch (+ torchvision):
+
+    python benchmarks/gpu.py [--out DIR] [--models resnet50,bert,ppocr-det,...]
+                             [--budget-s 240] [--min-time 0.2]
+
+For each model, in one process:
+
+1. ``routetune tune`` with the ``onnxruntime-cuda`` backend, every applicable seasoning
+   (none hand-picked), beam search, accuracy ``cos>=0.9999,rel_l2<=0.01`` against the
+   FP32 model on the CPU, and a time budget per model.
+2. One interleaved timing loop (`measure_side_by_side`) of: the ORT CUDA base route and
+   routetune's winner (device compute time, I/O bound on the device, CUDA events), the
+   same two host to host (copies included), and, for models built here from PyTorch,
+   torch eager FP32 and FP16 and ``torch.compile(mode="max-autotune-no-cudagraphs")``
+   FP16, with its compile time.
+
+Models: ``resnet50`` (torchvision, random weights, batch 32, 3×224×224, channels_last
+for torch), ``bert`` (a BERT-base-sized encoder: 12 layers, hidden 768, 12 heads, FFN
+3072, vocabulary 30522; random weights; batch 8, sequence 128), and the PP-OCR examples
+(``ppocr-det``, ``ppocr-rec``, ``ppocr-cls``; ONNX only). It prints one table of ratios
+over the ORT CUDA base route and writes ``benchmark.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ACCURACY = "cos>=0.9999,rel_l2<=0.01"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("routetune-out/gpu-bench"))
+    parser.add_argument("--models", default="resnet50,bert,ppocr-det,ppocr-rec,ppocr-cls")
+    parser.add_argument("--budget-s", type=float, default=240.0)
+    parser.add_argument("--min-time", type=float, default=0.2)
+    args = parser.parse_args()
+    import onnxruntime as ort
+
+    from routetune.measure import MeasureSettings
+    from routetune.plugin_manager import load_registry
+    from routetune.plugins.onnxruntime.cuda import cuda_versions
+
+    registry = load_registry()
+    settings = MeasureSettings(warmup=10, min_runs=30, min_time_s=args.min_time)
+    report: dict[str, Any] = {"machine": {**cuda_versions(), "onnxruntime": ort.__version__,
+                                          "python": platform.python_version()},
+                              "models": {}}
+    for name in args.models.split(","):
+        report["models"][name] = bench_model(name, args, registry, settings)
+        (args.out / "benchmark.json").write_text(json.dumps(report, indent=2))
+        print_model(name, report["models"][name])
+    print(json.dumps(report["machine"]))
+
+
+def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: Any
+                ) -> dict[str, Any]:
+    """Tune one model, then time everything side by side; figures by row name."""
+    from routetune.tune import TuneOptions, tune
+
+    out = args.out / name
+    out.mkdir(parents=True, exist_ok=True)
+    torch_model, model_path, inputs = build_model(name, out)
+    opts = TuneOptions(model=model_path, example=None if model_path else name,
+                       output=out / "tune", backend="onnxruntime-cuda", fresh=True,
+                       accuracy=ACCURACY, inputs=inputs, measure=settings,
+                       time_budget_s=args.budget_s)
+    started = time.perf_counter()
+    result = tune(opts, registry)
+    tuning_s = time.perf_counter() - started
+    row = {"winner": result.winner.route, "reason": result.winner_reason,
+           "tuning_s": round(tuning_s, 1), "trials": len(result.trials),
+           "stopped": result.stopped, "accuracy": result.winner.accuracy}
+    row.update(time_all(result, torch_model, _feeds(name, inputs), settings))
+    return row
+
+
+def build_model(name: str, out: Path) -> tuple[Any, Path | None, Path | None]:
+    """(torch module or None, ONNX path or None for an example, inputs dir or None)."""
+    import torch
+
+    if name.startswith("ppocr"):
+        return None, None, None
+    torch.manual_seed(0)
+    if name == "resnet50":
+        import torchvision
+
+        module = torchvision.models.resnet50(weights=None).eval()
+        sets = [{"x": np.random.default_rng(i).standard_normal((32, 3, 224, 224))
+                 .astype(np.float32)} for i in range(4)]
+    elif name == "bert":
+        module = Encoder().eval()
+        sets = [{"ids": np.random.default_rng(i).integers(0, 30522, (8, 128))}
+                for i in range(4)]
+    else:
+        raise SystemExit(f"--models: unknown model '{name}'")
+    path = out / f"{name}.onnx"
+    example = tuple(torch.from_numpy(v) for v in sets[0].values())
+    torch.onnx.export(module, example, str(path), input_names=list(sets[0]),
+                      output_names=["y"], opset_version=17, dynamo=False)
+    inputs = out / "inputs"
+    inputs.mkdir(exist_ok=True)
+    for i, feed in enumerate(sets):
+        np.savez(inputs / f"set{i}.npz", **feed)
+    return module, path, inputs
+
+
+def Encoder() -> Any:  # noqa: N802 - a factory that reads like a class
+    """A BERT-base-sized post-LN encoder on token ids (random weights)."""
+    import torch
+    from torch import nn
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(768, 12, batch_first=True)
+            self.ln1, self.ln2 = nn.LayerNorm(768), nn.LayerNorm(768)
+            self.ffn = nn.Sequential(nn.Linear(768, 3072), nn.GELU(), nn.Linear(3072, 768))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.ln1(x + self.attn(x, x, x, need_weights=False)[0])
+            return self.ln2(x + self.ffn(x))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(30522, 768), nn.Embedding(512, 768)
+            self.ln = nn.LayerNorm(768)
+            self.layers = nn.ModuleList(Layer() for _ in range(12))
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            pos = torch.arange(ids.shape[1], device=ids.device)
+            x = self.ln(self.tok(ids) + self.pos(pos)[None])
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    return Model()
+
+
+def time_all(result: Any, torch_model: Any, feeds: list[dict[str, np.ndarray]],
+             settings: Any) -> dict[str, Any]:
+    """Every engine of the model in one interleaved loop; p50s in ms and ratios."""
+    from routetune.backend import Runner
+    from routetune.measure import measure_side_by_side
+    from routetune.plugin_manager import load_registry
+
+    backend = load_registry().backend("onnxruntime-cuda")()
+    outdir = result.outdir
+    engines = {"ort-cuda base": result.base}
+    if result.winner is not result.base:
+        engines["routetune winner"] = result.winner
+    runners: dict[str, Runner] = {}
+    for label, trial in engines.items():
+        path = outdir / trial.artifact
+        runners[label] = backend.open(backend.build(path, trial.settings, path.parent))
+    for label in list(runners):
+        runners[f"{label}, host to host"] = _EndToEnd(runners[label])
+    extra: dict[str, Any] = {}
+    if torch_model is not None:
+        extra = _torch_runners(torch_model, feeds, runners)
+    names = list(runners)
+    lat = measure_side_by_side([runners[n] for n in names], feeds, settings)
+    base = lat[0].p50
+    rows = {n: {"p50_ms": round(x.p50, 3), "ci_ms": [round(x.ci_low, 3), round(x.ci_high, 3)],
+                "vs_base": round(base / x.p50, 3)} for n, x in zip(names, lat, strict=True)}
+    for runner in runners.values():
+        runner.close()
+    return {"rows": rows, **extra}
+
+
+def _feeds(name: str, inputs: Path | None) -> list[dict[str, np.ndarray]]:
+    """The validation input sets the search used."""
+    if inputs is not None:
+        return [dict(np.load(f)) for f in sorted(inputs.glob("*.npz"))]
+    from routetune.examples import get_example
+
+    example = get_example(name)
+    return example.make_inputs(example.shapes, 0, 4)
+
+
+class _EndToEnd:
+    """A runner's host-to-host calls (input and output copies included), wall-clock timed."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def prepare(self, feed: Any) -> Any:
+        return self.runner.prepare_end_to_end(feed)
+
+    def timed(self, call: Any) -> float:
+        t0 = time.perf_counter_ns()
+        call()
+        self.runner.synchronize()
+        return (time.perf_counter_ns() - t0) / 1e6
+
+    def synchronize(self) -> None:
+        self.runner.synchronize()
+
+    def close(self) -> None:
+        pass
+
+
+class _TorchRunner:
+    """A torch module on CUDA: inputs on the device, timed by CUDA events."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def prepare(self, feed: Any) -> Any:
+        import torch
+
+        args = [torch.from_numpy(np.asarray(v)).cuda() for v in feed.values()]
+        if self.half:
+            args = [a.half() if a.is_floating_point() else a for a in args]
+        if self.channels_last:
+            args = [a.to(memory_format=torch.channels_last) if a.dim() == 4 else a
+                    for a in args]
+        fn = self.fn
+        return lambda: fn(*args)
+
+    def timed(self, call: Any) -> float:
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        with torch.inference_mode():
+            call()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def close(self) -> None:
+        pass
+
+    half = False
+    channels_last = False
+
+
+def _torch_runners(module: Any, feeds: list[dict[str, np.ndarray]], runners: dict[str, Any]
+                   ) -> dict[str, Any]:
+    import copy
+
+    import torch
+
+    conv = any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
+    fp32 = module.cuda().eval()
+    fp16 = copy.deepcopy(fp32).half()
+    if conv:
+        fp32 = fp32.to(memory_format=torch.channels_last)
+        fp16 = fp16.to(memory_format=torch.channels_last)
+    for label, fn, half in (("torch eager FP32", fp32, False), ("torch eager FP16", fp16, True)):
+        r = _TorchRunner(fn)
+        r.half, r.channels_last = half, conv
+        runners[label] = r
+    compiled = torch.compile(fp16, mode="max-autotune-no-cudagraphs")
+    r = _TorchRunner(compiled)
+    r.half, r.channels_last = True, conv
+    started = time.perf_counter()
+    with torch.inference_mode():
+        r.prepare(feeds[0])()  # compiles
+        torch.cuda.synchronize()
+    compile_s = time.perf_counter() - started
+    runners["torch.compile max-autotune FP16"] = r
+    return {"torch_compile_s": round(compile_s, 1)}
+
+
+def print_model(name: str, row: dict[str, Any]) -> None:
+    """One markdown table per model: p50 and the ratio over the ORT CUDA base route."""
+    print(f"\n### {name}: winner `{row['winner']}` after {row['tuning_s']} s of tuning "
+          f"({row['trials']} trials{'; ' + row['stopped'] if row['stopped'] else ''})"
+          + (f"; torch.compile took {row['torch_compile_s']} s" if "torch_compile_s" in row
+             else ""))
+    print("\n| engine | p50 ms | 95% CI ms | speed-up over ORT CUDA base |\n|---|---|---|---|")
+    for label, r in row["rows"].items():
+        print(f"| {label} | {r['p50_ms']} | {r['ci_ms'][0]}–{r['ci_ms'][1]} | "
+              f"{r['vs_base']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""The ``onnxruntime-cuda`` backend: ONNX Runtime's CUDA execution provider on one GPU.
+
+Engines are inference sessions on the CUDA provider with a CuPy stream as the
+provider's compute stream (``user_compute_stream``). Timed runs use I/O binding: the
+inputs are copied to the device once per input set and the outputs stay there, so the
+timing is device compute, bracketed by CUDA events recorded on that stream
+(``cudaEventElapsedTime``, 0.5 µs resolution). `CudaRunner.prepare_end_to_end` gives
+the other figure, a host-to-host run with the copies. Provider options are settings
+``onnxruntime.cuda.<option>``; only those the installed provider reports
+(``InferenceSession.get_provider_options``) are offered.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from routetune.backend import Engine, Feed, OptionSpec, Runner
+from routetune.errors import BuildError
+from routetune.plugins.onnxruntime.backend import NS, OnnxRuntimeBackend, session_options
+
+CUDA_NS = NS + "cuda."
+PROVIDER = "CUDAExecutionProvider"
+
+CUDA_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    "prefer_nhwc": (("0", "1"), "run convolutions in NHWC layout (tensor cores like it)"),
+    "enable_cuda_graph": (("0", "1"), "capture the whole run as one CUDA graph and replay it"),
+    "cudnn_conv_algo_search": (("EXHAUSTIVE", "HEURISTIC", "DEFAULT"),
+                               "how cuDNN picks convolution algorithms"),
+    "use_tf32": (("0", "1"), "allow TF32 tensor-core math for FP32 MatMul/Conv"),
+    "cudnn_conv_use_max_workspace": (("0", "1"), "let cuDNN use its largest workspace"),
+    "tunable_op_enable": (("0", "1"), "use TunableOp kernels"),
+    "tunable_op_tuning_enable": (("0", "1"), "let TunableOp tune kernels online"),
+}
+"""The CUDA provider options routetune sets, with their values (ONNX Runtime docs,
+"CUDA Execution Provider", configuration options). Defaults come from the provider."""
+
+
+@functools.cache
+def provider_defaults() -> dict[str, str]:
+    """The installed CUDA provider's options and their defaults, by name.
+
+    Read from a one-node session (``get_provider_options``); empty when the provider
+    cannot start (no GPU, no CUDA libraries).
+    """
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=[PROVIDER])
+        return dict(session.get_provider_options().get(PROVIDER, {}))
+    except Exception:  # noqa: BLE001 - any failure means: no usable provider
+        return {}
+
+
+def cuda_versions() -> dict[str, str]:
+    """GPU name, driver and CUDA runtime versions, through CuPy (device 0)."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    props = runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+
+    def dotted(v: int) -> str:
+        return f"{v // 1000}.{v % 1000 // 10}"
+
+    return {"gpu": name, "cuda_driver": dotted(runtime.driverGetVersion()),
+            "cuda_runtime": dotted(runtime.runtimeGetVersion()),
+            "compute_capability": f"{props['major']}.{props['minor']}",
+            "cupy": cupy.__version__}
+
+
+class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
+    """ONNX Runtime on the CUDA execution provider; device-resident I/O, CUDA-event timing."""
+
+    name = "onnxruntime-cuda"
+
+    def available(self) -> str | None:
+        """Why not: no CUDA provider in this onnxruntime, no CuPy, or no GPU."""
+        if PROVIDER not in ort.get_available_providers():
+            return ("this onnxruntime has no CUDAExecutionProvider; install onnxruntime-gpu "
+                    "(pip install 'routetune[gpu]')")
+        try:
+            import cupy
+
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                return "no CUDA device"
+        except Exception as e:  # noqa: BLE001 - ImportError or a CUDA runtime error
+            return f"CuPy cannot reach a GPU ({type(e).__name__}: {e})"
+        if not provider_defaults():
+            return "the CUDA provider does not start (CUDA or cuDNN libraries missing?)"
+        return None
+
+    def device(self) -> str:
+        """``cuda: <GPU> (cc X.Y, driver A.B, CUDA runtime C.D)``."""
+        v = cuda_versions()
+        return (f"cuda: {v['gpu']} (cc {v['compute_capability']}, driver {v['cuda_driver']}, "
+                f"CUDA runtime {v['cuda_runtime']})")
+
+    def versions(self) -> dict[str, str]:
+        """onnxruntime-gpu, CUDA driver and runtime, CuPy, and the GPU's name."""
+        return {**super().versions(), **cuda_versions()}
+
+    def options(self) -> Mapping[str, OptionSpec]:
+        """The session options, CUDA as the provider, and the CUDA options it knows."""
+        specs = dict(super().options())
+        specs[NS + "execution_provider"] = OptionSpec(str, PROVIDER, (PROVIDER,),
+                                                      "execution provider the session runs on")
+        known = provider_defaults()
+        for key, (choices, help_) in CUDA_OPTIONS.items():
+            if key in known:
+                default = known[key] if known[key] in choices else choices[0]
+                specs[CUDA_NS + key] = OptionSpec(str, default, choices, help_)
+        return specs
+
+    def dtype_support(self, dtype: str) -> str | None:
+        """FP8 Q/DQ has no CUDA-provider kernels; float16 and bfloat16 run natively."""
+        if dtype.startswith("float8"):
+            return "ONNX Runtime's CUDA provider has no FP8 Conv/MatMul kernels for Q/DQ models"
+        return None
+
+    def emulates(self, dtype: str, settings: Mapping[str, Any]) -> bool:
+        """The GPU computes float16 and bfloat16 natively."""
+        return False
+
+    def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path) -> Engine:
+        """Create a CUDA-provider session on a fresh CuPy stream.
+
+        Raises:
+            BuildError: ONNX Runtime refused the model or the provider options.
+        """
+        import cupy
+
+        stream = cupy.cuda.Stream(non_blocking=True)
+        options = {k.removeprefix(CUDA_NS): v for k, v in settings.items()
+                   if k.startswith(CUDA_NS)}
+        options["user_compute_stream"] = str(stream.ptr)
+        try:
+            session = ort.InferenceSession(str(model_path), session_options(settings),
+                                           providers=[(PROVIDER, options)])
+        except Exception as e:  # ORT raises its own exception types per failure
+            raise BuildError(f"ONNX Runtime (CUDA) refused the model: "
+                             f"{' '.join(str(e).split())[:400]}") from e
+        size = model_path.stat().st_size
+        return Engine(model_path, dict(settings), model_path, size, handle=(session, stream))
+
+    def open(self, engine: Engine) -> Runner:
+        """A `CudaRunner` on the engine's session and stream."""
+        if engine.handle is None:
+            engine = self.build(engine.model_path, engine.settings, engine.path.parent)
+        session, stream = engine.handle
+        graph = engine.settings.get(CUDA_NS + "enable_cuda_graph") == "1"
+        return CudaRunner(session, stream, graph, engine.model_path)
+
+
+class CudaRunner(Runner):
+    """Runs a CUDA-provider session with device-resident inputs and outputs.
+
+    Args:
+        session: The session; its compute stream is `stream`.
+        stream: The CuPy stream the provider computes on.
+        model_path: The ONNX model, run once on the CPU to size a CUDA graph's outputs.
+        cuda_graph: Whether the session replays a CUDA graph: every run then reads the
+            same input buffers and writes the same output buffers, so an input set is
+            copied (device to device) into the bound inputs before its run, outside
+            the timed interval.
+    """
+
+    def __init__(self, session: ort.InferenceSession, stream: Any, cuda_graph: bool,
+                 model_path: Path) -> None:
+        self.session = session
+        self.stream = stream
+        self.cuda_graph = cuda_graph
+        self.model_path = model_path
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.input_types = {i.name: _np_type(i.type) for i in session.get_inputs()}
+        self._binding: Any = None
+        self._bound: dict[str, Any] = {}
+        self._keep: list[Any] = []
+
+    def _cast(self, feed: Feed) -> dict[str, np.ndarray]:
+        return {k: np.ascontiguousarray(np.asarray(v).astype(self.input_types.get(k, None)
+                                                             or np.asarray(v).dtype))
+                for k, v in feed.items()}
+
+    def infer(self, feed: Feed) -> dict[str, np.ndarray]:
+        """Run host to host; outputs by name as host arrays."""
+        if self.cuda_graph:  # a graph-captured session runs only through its bound buffers
+            call = self.prepare(feed)
+            call.stage()  # type: ignore[attr-defined]
+            call()
+            self.synchronize()
+            return dict(zip(self.output_names, self._binding.copy_outputs_to_cpu(), strict=True))
+        return dict(zip(self.output_names, self.session.run(None, self._cast(feed)), strict=True))
+
+    def prepare(self, feed: Feed) -> Callable[[], None]:
+        """Copy `feed` to the device and return a call that runs on the bound buffers."""
+        host = self._cast(feed)
+        values = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in host.items()}
+        self._keep.append(values)
+        if self.cuda_graph:
+            return self._prepare_graph(values, host)
+        binding = self.session.io_binding()
+        for name, value in values.items():
+            binding.bind_ortvalue_input(name, value)
+        for name in self.output_names:
+            binding.bind_output(name, "cuda", 0)
+        session = self.session
+        return lambda: session.run_with_iobinding(binding)
+
+    def _prepare_graph(self, values: dict[str, Any], host: dict[str, np.ndarray]
+                       ) -> Callable[[], None]:
+        import cupy
+
+        if self._binding is None:  # the first input set's buffers become the bound ones
+            self._binding = self.session.io_binding()
+            for name, value in values.items():
+                self._binding.bind_ortvalue_input(name, value)
+                self._bound[name] = value
+            # Output buffers must exist before the first (captured) run; their shapes
+            # come from one CPU run of the same model on these inputs.
+            for name, out in self.output_shapes(host).items():
+                fixed = ort.OrtValue.ortvalue_from_shape_and_type(out.shape, out.dtype,
+                                                                  "cuda", 0)
+                self._keep.append(fixed)
+                self._binding.bind_ortvalue_output(name, fixed)
+        session, binding, stream = self.session, self._binding, self.stream
+        copies = [(self._bound[k].data_ptr(), v.data_ptr(), _nbytes(v))
+                  for k, v in values.items() if v is not self._bound[k]]
+
+        def stage() -> None:
+            for dst, src, n in copies:
+                cupy.cuda.runtime.memcpyAsync(dst, src, n, 3, stream.ptr)  # device to device
+
+        def call() -> None:
+            session.run_with_iobinding(binding)
+
+        call.stage = stage  # type: ignore[attr-defined]
+        return call
+
+    def output_shapes(self, feed: Feed) -> dict[str, np.ndarray]:
+        """Zero arrays shaped and typed like the outputs on `feed` (one CPU run)."""
+        cpu = ort.InferenceSession(str(self.model_path), providers=["CPUExecutionProvider"])
+        outs = cpu.run(self.output_names, dict(feed))
+        return {n: np.zeros_like(o) for n, o in zip(self.output_names, outs, strict=True)}
+
+    def prepare_end_to_end(self, feed: Feed) -> Callable[[], None]:
+        """A call that runs host to host: input copies, compute, output copies."""
+        if self.cuda_graph:
+            inner = self.prepare(feed)  # binds the buffers on first use
+            binding, bound, host = self._binding, self._bound, self._cast(feed)
+
+            def call() -> None:
+                for name, array in host.items():
+                    bound[name].update_inplace(array)  # host to device
+                inner()
+                binding.copy_outputs_to_cpu()
+            return call
+        session, names, inputs = self.session, self.output_names, self._cast(feed)
+        return lambda: session.run(names, inputs)
+
+    def timed(self, call: Callable[[], None]) -> float:
+        """Run `call` between two CUDA events on the compute stream; their gap in ms."""
+        import cupy
+
+        stage = getattr(call, "stage", None)
+        if stage is not None:
+            stage()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(self.stream)
+        call()
+        end.record(self.stream)
+        end.synchronize()
+        return float(cupy.cuda.get_elapsed_time(start, end))
+
+    def synchronize(self) -> None:
+        """Wait for the compute stream."""
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        """Drop the bound buffers and the session."""
+        self._keep.clear()
+        self._bound.clear()
+        self._binding = None
+
+
+_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+          "tensor(double)": np.float64, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
+          "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8, "tensor(int8)": np.int8}
+
+
+def _np_type(onnx_type: str) -> Any:
+    return _TYPES.get(onnx_type)
+
+
+def _nbytes(value: Any) -> int:
+    return int(np.prod(value.shape())) * np.dtype(_np_type(value.data_type())).itemsize

@@ -1,0 +1,104 @@
+"""The onnxruntime-cuda backend on a real GPU (skipped, with the reason, elsewhere)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from graphs import conv_bn, matmul_chain
+
+from routetune.backend import Runner
+from routetune.measure import MeasureSettings, measure, measure_side_by_side
+from routetune.passes.build.ort_cuda import CudaNhwc
+from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+from routetune.plugins.onnxruntime.cuda import CUDA_NS, CUDA_OPTIONS, OnnxRuntimeCudaBackend
+from routetune.registry import Registry
+from routetune.tune import TuneOptions, tune
+
+CUDA = OnnxRuntimeCudaBackend()
+WHY = CUDA.available()
+gpu = pytest.mark.skipif(WHY is not None, reason=f"onnxruntime-cuda: {WHY}")
+QUICK = MeasureSettings(warmup=3, min_runs=20, min_time_s=0.05)
+
+
+def test_without_a_gpu_the_backend_and_its_seasonings_say_why() -> None:
+    if WHY is None:
+        pytest.skip("a GPU is here")
+    assert "onnxruntime-gpu" in WHY or "CuPy" in WHY or "CUDA" in WHY
+    assert CudaNhwc().supports(OnnxRuntimeBackend()) == "applies only to backends onnxruntime-cuda"
+
+
+@gpu
+@pytest.mark.gpu
+def test_device_versions_and_provider_options_come_from_the_installed_stack() -> None:
+    assert CUDA.device().startswith("cuda: ")
+    versions = CUDA.versions()
+    assert {"onnxruntime-cuda", "gpu", "cuda_driver", "cuda_runtime", "cupy"} <= set(versions)
+    options = CUDA.options()
+    assert options["onnxruntime.execution_provider"].default == "CUDAExecutionProvider"
+    offered = {k.removeprefix(CUDA_NS) for k in options if k.startswith(CUDA_NS)}
+    assert offered == set(CUDA_OPTIONS)  # every option routetune sets is known here
+    assert options[CUDA_NS + "cudnn_conv_algo_search"].default == "EXHAUSTIVE"
+
+
+def feeds(n: int, shape: tuple[int, ...]) -> list[dict[str, np.ndarray]]:
+    return [{"x": np.random.default_rng(i).standard_normal(shape).astype(np.float32)}
+            for i in range(n)]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", ["0", "1"])
+def test_outputs_match_the_cpu_for_every_input_set(tmp_path: Path, graph: str) -> None:
+    path = conv_bn(tmp_path / "m.onnx", batch=2)
+    settings = CUDA.full_settings({CUDA_NS + "enable_cuda_graph": graph,
+                                   CUDA_NS + "use_tf32": "0"})
+    sets = feeds(3, (2, 3, 32, 32))
+    with OnnxRuntimeBackend().reference(path) as cpu, CUDA.open(
+            CUDA.build(path, settings, tmp_path)) as gpu_runner:
+        for _ in range(2):  # a CUDA graph replays: later runs must still read each set
+            for feed in sets:
+                want, got = cpu.infer(feed)["y"], gpu_runner.infer(feed)["y"]
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        calls = [gpu_runner.prepare(f) for f in sets]
+        for call in calls:
+            assert gpu_runner.timed(call) > 0
+
+
+@gpu
+@pytest.mark.gpu
+def test_device_compute_time_excludes_the_copies_that_end_to_end_time_includes(
+        tmp_path: Path) -> None:
+    path = matmul_chain(tmp_path / "m.onnx", depth=2, width=1024, batch=1024)
+    runner = CUDA.open(CUDA.build(path, CUDA.full_settings({}), tmp_path))
+    sets = feeds(2, (1024, 1024))
+
+    class EndToEnd(Runner):  # host-to-host calls, timed by the wall clock
+        def prepare(self, feed):  # noqa: ANN001, ANN202
+            return runner.prepare_end_to_end(feed)
+
+    device = measure(runner, sets, QUICK)
+    end_to_end = measure(EndToEnd(), sets, QUICK)  # 2 × 4 MiB in, 4 MiB out per run
+    assert device.p50 < end_to_end.p50
+    base, again = measure_side_by_side([runner, runner], sets, QUICK)
+    assert 0.5 < base.p50 / again.p50 < 2.0
+    runner.close()
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_gpu_search_finds_fp16_and_records_the_device(registry: Registry,
+                                                         tmp_path: Path) -> None:
+    model = matmul_chain(tmp_path / "chain.onnx", depth=8, width=1024, batch=256)
+    opts = TuneOptions(model=model, output=tmp_path / "out", backend="onnxruntime-cuda",
+                       seasonings=("fp16", "ort-cuda-graph", "ort-cuda-no-tf32"),
+                       search="exhaustive", accuracy="cos>=0.9999,rel_l2<=0.01", measure=QUICK)
+    result = tune(opts, registry)
+    trials = {t.route: t for t in result.trials}
+    assert trials["fp16"].status == "ok", trials["fp16"].reason
+    assert trials["fp16"].speedup > 1.2  # tensor cores in FP16 versus TF32
+    assert trials["base"].versions["gpu"] in result.base.device
+    assert "fp16" in result.winner.route
+    onnx.checker.check_model(onnx.load(result.files["model"]), full_check=True)
