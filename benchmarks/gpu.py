@@ -3,7 +3,11 @@
 Usage, on a machine with a CUDA GPU, onnxruntime-gpu, CuPy and torch (+ torchvision):
 
     python benchmarks/gpu.py [--out DIR] [--models resnet50,bert,ppocr-det,...]
-                             [--budget-s 240] [--min-time 0.2]
+                             [--budget-s 240] [--min-time 0.2] [--beam-width 3]
+                             [--fresh] [--no-baselines]
+
+Stored trials are reused (resume) unless ``--fresh``: a first call may tune with
+``--no-baselines`` and a second, in the same output directory, time everything.
 
 For each model, in one process:
 
@@ -43,6 +47,10 @@ def main() -> None:
     parser.add_argument("--models", default="resnet50,bert,ppocr-det,ppocr-rec,ppocr-cls")
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--min-time", type=float, default=0.2)
+    parser.add_argument("--beam-width", type=int, default=3)
+    parser.add_argument("--fresh", action="store_true", help="ignore stored trials")
+    parser.add_argument("--no-baselines", action="store_true",
+                        help="tune only; time nothing side by side (a later run resumes)")
     args = parser.parse_args()
     import onnxruntime as ort
 
@@ -71,7 +79,8 @@ def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: An
     out.mkdir(parents=True, exist_ok=True)
     torch_model, model_path, inputs = build_model(name, out)
     opts = TuneOptions(model=model_path, example=None if model_path else name,
-                       output=out / "tune", backend="onnxruntime-cuda", fresh=True,
+                       output=out / "tune", backend="onnxruntime-cuda", fresh=args.fresh,
+                       beam_width=args.beam_width,
                        accuracy=ACCURACY, inputs=inputs, measure=settings,
                        time_budget_s=args.budget_s)
     started = time.perf_counter()
@@ -80,7 +89,8 @@ def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: An
     row = {"winner": result.winner.route, "reason": result.winner_reason,
            "tuning_s": round(tuning_s, 1), "trials": len(result.trials),
            "stopped": result.stopped, "accuracy": result.winner.accuracy}
-    row.update(time_all(result, torch_model, _feeds(name, inputs), settings))
+    if not args.no_baselines:
+        row.update(time_all(result, torch_model, _feeds(name, inputs), settings))
     return row
 
 
@@ -105,8 +115,14 @@ def build_model(name: str, out: Path) -> tuple[Any, Path | None, Path | None]:
         raise SystemExit(f"--models: unknown model '{name}'")
     path = out / f"{name}.onnx"
     example = tuple(torch.from_numpy(v) for v in sets[0].values())
-    torch.onnx.export(module, example, str(path), input_names=list(sets[0]),
-                      output_names=["y"], opset_version=17, dynamo=False)
+    with torch.no_grad():
+        try:  # the TorchScript exporter; torch >= 2.9 defaults to the dynamo one
+            torch.onnx.export(module, example, str(path), input_names=list(sets[0]),
+                              output_names=["y"], opset_version=17, dynamo=False)
+        except Exception as e:  # noqa: BLE001 - fall back to the other exporter
+            print(f"TorchScript export failed ({e}); trying dynamo=True")
+            torch.onnx.export(module, example, str(path), input_names=list(sets[0]),
+                              output_names=["y"], opset_version=17, dynamo=True)
     inputs = out / "inputs"
     inputs.mkdir(exist_ok=True)
     for i, feed in enumerate(sets):
@@ -122,12 +138,16 @@ def Encoder() -> Any:  # noqa: N802 - a factory that reads like a class
     class Layer(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.attn = nn.MultiheadAttention(768, 12, batch_first=True)
+            self.qkv, self.proj = nn.Linear(768, 3 * 768), nn.Linear(768, 768)
             self.ln1, self.ln2 = nn.LayerNorm(768), nn.LayerNorm(768)
             self.ffn = nn.Sequential(nn.Linear(768, 3072), nn.GELU(), nn.Linear(3072, 768))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            x = self.ln1(x + self.attn(x, x, x, need_weights=False)[0])
+            b, t, _ = x.shape
+            q, k, v = (z.reshape(b, t, 12, 64).transpose(1, 2)
+                       for z in self.qkv(x).chunk(3, dim=-1))
+            att = torch.softmax(q @ k.transpose(-1, -2) * 0.125, dim=-1)
+            x = self.ln1(x + self.proj((att @ v).transpose(1, 2).reshape(b, t, 768)))
             return self.ln2(x + self.ffn(x))
 
     class Model(nn.Module):
@@ -164,7 +184,7 @@ def time_all(result: Any, torch_model: Any, feeds: list[dict[str, np.ndarray]],
         path = outdir / trial.artifact
         runners[label] = backend.open(backend.build(path, trial.settings, path.parent))
     for label in list(runners):
-        runners[f"{label}, host to host"] = _EndToEnd(runners[label])
+        runners[f"{label}, host to host"] = _end_to_end(runners[label])
     extra: dict[str, Any] = {}
     if torch_model is not None:
         extra = _torch_runners(torch_model, feeds, runners)
@@ -188,26 +208,15 @@ def _feeds(name: str, inputs: Path | None) -> list[dict[str, np.ndarray]]:
     return example.make_inputs(example.shapes, 0, 4)
 
 
-class _EndToEnd:
-    """A runner's host-to-host calls (input and output copies included), wall-clock timed."""
+def _end_to_end(runner: Any) -> Any:
+    """The runner's host-to-host calls (copies included), timed by the wall clock."""
+    from routetune.backend import Runner
 
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
+    class EndToEnd(Runner):
+        def prepare(self, feed: Any) -> Any:
+            return runner.prepare_end_to_end(feed)
 
-    def prepare(self, feed: Any) -> Any:
-        return self.runner.prepare_end_to_end(feed)
-
-    def timed(self, call: Any) -> float:
-        t0 = time.perf_counter_ns()
-        call()
-        self.runner.synchronize()
-        return (time.perf_counter_ns() - t0) / 1e6
-
-    def synchronize(self) -> None:
-        self.runner.synchronize()
-
-    def close(self) -> None:
-        pass
+    return EndToEnd()
 
 
 class _TorchRunner:
@@ -226,15 +235,18 @@ class _TorchRunner:
             args = [a.to(memory_format=torch.channels_last) if a.dim() == 4 else a
                     for a in args]
         fn = self.fn
-        return lambda: fn(*args)
+
+        def call() -> None:
+            with torch.inference_mode():
+                fn(*args)
+        return call
 
     def timed(self, call: Any) -> float:
         import torch
 
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        with torch.inference_mode():
-            call()
+        call()
         end.record()
         end.synchronize()
         return float(start.elapsed_time(end))
@@ -271,9 +283,8 @@ def _torch_runners(module: Any, feeds: list[dict[str, np.ndarray]], runners: dic
     r = _TorchRunner(compiled)
     r.half, r.channels_last = True, conv
     started = time.perf_counter()
-    with torch.inference_mode():
-        r.prepare(feeds[0])()  # compiles
-        torch.cuda.synchronize()
+    r.prepare(feeds[0])()  # compiles
+    torch.cuda.synchronize()
     compile_s = time.perf_counter() - started
     runners["torch.compile max-autotune FP16"] = r
     return {"torch_compile_s": round(compile_s, 1)}
@@ -286,7 +297,7 @@ def print_model(name: str, row: dict[str, Any]) -> None:
           + (f"; torch.compile took {row['torch_compile_s']} s" if "torch_compile_s" in row
              else ""))
     print("\n| engine | p50 ms | 95% CI ms | speed-up over ORT CUDA base |\n|---|---|---|---|")
-    for label, r in row["rows"].items():
+    for label, r in row.get("rows", {}).items():
         print(f"| {label} | {r['p50_ms']} | {r['ci_ms'][0]}–{r['ci_ms'][1]} | "
               f"{r['vs_base']:.2f}x |")
 
