@@ -3,7 +3,9 @@
 After each batch of routes a strategy asks for, the loop picks, for each precision
 seasoning (``fp16``, ``int8-qdq`` …) not repaired yet, the fastest of the batch's routes
 whose precision step failed the accuracy constraint (speed relative to the base route,
-as measured alongside it): the route worth the most if repaired. It gets
+as measured alongside it): the route worth the most if repaired. A route no faster than
+the base route is not repaired, and the doubling stops at a failing count whose route
+is no faster: more FP32 nodes only slow a route down. The route gets
 ``precision-repair{count=k}`` inserted right after that step, for k = 1, 2, 4, …
 until a route passes (or every ranked node is kept), then k is bisected between the
 largest failing and the smallest passing count. That is O(2 log n) trials for n ranked
@@ -58,6 +60,8 @@ def repairs(done: Sequence[tuple[Route, Trial]], registry: Registry, repaired: s
         at = repair_point(route, registry)
         if trial.status != "accuracy-failed" or at is None or route.steps[at - 1].name in repaired:
             continue
+        if not faster_than_base(trial):  # repairing adds FP32 nodes: it only gets slower
+            continue
         name = route.steps[at - 1].name
         if name not in fastest or rank_key(trial) < rank_key(fastest[name][1]):
             fastest[name] = (route, trial, at)
@@ -92,13 +96,24 @@ def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None])
         else:  # the repair itself failed, or nothing is left to keep in FP32
             return trials
         if passing is None:
-            if count >= ranked:
+            if count >= ranked or not faster_than_base(trial):  # more FP32 nodes: slower
                 return trials
             count = min(2 * count, ranked)
         elif passing - failing <= 1:
             return trials
         else:
             count = (failing + passing) // 2
+
+
+def faster_than_base(trial: Trial) -> bool:
+    """Whether the trial may be faster than the base route measured alongside it.
+
+    False when the 95% interval of its median relative to the base route lies at or
+    above 1: keeping more nodes in FP32 would not make it faster, so a repair of it
+    cannot win. True when it was not measured against the base route.
+    """
+    relative = trial.relative
+    return relative is None or trial.base_latency is None or relative.ci_low < 1.0
 
 
 def _ranked(trial: Trial) -> int:

@@ -54,6 +54,7 @@ def provider_defaults() -> dict[str, str]:
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every supported onnxruntime reads
     try:
         session = ort.InferenceSession(model.SerializeToString(), providers=[PROVIDER])
         return dict(session.get_provider_options().get(PROVIDER, {}))

@@ -8,13 +8,15 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from graphs import matmul_chain
+from graphs import layernorm, matmul_chain
+from naive_fp16 import NaiveFp16
 
 from routetune.passes.precision.repair import PrecisionRepair
 from routetune.passes.precision.sensitivity import rank_nodes
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.quantize import Int8Qdq
 from routetune.seasoning import RouteContext, RouteState
+from routetune.strict_fp16 import strict_fp16_overflows
 
 BACKEND = OnnxRuntimeBackend()
 
@@ -66,6 +68,23 @@ def test_keeping_every_ranked_node_undoes_the_quantization(chain) -> None:  # no
     assert result.stats["kept_fp32"] == result.stats["ranked"] == 4  # the four MatMuls
     out = gs.export_onnx(state.graph)
     assert not [n for n in out.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+
+
+def test_where_the_device_emulates_fp16_strict_overflows_rank_first(tmp_path: Path) -> None:
+    # |x - mean| ~ 200 over 2048 values: the variance's float16 sum overflows, while the
+    # CPU provider computes it in float32 and shows nothing wrong
+    model = onnx.load(layernorm(tmp_path / "ln.onnx", rows=4, width=2048))
+    feeds = [{"x": np.random.default_rng(0).uniform(-200, 200, (4, 2048)).astype(np.float32)}]
+    ctx = RouteContext(BACKEND, tuple(feeds), "base", lambda m: BACKEND.evaluate(m, feeds))
+    state = RouteState(gs.import_onnx(model))
+    NaiveFp16()(state, ctx)
+    assert list(strict_fp16_overflows(gs.export_onnx(state.graph), ctx.evaluate)) == ["var"]
+    result = PrecisionRepair()(state, ctx)  # count=1
+    assert result.note.startswith(
+        "kept in FP32: var (ReduceMean 'var': 4 of 4 values overflow in float16")
+    repaired = gs.export_onnx(state.graph)
+    onnx.checker.check_model(repaired, full_check=True)
+    assert strict_fp16_overflows(repaired, ctx.evaluate) == {}
 
 
 def test_repair_without_a_precision_step_is_a_clear_error(chain) -> None:  # noqa: ANN001
