@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from routetune.passes.build.ort_session import set_options
 from routetune.seasoning import (
     Param,
     PassResult,
@@ -56,10 +57,7 @@ class _CudaOption(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Set the options."""
-        values = {CUDA_NS + k: v for k, v in self.values().items()}
-        changed = {k for k, v in values.items() if state.settings.get(k) != v}
-        state.settings.update(values)
-        return PassResult(modified=bool(changed), stats={"options": len(changed)})
+        return set_options(state, {CUDA_NS + k: v for k, v in self.values().items()})
 
 
 class CudaNhwc(_CudaOption):

@@ -26,7 +26,8 @@ ORT = frozenset({"onnxruntime"})
 ANY_ORT = frozenset({"onnxruntime", "onnxruntime-cuda"})
 
 
-def _set(state: RouteState, values: dict[str, object]) -> PassResult:
+def set_options(state: RouteState, values: dict[str, object]) -> PassResult:
+    """Set backend options in `state.settings`; ``modified`` when any value changed."""
     changed = {k: v for k, v in values.items() if state.settings.get(k) != v}
     state.settings.update(values)
     return PassResult(modified=bool(changed), stats={"options": len(changed)})
@@ -54,7 +55,7 @@ class OrtOptLevel(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Set the optimisation level."""
-        return _set(state, {NS + "graph_optimization_level": self.params["level"]})
+        return set_options(state, {NS + "graph_optimization_level": self.params["level"]})
 
 
 class OrtParallel(Seasoning):
@@ -74,7 +75,7 @@ class OrtParallel(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Set the execution mode and inter-op threads."""
-        return _set(state, {NS + "execution_mode": "parallel",
+        return set_options(state, {NS + "execution_mode": "parallel",
                             NS + "inter_op_num_threads": self.params["inter_op_threads"]})
 
 
@@ -95,7 +96,7 @@ class OrtThreads(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Set the intra-op thread count."""
-        return _set(state, {NS + "intra_op_num_threads": self.params["intra_op"]})
+        return set_options(state, {NS + "intra_op_num_threads": self.params["intra_op"]})
 
 
 class _ConfigEntries(Seasoning):
@@ -105,7 +106,7 @@ class _ConfigEntries(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Set the entries."""
-        return _set(state, {NS + "config." + k: v for k, v in self.entries.items()})
+        return set_options(state, {NS + "config." + k: v for k, v in self.entries.items()})
 
 
 class OrtNoSpinning(_ConfigEntries):

@@ -29,6 +29,7 @@ def count_of(route: Route) -> int:
     (3, 3, [1, 2, 3]),
     (9, 6, [1, 2, 4, 6]),  # even keeping every ranked node fails: stop there
     (50, 80, [1, 2, 4, 8, 16, 32]),  # count 32 is no faster than the base route: stop
+    (25, 40, [1, 2, 4, 8, 16, 20]),  # above 8 nodes, at most half of them: 20 fails, stop
 ])
 def test_counts_double_until_a_pass_then_bisect(needed: int, ranked: int, tried: list[int]
                                                 ) -> None:
