@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from routetune.errors import UsageError
+from routetune.metrics import Metric
 from routetune.registry import Registry
 
 DEFAULT_ACCURACY = "l0<=0.001,atol=1e-3,rtol=1e-3"
@@ -130,10 +131,26 @@ def parse_accuracy(text: str, registry: Registry, outputs: Sequence[str]) -> Con
             want = ">=" if metric.higher_is_better else "<="
             kind = "a similarity" if metric.higher_is_better else "an error"
             raise UsageError(f"--accuracy '{text}': {name} is {kind}; bound it with {want}")
+        _check_range(metric, op, value, term, text)
         thresholds.append(Threshold(name, op, value, out))
     if not thresholds:
         raise UsageError(f"--accuracy '{text}': no metric bound; add one such as cos>=0.999")
     return Constraint(text, tuple(thresholds), atol, rtol)
+
+
+def _check_range(metric: Metric, op: str, value: float, term: str, text: str) -> None:
+    """Refuse a bound no candidate can meet, or one that every candidate meets."""
+    span = f"{metric.name} lies in [{metric.lowest:g}, {metric.highest:g}]"
+    lower = op in (">=", ">")  # a lower bound on a similarity
+    never = value > metric.highest or (op == ">" and value >= metric.highest) if lower else (
+        value < metric.lowest or (op == "<" and value <= metric.lowest))
+    always = value <= metric.lowest if lower else value >= metric.highest
+    if never:
+        raise UsageError(f"--accuracy '{text}': '{term}' can never hold ({span}); "
+                         "loosen the bound")
+    if always:
+        raise UsageError(f"--accuracy '{text}': '{term}' always holds ({span}); "
+                         "tighten the bound")
 
 
 def _metric(registry: Registry, name: str, text: str):  # noqa: ANN202

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from routetune.accuracy import DEFAULT_ACCURACY
@@ -91,7 +92,7 @@ def tune_command(
     w = result.winner
     if result.stopped:
         console.print(f"[yellow]stopped early: {result.stopped}; the best so far stands[/]")
-    console.print(f"winner: [bold]{w.route}[/bold] ({result.winner_reason})")
+    console.print(f"winner: [bold]{escape(w.route)}[/bold] ({escape(result.winner_reason)})")
     if result.side_by_side:
         base, win = result.side_by_side
         console.print(

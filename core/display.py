@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from routetune.registry import Registry
@@ -48,14 +49,14 @@ def trials_table(
     for i, t in enumerate(trials, 1):
         lat = t.latency
         speed = f"{t.speedup:.2f}x" if t.speedup else ""
-        route = f"[bold]{t.route}[/bold]" if t is winner else t.route
+        route = f"[bold]{escape(t.route)}[/bold]" if t is winner else escape(t.route)
         status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
         table.add_row(
             str(i), route, status,
             f"{lat.p50:.3f}" if lat else "", f"{lat.p90:.3f}" if lat else "",
             f"{lat.spread:.3f}" if lat else "",
             f"{t.base_latency.p50:.3f}" if t.base_latency else "", speed,
-            accuracy_text(t, registry), verdict_text(t, registry),
+            accuracy_text(t, registry), escape(verdict_text(t, registry)),
         )
     return table
 
@@ -109,10 +110,10 @@ def seasonings_table(registry: Registry) -> Table:
         for backend in backends:
             why = entry.item().supports(backend)
             if why and not info.backends:
-                summary += f" [yellow](not on {backend.name}: {why})[/]"
+                summary += f" [yellow](not on {backend.name}: {escape(why)})[/]"
         plugin = f"{entry.plugin} ({registry.plugins.get(entry.plugin, '?')})"
-        table.add_row(name, info.stage, params, cons, ",".join(sorted(info.backends)) or "all",
-                      plugin, summary)
+        table.add_row(name, info.stage, escape(params), cons,
+                      ",".join(sorted(info.backends)) or "all", plugin, summary)
     return table
 
 
@@ -124,7 +125,7 @@ def components_table(registry: Registry) -> Table:
     for name, entry in sorted(registry.backends.items()):
         backend = entry.item()
         reason = backend.available()
-        note = f"unavailable: {reason}" if reason else f"version {backend.version()}"
+        note = escape(f"unavailable: {reason}" if reason else f"version {backend.version()}")
         table.add_row("backend", name, entry.plugin, note)
     for name, entry in sorted(registry.strategies.items()):
         table.add_row("search", name, entry.plugin, (entry.item.__doc__ or "").splitlines()[0])

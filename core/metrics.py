@@ -35,12 +35,16 @@ class Metric:
         fn: ``fn(out, ref, atol, rtol) -> float`` over float64 flat arrays of equal size.
         higher_is_better: True for similarities (``cos``), False for errors.
         help: One line.
+        lowest: The smallest value the metric can take (0 for errors, -1 for ``cos``).
+        highest: The largest (1 for ``cos`` and ``l0``; inf for unbounded errors).
     """
 
     name: str
     fn: MetricFn
     higher_is_better: bool
     help: str = ""
+    lowest: float = 0.0
+    highest: float = float("inf")
 
     def __call__(self, out: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> float:
         """Compute the metric on two arrays of the same shape.
@@ -75,11 +79,11 @@ def _rel_l2(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> float:
 
 
 BUILTIN_METRICS = (
-    Metric("l0", _l0, False, "fraction of elements outside atol + rtol*|ref|"),
+    Metric("l0", _l0, False, "fraction of elements outside atol + rtol*|ref|", 0.0, 1.0),
     Metric("l1", lambda a, b, *_: np.mean(np.abs(a - b)), False, "mean absolute error"),
     Metric("l2", lambda a, b, *_: np.mean((a - b) ** 2), False, "mean squared error"),
     Metric("linf", lambda a, b, *_: np.max(np.abs(a - b)), False, "largest absolute error"),
-    Metric("cos", _cos, True, "cosine similarity"),
+    Metric("cos", _cos, True, "cosine similarity", -1.0, 1.0),
     Metric("rel_l2", _rel_l2, False, "||out - ref|| / ||ref||"),
 )
 

@@ -149,6 +149,11 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     if opts.seasonings is not None and not opts.seasonings:
         raise UsageError("--seasonings: no names given; list seasonings (see `routetune "
                          "seasonings`) or leave the flag out for all")
+    pinned = [n for n in opts.seasonings or () if "{" in n]
+    if pinned:
+        raise UsageError(f"--seasonings {pinned[0]}: takes seasoning names only; the search "
+                         f"tries each seasoning's parameter choices itself; give "
+                         f"'{pinned[0].split('{')[0]}'")
     if opts.inputs is not None and opts.shapes:
         raise UsageError("--shapes with --inputs: the inputs fix the shapes; give one of them")
     if opts.time_budget_s is not None and opts.time_budget_s <= 0:
@@ -183,6 +188,8 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         source["shapes"] = ",".join(f"{k}:{'x'.join(map(str, v))}" for k, v in shapes.items())
     constraint = parse_accuracy(opts.accuracy, registry, [o.name for o in model.outputs])
     infos, not_applicable = _offered(registry, backend, model, opts.seasonings)
+    if opts.seasonings is not None:
+        _check_named(opts.seasonings, infos, not_applicable)
     space = RouteSpace(infos, opts.max_depth)
     inputs_hash = sha256(b"".join(a.tobytes() + str(a.shape).encode()
                                   for f in feeds for a in f.values()))
@@ -343,6 +350,25 @@ def _backend(registry: Registry, name: str) -> Backend:
     if reason:
         raise UsageError(f"--backend {name}: not available here ({reason})")
     return backend
+
+
+def _check_named(names: Sequence[str], infos: Sequence[SeasoningInfo],
+                 not_applicable: Mapping[str, str]) -> None:
+    """Refuse a ``--seasonings`` list from which no route can be built.
+
+    Raises:
+        UsageError: None of the named seasonings applies here, or ``precision-repair``
+            is named without a precision seasoning to repair.
+    """
+    searched = [i for i in infos if i.searched]
+    if any(i.name == REPAIR for i in infos) and not any(i.stage == "precision"
+                                                        for i in searched):
+        raise UsageError(f"--seasonings {','.join(names)}: {REPAIR} repairs the failures of a "
+                         "precision seasoning; add fp16, bf16, int8-qdq or fp8-qdq")
+    if not searched:
+        why = "; ".join(f"{n}: {r}" for n, r in not_applicable.items())
+        raise UsageError(f"--seasonings {','.join(names)}: none applies here ({why}); "
+                         "see `routetune seasonings`")
 
 
 def _offered(

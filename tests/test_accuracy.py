@@ -58,9 +58,22 @@ def test_check_reports_margin_and_nonfinite(registry: Registry) -> None:
     assert bad.failures == ("y: cos -1, needs >= 0.999",)
     nan_out = [{"y": ref[0]["y"].copy()}]
     nan_out[0]["y"][3] = np.nan
-    nan = check_accuracy(parse_accuracy("l0<=1", registry, ["y"]), registry, nan_out, ref)
+    nan = check_accuracy(parse_accuracy("l0<=0.99", registry, ["y"]), registry, nan_out, ref)
     assert not nan.passed
     assert "1 NaN/Inf where the reference is finite" in nan.reason
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("cos>=1.5", "'cos>=1.5' can never hold (cos lies in [-1, 1]); loosen the bound"),
+    ("rel_l2<=-1", "'rel_l2<=-1' can never hold (rel_l2 lies in [0, inf]); loosen the bound"),
+    ("cos>=-2", "'cos>=-2' always holds (cos lies in [-1, 1]); tighten the bound"),
+    ("l0<=1", "'l0<=1' always holds (l0 lies in [0, 1]); tighten the bound"),
+])
+def test_bounds_outside_a_metric_range_are_refused(registry: Registry, text: str,
+                                                   problem: str) -> None:
+    with pytest.raises(UsageError) as e:
+        parse_accuracy(text, registry, ["y"])
+    assert str(e.value) == f"--accuracy '{text}': {problem}"
 
 
 def test_almost_constant_reference_is_noted(registry: Registry) -> None:

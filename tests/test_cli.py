@@ -83,6 +83,17 @@ BAD = {
                     "would take 1144.4 GiB; give smaller sizes"),
     "empty seasonings": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
                                        "--seasonings", ","], "--seasonings: no names given"),
+    "impossible bound": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
+                                       "--accuracy", "cos>=1.5"], "can never hold"),
+    "pinned parameters": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
+                                        "--seasonings", "fp16{keep_io_types=false}"],
+                          "takes seasoning names only"),
+    "repair alone": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
+                                   "--seasonings", "precision-repair"],
+                     "add fp16, bf16, int8-qdq or fp8-qdq"),
+    "gpu seasoning on the cpu": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
+                                               "--seasonings", "ort-cuda-graph"],
+                                 "applies only to backends onnxruntime-cuda"),
 }
 
 

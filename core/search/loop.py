@@ -34,7 +34,7 @@ from routetune.measure import Latency, MeasureSettings, measure, measure_side_by
 from routetune.model import PreparedModel, check_candidate, sha256
 from routetune.registry import Registry
 from routetune.route import Route, Step
-from routetune.search.repair import bisect_repair, repairs
+from routetune.search.repair import bisect_repair, repair_route, repairs
 from routetune.search.strategy import Strategy
 from routetune.seasoning import Lowering, RouteContext, RouteState
 from routetune.store import Trial, TrialStore
@@ -174,9 +174,13 @@ class SearchLoop:
             if len(done) < len(batch):
                 return trials
             if self.repair:
-                for route, at in repairs(done, self.registry, self._repaired):
+                for route, at, why_not in repairs(done, self.registry, self._repaired):
+                    if why_not:
+                        trials.append(self.record_skipped(repair_route(route, at, 1), why_not))
+                        continue
                     self._repaired.add(route.steps[at - 1].name)
-                    bisect_repair(route, at, lambda r: visit(r, tell=False))
+                    bisect_repair(route, at, lambda r: visit(r, tell=False),
+                                  lambda r, why: trials.append(self.record_skipped(r, why)))
                 if self.stopped:
                     return trials
         return trials
@@ -259,7 +263,7 @@ class SearchLoop:
                 outputs = [runner.infer(feed) for feed in self.feeds]
                 verdict = check_accuracy(self.constraint, self.registry, outputs, self.references)
                 fields["accuracy"] = verdict.metrics
-                overflows = self._strict_fp16(data, settings) if verdict.passed else {}
+                overflows = self._strict_fp16(data, settings) if verdict.passed else None
                 fields["latency"], fields["base_latency"] = self._measure(runner, route)
         except Exception as e:  # a crash inside one candidate never stops the search
             return self._record(route, fingerprint, "crashed", _describe(e), **fields)
@@ -270,15 +274,23 @@ class SearchLoop:
                 route, fingerprint, "accuracy-failed",
                 "strict FP16 check (this device computes float16 in float32): "
                 + "; ".join(overflows.values()), **fields)
-        return self._record(route, fingerprint, "ok", "; ".join(verdict.notes), **fields)
+        notes = list(verdict.notes)
+        if overflows is not None:
+            notes.append("strict FP16 check: no overflow")
+        return self._record(route, fingerprint, "ok", "; ".join(notes), **fields)
 
-    def _strict_fp16(self, data: bytes, settings: Mapping[str, Any]) -> dict[str, str]:
-        """Overflows a float16 device would show, where this one emulates float16."""
+    def _strict_fp16(self, data: bytes, settings: Mapping[str, Any]) -> dict[str, str] | None:
+        """Overflows a float16 device would show, where this one emulates float16.
+
+        Returns:
+            None when the check does not apply (a device with true float16, or no
+            float16 tensor); else the overflowing nodes (empty: none).
+        """
         if self.reference is None or not self.backend.emulates("float16", settings):
-            return {}
+            return None
         model = onnx.load_from_string(data)
         if not mentions_float16(model):
-            return {}
+            return None
         reference, feeds = self.reference, list(self.feeds)
         return strict_fp16_overflows(model, lambda m: reference.evaluate(m, feeds))
 

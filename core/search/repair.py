@@ -49,7 +49,7 @@ def repair_point(route: Route, registry: Registry) -> int | None:
 
 
 def repairs(done: Sequence[tuple[Route, Trial]], registry: Registry, repaired: set[str]
-            ) -> list[tuple[Route, int]]:
+            ) -> list[tuple[Route, int, str | None]]:
     """The failing routes to repair after a batch: the fastest per precision seasoning.
 
     Args:
@@ -58,38 +58,54 @@ def repairs(done: Sequence[tuple[Route, Trial]], registry: Registry, repaired: s
         repaired: Names of precision seasonings repaired already; they are left out.
 
     Returns:
-        ``(route, insertion point)`` pairs, by seasoning name.
+        ``(route, insertion point, why not)`` by seasoning name: ``why not`` is None for
+        a route to repair, or the reason a failing route is not worth repairing (it is
+        no faster than the base route).
     """
     fastest: dict[str, tuple[Route, Trial, int]] = {}
     for route, trial in done:
         at = repair_point(route, registry)
         if trial.status != "accuracy-failed" or at is None or route.steps[at - 1].name in repaired:
             continue
-        if not faster_than_base(trial):  # repairing adds FP32 nodes: it only gets slower
-            continue
         name = route.steps[at - 1].name
         if name not in fastest or rank_key(trial) < rank_key(fastest[name][1]):
             fastest[name] = (route, trial, at)
-    return [(route, at) for route, _, at in (fastest[n] for n in sorted(fastest))]
+    out = []
+    for name in sorted(fastest):
+        route, trial, at = fastest[name]
+        why = None if faster_than_base(trial) else (
+            f"not repaired: '{route}', the fastest route of {name} that failed accuracy, is "
+            f"no faster than the base route ({trial.speedup:.2f}x); keeping nodes in FP32 "
+            "would only slow it down")
+        out.append((route, at, why))
+    return out
 
 
-def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None]) -> list[Trial]:
+def repair_route(route: Route, at: int, count: int) -> Route:
+    """`route` with ``precision-repair{count=count}`` inserted at `at` (canonical text)."""
+    step = Step(REPAIR) if count == 1 else Step.of(REPAIR, {"count": count})
+    return Route(tuple(route.steps[:at] + (step,) + route.steps[at:]))
+
+
+def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None],
+                  skip: Callable[[Route, str], object] = lambda route, why: None
+                  ) -> list[Trial]:
     """Try repaired variants of a failing `route` until the smallest passing count is known.
 
     Args:
         route: A route that failed the accuracy constraint.
         at: Where to insert the repair step (`repair_point`).
         visit: Evaluates a route and returns its trial; None when a budget stops the search.
+        skip: Records the next count's route as not tried, with the reason, when the
+            doubling stops before a route passes.
 
     Returns:
         The trials of the repaired routes, in the order they ran.
     """
-    steps = list(route)
     trials: list[Trial] = []
     failing, passing, count = 0, None, 1
     while True:
-        step = Step(REPAIR) if count == 1 else Step.of(REPAIR, {"count": count})
-        trial = visit(Route(tuple(steps[:at] + [step] + steps[at:])))
+        trial = visit(repair_route(route, at, count))
         if trial is None:
             return trials
         trials.append(trial)
@@ -103,6 +119,13 @@ def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None])
         limit = ranked if ranked <= SMALL else ranked // 2
         if passing is None:
             if count >= limit or not faster_than_base(trial):  # more FP32 nodes: slower
+                if count < ranked:
+                    skip(repair_route(route, at, min(2 * count, ranked)), (
+                        f"repair stopped: with {count} of {ranked} nodes in FP32 it is no "
+                        f"faster than the base route ({trial.speedup:.2f}x)"
+                        if not faster_than_base(trial) else
+                        f"repair stopped: {count} of {ranked} nodes in FP32 still fail; "
+                        "keeping more than half of them is the FP32 model again"))
                 return trials
             count = min(2 * count, limit)
         elif passing - failing <= 1:

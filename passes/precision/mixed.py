@@ -153,7 +153,7 @@ class MixedPrecision(Seasoning):
             if node.op in ALWAYS_FP32:
                 keep(node, "kept_blocked", f"{node.op} always runs in FP32")
             elif node.op in excluded_ops or node.name in excluded_nodes:
-                keep(node, "kept_user", "excluded by the user")
+                keep(node, "kept_excluded", "in op_types_to_exclude or nodes_to_exclude")
             elif not _schema_admits(node, opset, self.onnx_low):
                 keep(node, "kept_blocked", f"{node.op} has no {self.low.name} kernel in the spec")
             elif any(id(t) in outer for t in node.outputs):

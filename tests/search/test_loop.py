@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from graphs import conv_bn, matmul_chain, wasteful
 
+from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.metrics import Metric
 from routetune.registry import Registry
@@ -190,12 +191,15 @@ def test_winner_files_are_written(registry: Registry, tmp_path: Path) -> None:
 
 def test_not_applicable_seasonings_are_listed(registry: Registry, tmp_path: Path) -> None:
     model = matmul_chain(tmp_path / "chain.onnx", depth=2)
-    result = run(registry, model, tmp_path / "out", seasonings=("fuse-bn-into-conv",))
+    result = run(registry, model, tmp_path / "out",
+                 seasonings=("fuse-bn-into-conv", "ort-no-spinning"))
     assert "fuse-bn-into-conv" in result.not_applicable
     skipped = by_route(result)["fuse-bn-into-conv"]
     assert skipped.status == "skipped" and skipped.reason == result.not_applicable[
         "fuse-bn-into-conv"]
-    assert result.space_size == 1
+    assert result.space_size == 2
+    with pytest.raises(UsageError, match="none applies here .fuse-bn-into-conv: no Conv"):
+        run(registry, model, tmp_path / "out2", seasonings=("fuse-bn-into-conv",))
 
 
 def test_a_faster_exact_route_wins_and_is_confirmed_side_by_side(

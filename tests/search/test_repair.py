@@ -45,9 +45,20 @@ def test_counts_double_until_a_pass_then_bisect(needed: int, ranked: int, tried:
                                                 "stats": {"ranked": ranked}}),
                      latency=lat, base_latency=Latency(10, *[1.0] * 6))
 
-    bisect_repair(parse_route("fp16,ort-threads{intra_op=1}"), 1, visit)
+    skipped: list[tuple[str, str]] = []
+    bisect_repair(parse_route("fp16,ort-threads{intra_op=1}"), 1, visit,
+                  lambda route, why: skipped.append((str(route), why)))
     assert [count_of(r) for r in seen] == tried
     assert str(seen[0]) == "fp16,precision-repair,ort-threads{intra_op=1}"
+    if needed == 50:  # stopped for speed: the next count is recorded as not tried, and why
+        assert skipped == [("fp16,precision-repair{count=64},ort-threads{intra_op=1}",
+                            "repair stopped: with 32 of 80 nodes in FP32 it is no faster "
+                            "than the base route (0.98x)")]
+    elif needed == 25:
+        assert skipped[0][1] == ("repair stopped: 20 of 40 nodes in FP32 still fail; keeping "
+                                 "more than half of them is the FP32 model again")
+    else:
+        assert skipped == []
 
 
 def test_the_repair_goes_right_after_the_one_precision_step(registry: Registry) -> None:
@@ -68,12 +79,16 @@ def test_the_fastest_failing_route_of_each_precision_seasoning_is_repaired_once(
             trial("fp16,ort-threads{intra_op=1}", "accuracy-failed", 3.5),
             trial("fp16,ort-threads{intra_op=2}", "ok", 1.0),
             trial("fold-constants", "accuracy-failed", 1.0)]
-    assert [(str(r), at) for r, at in repairs(done, registry, set())] == [
-        ("fp16,ort-threads{intra_op=1}", 1), ("int8-qdq{per_channel=false}", 1)]
-    assert [str(r) for r, _ in repairs(done, registry, {"fp16"})] == [
+    assert [(str(r), at, why) for r, at, why in repairs(done, registry, set())] == [
+        ("fp16,ort-threads{intra_op=1}", 1, None), ("int8-qdq{per_channel=false}", 1, None)]
+    assert [str(r) for r, _, _ in repairs(done, registry, {"fp16"})] == [
         "int8-qdq{per_channel=false}"]
-    # a failing route no faster than the base route (4 ms) is not worth repairing
-    assert repairs([trial("fp16", "accuracy-failed", 4.5)], registry, set()) == []
+    # a failing route no faster than the base route (4 ms) is not worth repairing, and
+    # the search says so
+    [(route, _, why)] = repairs([trial("fp16", "accuracy-failed", 4.5)], registry, set())
+    assert why == ("not repaired: 'fp16', the fastest route of fp16 that failed accuracy, "
+                   "is no faster than the base route (0.89x); keeping nodes in FP32 would "
+                   "only slow it down")
 
 
 def test_a_failing_int8_route_is_repaired_with_as_few_fp32_nodes_as_bisection_finds(

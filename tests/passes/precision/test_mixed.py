@@ -158,7 +158,7 @@ def test_large_value_between_blocked_ops_never_narrows() -> None:
     assert low_nodes(out) == set()
     assert [n.op_type for n in out.graph.node] == ["Mul", "Relu", "Div"]
     assert not narrow_widen_pairs(out)
-    assert result.stats["kept_user"] == 2 and result.stats["kept_data_max"] == 1
+    assert result.stats["kept_excluded"] == 2 and result.stats["kept_data_max"] == 1
 
 
 def test_if_subgraph_keeps_its_outer_inputs_fp32() -> None:

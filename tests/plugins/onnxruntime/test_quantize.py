@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
+from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
@@ -331,12 +332,17 @@ def test_tune_int8_on_a_small_model(registry: Registry, tmp_path: Path) -> None:
 def test_tune_int8_skips_a_quantized_model(registry: Registry, tmp_path: Path) -> None:
     _, qdq = season(Int8Qdq, conv_matmul())
     onnx.save(qdq, tmp_path / "q.onnx")
-    result = tune(TuneOptions(model=tmp_path / "q.onnx", seasonings=("int8-qdq",),
+    result = tune(TuneOptions(model=tmp_path / "q.onnx", seasonings=("int8-qdq", "ort-threads"),
                               search="exhaustive", measure=SHORT, output=tmp_path / "out"),
                   registry)
     assert result.not_applicable["int8-qdq"].startswith("the model is quantized already")
-    assert [(t.route, t.status, t.reason) for t in result.trials if t.route != "base"] == [
-        ("int8-qdq", "skipped", result.not_applicable["int8-qdq"])]
+    assert ("int8-qdq", "skipped", result.not_applicable["int8-qdq"]) in [
+        (t.route, t.status, t.reason) for t in result.trials]
+    # named alone, nothing is left to search: a usage error with the reason
+    with pytest.raises(UsageError, match="--seasonings int8-qdq: none applies here "
+                       r"\(int8-qdq: the model is quantized already"):
+        tune(TuneOptions(model=tmp_path / "q.onnx", seasonings=("int8-qdq",),
+                         output=tmp_path / "out2"), registry)
 
 
 @pytest.mark.slow
