@@ -35,7 +35,9 @@ def mul_by_one(path: Path) -> Path:
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [one])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # onnx >= 1.19 writes IR 11+, which older onnxruntime refuses
+    onnx.save(model, path)
     return path
 
 

@@ -42,6 +42,7 @@ def make_model(
         nodes, tensors = constants + nodes, []
     graph = helper.make_graph(nodes, "g", list(inputs), list(outputs), tensors)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # onnx >= 1.19 writes IR 11+, which older onnxruntime refuses
     onnx.checker.check_model(model, full_check=True)
     return model
 

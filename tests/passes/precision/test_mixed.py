@@ -75,6 +75,7 @@ def make(nodes: list, inputs: list, outputs: list, inits: list = (),
          opset: int = 17) -> onnx.ModelProto:
     model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
                               opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8  # onnx >= 1.19 writes IR 11+, which older onnxruntime refuses
     onnx.checker.check_model(model, full_check=True)
     return model
 
