@@ -119,8 +119,9 @@ def inferred_types(graph: gs.Graph) -> Iterator[int]:
     Inside the block every `gs.Variable` that is neither a graph input nor a graph
     output carries the dtype and shape ONNX shape inference found for it. On exit, the
     tensors that are still variables get back what they declared before, so the block
-    adds no ``value_info`` of its own to the exported model. Graph inputs and outputs are
-    never touched: they are the model's signature.
+    adds no ``value_info`` of its own to the exported model, except a dtype or shape
+    that the block itself changed (``fp16`` making a tensor float16): that one stays.
+    Graph inputs and outputs are never touched: they are the model's signature.
 
     Yields:
         The number of tensors whose type or shape changed.
@@ -128,7 +129,7 @@ def inferred_types(graph: gs.Graph) -> Iterator[int]:
     inferred = infer(graph)
     inferred_tensors = inferred.tensors() if inferred is not None else {}
     io = {id(t) for t in graph.inputs + graph.outputs}
-    saved: dict[int, tuple[gs.Variable, object, object]] = {}
+    saved: dict[int, tuple[gs.Variable, tuple[object, object], tuple[object, object]]] = {}
     for name, tensor in graph.tensors().items():
         source = inferred_tensors.get(name)
         if not isinstance(tensor, gs.Variable) or id(tensor) in io or source is None:
@@ -136,14 +137,19 @@ def inferred_types(graph: gs.Graph) -> Iterator[int]:
         dtype = source.dtype if source.dtype is not None else tensor.dtype
         shape = source.shape if source.shape is not None else tensor.shape
         if (dtype, shape) != (tensor.dtype, tensor.shape):
-            saved[id(tensor)] = (tensor, tensor.dtype, tensor.shape)
+            saved[id(tensor)] = (tensor, (tensor.dtype, tensor.shape), (dtype, shape))
             tensor.dtype, tensor.shape = dtype, shape
     try:
         yield len(saved)
     finally:
-        for tensor, dtype, shape in saved.values():
-            if isinstance(tensor, gs.Variable):  # folded tensors became gs.Constant
-                tensor.dtype, tensor.shape = dtype, shape
+        for tensor, (dtype, shape), (given_dtype, given_shape) in saved.values():
+            if not isinstance(tensor, gs.Variable):  # folded tensors became gs.Constant
+                continue
+            # what the block itself set (a precision change) stays; what it lent goes back
+            if tensor.dtype is given_dtype or tensor.dtype == given_dtype:
+                tensor.dtype = dtype
+            if tensor.shape == given_shape:
+                tensor.shape = shape
 
 
 def unique_name(base: str, taken: set[str]) -> str:

@@ -209,6 +209,25 @@ def test_bf16_is_not_applicable_on_the_cpu_provider_and_that_is_true() -> None:
         run(out, feed)
 
 
+def test_a_tensor_declared_with_unknown_dims_still_becomes_float16() -> None:
+    # torch's exporter writes value_info with symbolic dims ('unk__0') that shape
+    # inference makes concrete; the type change must outlive that loan (BERT export)
+    ints = [numpy_helper.from_array(np.array([v], np.int64), n)
+            for n, v in (("start", 0), ("end", 3), ("axis", 1))]
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", "start", "end", "axis"], ["s"], name="slice"),
+         helper.make_node("Relu", ["s"], ["y"], name="relu")],
+        "g", [f32("x", [2, 6])], [f32("y", [2, 3])], ints,
+        value_info=[helper.make_tensor_value_info("s", TensorProto.FLOAT, ["unk__0", "unk__1"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    _, out = convert(model, [{"x": x}])  # convert() runs the full checker
+    types = {v.name: v.type.tensor_type.elem_type for v in out.graph.value_info}
+    assert types.get("s") == TensorProto.FLOAT16
+    np.testing.assert_array_equal(run(out, {"x": x})[0], x[:, :3])
+
+
 def test_keep_io_types_false_gives_a_model_that_takes_and_returns_float16(
         tmp_path: Path) -> None:
     model = onnx.load(conv_bn(tmp_path / "m.onnx", batch=1))
