@@ -56,7 +56,7 @@ def main() -> None:
 
     from routetune.measure import MeasureSettings
     from routetune.plugin_manager import load_registry
-    from routetune.plugins.onnxruntime.cuda import cuda_versions
+    from routetune.plugins.cuda import cuda_versions
 
     registry = load_registry()
     settings = MeasureSettings(warmup=10, min_runs=30, min_time_s=args.min_time)

@@ -8,6 +8,7 @@ from routetune.backend import Backend, Engine, OptionSpec, Runner
 from routetune.errors import (
     BackendError,
     BuildError,
+    EngineNotRunnable,
     PluginError,
     PostconditionError,
     RoutetuneError,
@@ -16,6 +17,7 @@ from routetune.errors import (
     UsageError,
 )
 from routetune.hookspecs import PROJECT
+from routetune.profile import ShapeProfile
 from routetune.route import Route, Step, parse_route
 from routetune.seasoning import (
     Param,
@@ -36,6 +38,7 @@ __all__ = [
     "BackendError",
     "BuildError",
     "Engine",
+    "EngineNotRunnable",
     "OptionSpec",
     "Param",
     "PassResult",
@@ -47,6 +50,7 @@ __all__ = [
     "RoutetuneError",
     "Runner",
     "Seasoning",
+    "ShapeProfile",
     "SeasoningError",
     "SeasoningInfo",
     "Step",

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from routetune.errors import BackendError
+from routetune.profile import ShapeProfile
 
 Feed = Mapping[str, np.ndarray]
 
@@ -111,9 +112,20 @@ class Backend:
 
     Class attributes:
         name: The ``--backend`` value.
+        base_pipeline: Seasonings every route of this backend starts with, applied once
+            to the prepared model and recorded with every trial (TensorRT's preflight
+            rewrites, for example).
+
+    Args:
+        profile: The optimisation profile of the model's dynamic inputs; backends that
+            build for fixed shape ranges (TensorRT) need it, others ignore it.
     """
 
     name: ClassVar[str]
+    base_pipeline: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, profile: ShapeProfile | None = None) -> None:
+        self.profile = profile
 
     def available(self) -> str | None:
         """Return why this backend cannot be used here, or None when it can."""
@@ -177,8 +189,17 @@ class Backend:
         """
         return False
 
-    def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path) -> Engine:
+    def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path,
+              key: str = "") -> Engine:
         """Build an engine from an ONNX file with full `settings`.
+
+        Args:
+            model_path: The candidate model.
+            settings: Full build settings (`full_settings`).
+            workdir: Where the backend may keep files that outlive the build (engine
+                files, a timing cache); the search passes ``OUTDIR/artifacts``.
+            key: The trial's fingerprint, to name a stored engine file so that a resumed
+                search reuses it; empty for an engine that is not kept.
 
         Raises:
             BuildError: The backend refused the model or the options.
@@ -186,7 +207,12 @@ class Backend:
         raise NotImplementedError
 
     def open(self, engine: Engine) -> Runner:
-        """Open a built engine for inference."""
+        """Open a built engine for inference.
+
+        Raises:
+            EngineNotRunnable: This device or runtime cannot run the engine; the search
+                records the trial as ``build-only``.
+        """
         raise NotImplementedError
 
     def evaluate(self, model: Any, feeds: list[Feed]) -> list[dict[str, np.ndarray]]:

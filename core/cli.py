@@ -17,6 +17,7 @@ from routetune.display import components_table, seasonings_table, trials_table
 from routetune.errors import RoutetuneError
 from routetune.measure import MeasureSettings
 from routetune.plugin_manager import load_registry
+from routetune.space import parse_space
 from routetune.tune import Prepared, TuneOptions, tune
 
 app = typer.Typer(
@@ -34,12 +35,16 @@ def tune_command(
     output: Annotated[Path | None, typer.Option(help="Output directory (default: routetune-out/MODEL-STEM).")] = None,
     backend: Annotated[str, typer.Option(help="Backend that builds and runs engines.")] = "onnxruntime",
     seasonings: Annotated[str | None, typer.Option(help="Restrict the space to these seasonings, comma-separated (default: all applicable).")] = None,
-    search: Annotated[str, typer.Option(help="Search strategy: beam or exhaustive.")] = "beam",
+    search: Annotated[str, typer.Option(help="Search strategy: beam, exhaustive, one-at-a-time or mixed.")] = "beam",
     beam_width: Annotated[int, typer.Option(help="Routes kept per depth by beam search.")] = 3,
     max_depth: Annotated[int, typer.Option(help="Seasonings per route at most.")] = 3,
     accuracy: Annotated[str, typer.Option(help="Accuracy constraint, e.g. 'cos>=0.999' or 'out0:linf<=0.01'.")] = DEFAULT_ACCURACY,
     inputs: Annotated[Path | None, typer.Option(help="Validation inputs: an .npz file or a directory of them.")] = None,
-    shapes: Annotated[str | None, typer.Option(help="Shapes of dynamic inputs, trtexec style: x:1x3x320x320.")] = None,
+    shapes: Annotated[str | None, typer.Option(help="Shapes of dynamic inputs, trtexec style: x:1x3x320x320 (min, opt and max at once).")] = None,
+    min_shapes: Annotated[str | None, typer.Option(help="Optimisation profile min shapes (default: opt).")] = None,
+    opt_shapes: Annotated[str | None, typer.Option(help="Optimisation profile opt shapes; accuracy and latency are taken here (default: --shapes).")] = None,
+    max_shapes: Annotated[str | None, typer.Option(help="Optimisation profile max shapes (default: opt).")] = None,
+    space: Annotated[list[str] | None, typer.Option(help="Values to search for one parameter: SEASONING:PARAM=V1|V2 (repeatable).")] = None,
     fresh: Annotated[bool, typer.Option("--fresh/--resume", help="Ignore stored trials (the old store is moved aside), or reuse them.")] = False,
     max_trials: Annotated[int | None, typer.Option(help="Stop after this many trials.")] = None,
     time_budget: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
@@ -55,7 +60,8 @@ def tune_command(
         seasonings=tuple(s.strip() for s in seasonings.split(",") if s.strip())
         if seasonings is not None else None,
         search=search, beam_width=beam_width, max_depth=max_depth, accuracy=accuracy,
-        inputs=inputs, shapes=shapes, fresh=fresh, max_trials=max_trials,
+        inputs=inputs, shapes=shapes, min_shapes=min_shapes, opt_shapes=opt_shapes,
+        max_shapes=max_shapes, space=parse_space(space or ()), fresh=fresh, max_trials=max_trials,
         time_budget_s=time_budget,
         measure=MeasureSettings(min_runs=min_runs, min_time_s=min_time),
     )

@@ -10,8 +10,12 @@ from routetune.store import Trial
 
 STATUS_STYLE = {
     "ok": "green", "accuracy-failed": "yellow", "build-failed": "red",
-    "crashed": "red", "skipped": "dim",
+    "crashed": "red", "skipped": "dim", "build-only": "cyan",
 }
+
+
+SHOWN_PARAMS = 12
+"""Parameters listed per seasoning by ``routetune seasonings`` (TensorRT has ~200 knobs)."""
 
 
 def accuracy_text(trial: Trial, registry: Registry) -> str:
@@ -99,8 +103,10 @@ def seasonings_table(registry: Registry) -> Table:
     for name, entry in sorted(registry.seasonings.items()):
         info = entry.item.info
         params = "; ".join(
-            f"{p.name}={'|'.join(map(str, p.choices))} (default {p.default})" for p in info.params
-        )
+            f"{p.name}={'|'.join(map(str, p.choices))} (default {p.default})"
+            for p in info.params[:SHOWN_PARAMS])
+        if len(info.params) > SHOWN_PARAMS:
+            params += f"; … {len(info.params) - SHOWN_PARAMS} more"
         cons = " ".join(
             f"{label} {','.join(sorted(v))}" for label, v in (
                 ("requires", info.requires), ("conflicts", info.conflicts),
@@ -109,7 +115,7 @@ def seasonings_table(registry: Registry) -> Table:
         summary = info.summary
         for backend in backends:
             why = entry.item().supports(backend)
-            if why and not info.backends:
+            if why and (not info.backends or backend.name in info.backends):
                 summary += f" [yellow](not on {backend.name}: {escape(why)})[/]"
         plugin = f"{entry.plugin} ({registry.plugins.get(entry.plugin, '?')})"
         table.add_row(name, info.stage, escape(params), cons,

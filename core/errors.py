@@ -46,5 +46,13 @@ class BuildError(BackendError):
     """A backend could not build an engine from a candidate model."""
 
 
+class EngineNotRunnable(BackendError):
+    """The engine was built, but this device or runtime cannot run it.
+
+    The search records the trial as ``build-only`` with this message (for example
+    TensorRT-RTX on a compute capability 9.0 GPU, or no GPU at all).
+    """
+
+
 class StorageError(RoutetuneError):
     """The trial store could not be opened, read or written."""

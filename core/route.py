@@ -115,12 +115,13 @@ def _format_value(value: ParamValue) -> str:
         return repr(value)
     if isinstance(value, int):
         return str(value)
-    if _BARE.fullmatch(value) and _parse_scalar(value) == value:
+    if _BARE.fullmatch(value) and parse_scalar(value) == value:
         return value
     return json.dumps(value)
 
 
-def _parse_scalar(word: str) -> ParamValue:
+def parse_scalar(word: str) -> ParamValue:
+    """Read one bare word as route text does: ``true``/``false``, int, float, or str."""
     if word in ("true", "false"):
         return word == "true"
     if _INT.fullmatch(word):
@@ -205,4 +206,4 @@ class _Parser:
                 raise self.fail(f"bad quoted string ({e.msg})") from e
             self.pos = end
             return str(value)
-        return _parse_scalar(self.word())
+        return parse_scalar(self.word())

@@ -64,7 +64,7 @@ class Param:
         if value in self.choices or value == self.default or value in self.allowed:
             return value
         if self.allowed:
-            known = "|".join(str(c) for c in (*self.choices, *self.allowed))
+            known = "|".join(str(c) for c in dict.fromkeys((*self.choices, *self.allowed)))
             raise UsageError(f"parameter '{self.name}': {value!r} is not one of {known}")
         expected = type(self.default)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):

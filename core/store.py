@@ -50,8 +50,10 @@ CREATE TABLE trials (
 );
 """
 
-STATUSES = ("ok", "accuracy-failed", "build-failed", "crashed", "skipped")
-"""Trial statuses. Only ``ok`` can win."""
+STATUSES = ("ok", "accuracy-failed", "build-failed", "build-only", "crashed", "skipped")
+"""Trial statuses. Only ``ok`` can win. ``build-only``: the engine was built, but this
+device cannot run it (`routetune.errors.EngineNotRunnable`), so it was not checked or
+timed."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from routetune.measure import Latency, MeasureSettings
 from routetune.model import PreparedModel, prepare, sha256
 from routetune.outdir import locked, make_outdir, move_aside
 from routetune.plugin_manager import load_registry
+from routetune.profile import ShapeProfile, make_profile
 from routetune.recipe import write_winner_recipe
 from routetune.registry import Registry
 from routetune.route import Route, Step
@@ -32,6 +33,7 @@ from routetune.search.loop import Budget, SearchLoop
 from routetune.search.repair import REPAIR
 from routetune.search.strategy import SearchConfig, rank_key
 from routetune.seasoning import SeasoningInfo
+from routetune.space import restrict_space
 from routetune.store import FILENAME, Trial, TrialStore
 
 logger = logging.getLogger(__name__)
@@ -52,7 +54,15 @@ class TuneOptions:
         max_depth: Seasonings per route at most; None for no limit.
         accuracy: The accuracy expression.
         inputs: An ``.npz`` file or a directory of them.
-        shapes: trtexec-style shapes for dynamic inputs (``x:1x3x320x320``).
+        shapes: trtexec-style shapes for dynamic inputs (``x:1x3x320x320``); sets the
+            min, opt and max shapes of the optimisation profile at once.
+        min_shapes: The profile's min shapes (trtexec ``--minShapes``); default: opt.
+        opt_shapes: The profile's opt shapes, at which accuracy is checked and latency
+            measured (trtexec ``--optShapes``); default: `shapes`.
+        max_shapes: The profile's max shapes (trtexec ``--maxShapes``); default: opt.
+        space: Per seasoning, per parameter, the values the search tries instead of the
+            parameter's own choices (``--space fp16:keep_io_types=true``); the only way
+            to search an open-ended parameter such as an unbounded TensorRT knob.
         fresh: Ignore the stored trials (the old store is moved aside, not deleted).
         max_trials: Trial budget.
         time_budget_s: Wall-clock budget in seconds.
@@ -70,6 +80,10 @@ class TuneOptions:
     accuracy: str = DEFAULT_ACCURACY
     inputs: Path | None = None
     shapes: str | None = None
+    min_shapes: str | None = None
+    opt_shapes: str | None = None
+    max_shapes: str | None = None
+    space: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
     fresh: bool = False
     max_trials: int | None = None
     time_budget_s: float | None = None
@@ -132,6 +146,7 @@ class Prepared:
     settings_hash: str
     source: Mapping[str, Any]
     repair: bool = False
+    profile: ShapeProfile | None = None
 
 
 def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared:
@@ -154,14 +169,15 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         raise UsageError(f"--seasonings {pinned[0]}: takes seasoning names only; the search "
                          f"tries each seasoning's parameter choices itself; give "
                          f"'{pinned[0].split('{')[0]}'")
-    if opts.inputs is not None and opts.shapes:
-        raise UsageError("--shapes with --inputs: the inputs fix the shapes; give one of them")
+    if opts.inputs is not None and (opts.shapes or opts.opt_shapes):
+        raise UsageError("--shapes with --inputs: the inputs fix the (opt) shapes; give one "
+                         "of them (--min-shapes and --max-shapes may go with --inputs)")
     if opts.time_budget_s is not None and opts.time_budget_s <= 0:
         raise UsageError(f"--time-budget {opts.time_budget_s}: must be positive (seconds)")
     backend = _backend(registry, opts.backend)
     registry.strategy(opts.search)  # an unknown name fails here, before any work
     source: dict[str, Any] = {}
-    given_shapes = parse_shapes(opts.shapes)
+    given_shapes = {**parse_shapes(opts.shapes), **parse_shapes(opts.opt_shapes)}
     if opts.example and opts.model is not None:
         raise UsageError("give either MODEL.onnx or --example NAME, not both")
     example = examples.get_example(opts.example) if opts.example else None
@@ -179,6 +195,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     if opts.inputs is not None:
         feeds = load_npz(opts.inputs, model.inputs)
         source["inputs"] = str(opts.inputs.resolve())
+        shapes = {s.name: tuple(feeds[0][s.name].shape) for s in model.inputs}
     else:
         shapes = resolve_shapes(model.inputs, given_shapes)
         if example is not None:
@@ -186,18 +203,24 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         else:
             feeds = synthesize(model.inputs, shapes)
         source["shapes"] = ",".join(f"{k}:{'x'.join(map(str, v))}" for k, v in shapes.items())
+    profile = make_profile(model.inputs, shapes, opts.min_shapes or opts.shapes,
+                           opts.max_shapes or opts.shapes)
+    backend = type(backend)(profile)
     constraint = parse_accuracy(opts.accuracy, registry, [o.name for o in model.outputs])
     infos, not_applicable = _offered(registry, backend, model, opts.seasonings)
     if opts.seasonings is not None:
         _check_named(opts.seasonings, infos, not_applicable)
+    infos = restrict_space(infos, opts.space, not_applicable, registry)
     space = RouteSpace(infos, opts.max_depth)
     inputs_hash = sha256(b"".join(a.tobytes() + str(a.shape).encode()
                                   for f in feeds for a in f.values()))
     settings_hash = sha256(json.dumps(
-        [inputs_hash, constraint.text, asdict(opts.measure)]).encode())
+        [inputs_hash, constraint.text, asdict(opts.measure), str(profile)]).encode())
     repair = any(info.name == REPAIR for info in infos)
+    if profile.shapes:
+        source["profile"] = str(profile)
     return Prepared(registry, model, backend, feeds, constraint, space, not_applicable,
-                    outdir, settings_hash, source, repair)
+                    outdir, settings_hash, source, repair, profile)
 
 
 def tune(
@@ -296,6 +319,9 @@ def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
     """
     base = next(t for t in trials if t.route == "base")
     accurate = sorted((t for t in trials if t.status == "ok" and t.latency), key=rank_key)
+    if not accurate and base.status == "build-only":
+        return base, ("engines were built but this device cannot run them (build-only), so "
+                      "nothing was checked or timed; the base route is the fallback")
     if not accurate:
         return base, "no route met the accuracy constraint; the base route is the fallback"
     fastest = accurate[0]

@@ -25,6 +25,7 @@ from routetune.accuracy import Constraint, check_accuracy
 from routetune.backend import Backend, Runner
 from routetune.errors import (
     BackendError,
+    EngineNotRunnable,
     PluginError,
     PostconditionError,
     RoutetuneError,
@@ -116,8 +117,10 @@ class SearchLoop:
         """Why the last `run` stopped before the strategy was done, or None."""
         self.device = backend.device()
         self.versions = _versions(backend)
+        self.workdir = outdir / "artifacts"
         self._snapshots: OrderedDict[Route, Snapshot] = OrderedDict()
-        self._snapshots[Route()] = (model.data, [], None)
+        self.base_data, self.base_passes = self._base_pipeline()
+        self._snapshots[Route()] = (self.base_data, self.base_passes, None)
         self._base: Runner | bool | None = None
         self._candidates = {
             t.candidate_sha256: t.route for t in store.trials()
@@ -211,8 +214,9 @@ class SearchLoop:
         runners = []
         try:
             for t in trials:
-                path = self.outdir / t.artifact
-                runners.append(self.backend.open(self.backend.build(path, t.settings, path.parent)))
+                engine = self.backend.build(self.outdir / t.artifact, t.settings, self.workdir,
+                                            t.fingerprint)
+                runners.append(self.backend.open(engine))
             return measure_side_by_side(runners, self.feeds, self.measure_settings)
         finally:
             for runner in runners:
@@ -252,14 +256,22 @@ class SearchLoop:
         }
         try:
             t0 = time.perf_counter_ns()
-            engine = self.backend.build(artifact, settings, artifact.parent)
+            engine = self.backend.build(artifact, settings, self.workdir, fingerprint)
             fields["build_ms"] = (time.perf_counter_ns() - t0) / 1e6
             fields["engine_bytes"] = engine.size_bytes
         except (RoutetuneError, Exception) as e:  # a backend may raise anything
             return self._record(route, fingerprint, "build-failed", _describe(e), **fields)
         self._candidates.setdefault(candidate, str(route))
         try:
-            with self.backend.open(engine) as runner:
+            runner = self.backend.open(engine)
+        except EngineNotRunnable as e:
+            built = f"built ({engine.size_bytes} bytes in {fields['build_ms'] / 1000:.2f} s)"
+            return self._record(route, fingerprint, "build-only", f"{built}, not run: {e}",
+                                **fields)
+        except Exception as e:  # a crash inside one candidate never stops the search
+            return self._record(route, fingerprint, "crashed", _describe(e), **fields)
+        try:
+            with runner:
                 outputs = [runner.infer(feed) for feed in self.feeds]
                 verdict = check_accuracy(self.constraint, self.registry, outputs, self.references)
                 fields["accuracy"] = verdict.metrics
@@ -315,9 +327,10 @@ class SearchLoop:
     def _base_runner(self) -> Runner | None:
         """The base route's engine, opened once and kept for paired measurements."""
         if self._base is None:
-            path = self._save_model(self.model.data)
+            path = self._save_model(self.base_data)
             try:
-                engine = self.backend.build(path, self.backend.full_settings({}), path.parent)
+                engine = self.backend.build(path, self.backend.full_settings({}), self.workdir,
+                                            self.fingerprint(Route()))
                 self._base = self.backend.open(engine)
             except Exception as e:  # the base trial records the same failure
                 logger.warning("base route cannot be built for paired timing: %s", e)
@@ -329,6 +342,27 @@ class SearchLoop:
         if self._base:
             self._base.close()
         self._base = None
+
+    def _base_pipeline(self) -> tuple[bytes, list[dict[str, Any]]]:
+        """Apply the backend's base pipeline (`Backend.base_pipeline`) to the model.
+
+        Returns:
+            The model every route starts from, and one pass record per step.
+
+        Raises:
+            SeasoningError: A step failed; no route can be built.
+            PostconditionError: A step broke the model or its signature.
+        """
+        if not self.backend.base_pipeline:
+            return self.model.data, []
+        state = RouteState(gs.import_onnx(self.model.proto))
+        passes = []
+        for name in self.backend.base_pipeline:
+            record = self._step(Step(name), state, Route())
+            passes.append({**record, "base_pipeline": True})
+        exported = gs.export_onnx(state.graph)
+        check_candidate(exported, self.model.signature)
+        return exported.SerializeToString(), passes
 
     def _apply(self, route: Route) -> tuple[bytes, list[dict[str, Any]], dict[str, Any]]:
         """Apply a route's steps to the prepared model, from the longest snapshot."""

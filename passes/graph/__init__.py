@@ -5,13 +5,21 @@ from __future__ import annotations
 from routetune import hookimpl
 from routetune.passes.graph.eliminate_noops import EliminateNoops
 from routetune.passes.graph.fold_constants import FoldConstants
+from routetune.passes.graph.fold_if import FoldIf
 from routetune.passes.graph.fuse_bn_into_conv import FuseBnIntoConv
+from routetune.passes.graph.int32_limits import Int32Limits
+from routetune.passes.graph.unknown_dims import NameUnknownDims
 from routetune.registry import Registry
 
 
 @hookimpl
 def routetune_register_seasonings(registry: Registry) -> None:
-    """Register ``eliminate-noops``, ``fold-constants`` and ``fuse-bn-into-conv``."""
-    registry.add_seasoning(EliminateNoops)
-    registry.add_seasoning(FoldConstants)
-    registry.add_seasoning(FuseBnIntoConv)
+    """Register the graph rewrites, and TensorRT's preflight rewrites (not searched).
+
+    ``eliminate-noops``, ``fold-constants`` and ``fuse-bn-into-conv`` are searched;
+    ``int32-limits``, ``fold-if`` and ``name-unknown-dims`` form the ``tensorrt``
+    backend's base pipeline.
+    """
+    for cls in (EliminateNoops, FoldConstants, FuseBnIntoConv, Int32Limits, FoldIf,
+                NameUnknownDims):
+        registry.add_seasoning(cls)

@@ -91,7 +91,8 @@ class OnnxRuntimeBackend(Backend):
             specs[CONFIG + key] = OptionSpec(str, default, ("0", "1"), "session config entry")
         return specs
 
-    def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path) -> Engine:
+    def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path,
+              key: str = "") -> Engine:
         """Create an inference session for `model_path` with full `settings`.
 
         Raises:

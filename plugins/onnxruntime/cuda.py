@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 from routetune.backend import Engine, Feed, OptionSpec, Runner
 from routetune.errors import BuildError
+from routetune.plugins.cuda import cuda_versions, event_timed
 from routetune.plugins.onnxruntime.backend import NS, OnnxRuntimeBackend, session_options
 
 CUDA_NS = NS + "cuda."
@@ -60,23 +61,6 @@ def provider_defaults() -> dict[str, str]:
         return dict(session.get_provider_options().get(PROVIDER, {}))
     except Exception:  # noqa: BLE001 - any failure means: no usable provider
         return {}
-
-
-def cuda_versions() -> dict[str, str]:
-    """GPU name, driver and CUDA runtime versions, through CuPy (device 0)."""
-    import cupy
-
-    runtime = cupy.cuda.runtime
-    props = runtime.getDeviceProperties(0)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-
-    def dotted(v: int) -> str:
-        return f"{v // 1000}.{v % 1000 // 10}"
-
-    return {"gpu": name, "cuda_driver": dotted(runtime.driverGetVersion()),
-            "cuda_runtime": dotted(runtime.runtimeGetVersion()),
-            "compute_capability": f"{props['major']}.{props['minor']}",
-            "cupy": cupy.__version__}
 
 
 class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
@@ -132,7 +116,8 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
         """The GPU computes float16 and bfloat16 natively."""
         return False
 
-    def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path) -> Engine:
+    def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path,
+              key: str = "") -> Engine:
         """Create a CUDA-provider session on a fresh CuPy stream.
 
         Raises:
@@ -270,17 +255,10 @@ class CudaRunner(Runner):
 
     def timed(self, call: Callable[[], None]) -> float:
         """Run `call` between two CUDA events on the compute stream; their gap in ms."""
-        import cupy
-
         stage = getattr(call, "stage", None)
         if stage is not None:
             stage()
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(self.stream)
-        call()
-        end.record(self.stream)
-        end.synchronize()
-        return float(cupy.cuda.get_elapsed_time(start, end))
+        return event_timed(self.stream, call)
 
     def synchronize(self) -> None:
         """Wait for the compute stream."""

@@ -378,7 +378,7 @@ class Int8Qdq(_QdqSeasoning):
     """
 
     info = SeasoningInfo(
-        name="int8-qdq", stage="precision", backends=frozenset({"onnxruntime"}),
+        name="int8-qdq", stage="precision", backends=frozenset({"onnxruntime", "tensorrt"}),
         summary="INT8 Q/DQ via onnxruntime.quantization.quantize_static, calibrated on the inputs",
         params=(
             _COMMON_PARAMS[0],
@@ -394,6 +394,18 @@ class Int8Qdq(_QdqSeasoning):
         ),
     )
     max_range_ratio: ClassVar[float | None] = MAX_RANGE_RATIO
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """As `_QdqSeasoning.apply`; refuses asymmetric activations for TensorRT.
+
+        Raises:
+            ValueError: ``symmetric_activations=false`` on the ``tensorrt`` backend, whose
+                INT8 Q/DQ takes zero points of 0 only.
+        """
+        if ctx.backend.name == "tensorrt" and not self.params["symmetric_activations"]:
+            raise ValueError("TensorRT takes only symmetric INT8 (zero point 0); "
+                             "use symmetric_activations=true")
+        return super().apply(state, ctx)
 
     def quant_types(self) -> tuple[QuantType, QuantType, dict[str, Any]]:
         """QInt8 weights; QInt8 symmetric or QUInt8 asymmetric activations."""
@@ -421,7 +433,7 @@ class Fp8Qdq(_QdqSeasoning):
     """
 
     info = SeasoningInfo(
-        name="fp8-qdq", stage="precision", backends=frozenset({"onnxruntime"}),
+        name="fp8-qdq", stage="precision", backends=frozenset({"onnxruntime", "tensorrt"}),
         summary="FP8 (e4m3fn) Q/DQ via onnxruntime.quantization; TensorRT provider only",
         params=(
             _COMMON_PARAMS[0],

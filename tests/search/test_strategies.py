@@ -7,6 +7,8 @@ from routetune.measure import Latency
 from routetune.route import Route
 from routetune.search.beam import Beam
 from routetune.search.exhaustive import Exhaustive
+from routetune.search.mixed import Mixed
+from routetune.search.one_at_a_time import OneAtATime
 from routetune.search.strategy import SearchConfig
 from routetune.seasoning import Param, SeasoningInfo
 from routetune.store import Trial
@@ -77,3 +79,47 @@ def test_beam_stops_at_max_depth() -> None:
 def test_strategies_are_deterministic() -> None:
     for cls in (Exhaustive, Beam):
         assert drive(cls(space(), SearchConfig())) == drive(cls(space(), SearchConfig()))
+
+
+def paired(route: Route, ms: float, status: str = "ok", base_ms: float = 10.0) -> Trial:
+    """A trial timed alongside the base route (±1% intervals)."""
+    lat = Latency(10, ms, ms, ms, ms, ms * 0.99, ms * 1.01)
+    base = Latency(10, base_ms, base_ms, base_ms, base_ms, base_ms * 0.99, base_ms * 1.01)
+    return Trial("f" + str(route), "m", str(route), "be", "dev", "s", status, latency=lat,
+                 base_latency=base)
+
+
+def test_one_at_a_time_is_the_base_plus_each_knob_alone() -> None:
+    """trtexec's 'fast': linear in the knobs; a required seasoning comes along."""
+    infos = [*space().infos.values(),
+             SeasoningInfo(name="e", stage="build", summary="", requires=frozenset({"d"})),
+             SeasoningInfo(name="f", stage="build", summary="", conflicts=frozenset({"a"}))]
+    asked = drive(OneAtATime(RouteSpace(infos), SearchConfig()))
+    assert [[str(r) for r in b] for b in asked] == [
+        ["a", "b", "c", "c{k=2}", "c{k=3}", "d", "d,e", "f"]]
+    assert OneAtATime(RouteSpace(infos), SearchConfig()).planned() == 8
+
+
+def test_mixed_combines_only_the_changes_that_beat_the_base_beyond_noise() -> None:
+    """a: 20% faster, c{k=3}: 30% faster, b: 0.5% faster (inside the ±1% noise),
+    d: fast but inaccurate, c{k=2}: slower. Phase 2 is a × c{k∈{1,3}} only."""
+    times = {"a": 8.0, "b": 9.95, "c": 10.2, "c{k=2}": 11.0, "c{k=3}": 7.0, "d": 5.0}
+    strategy = Mixed(space(), SearchConfig())
+    strategy.tell(Route(), paired(Route(), 10.0))
+    first = strategy.ask()
+    assert [str(r) for r in first] == ["a", "b", "c", "c{k=2}", "c{k=3}", "d"]
+    for r in first:
+        strategy.tell(r, paired(r, times[str(r)], "accuracy-failed" if str(r) == "d" else "ok"))
+    second = strategy.ask()
+    assert sorted(str(r) for r in second) == ["a,c", "a,c{k=3}"]
+    for r in second:
+        strategy.tell(r, paired(r, 6.0))
+    assert strategy.ask() == []
+
+
+def test_mixed_stops_after_one_at_a_time_when_fewer_than_two_changes_help() -> None:
+    strategy = Mixed(space(), SearchConfig())
+    strategy.tell(Route(), paired(Route(), 10.0))
+    for r in strategy.ask():
+        strategy.tell(r, paired(r, 8.0 if str(r) == "a" else 10.5))
+    assert strategy.ask() == []

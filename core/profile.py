@@ -1,0 +1,101 @@
+"""Optimisation profiles: the min, opt and max shape of every dynamic input.
+
+TensorRT builds an engine for a range of shapes per dynamic input, one optimisation
+profile (``IOptimizationProfile.set_shape(name, min, opt, max)``). routetune takes them
+as trtexec does: ``--min-shapes``, ``--opt-shapes``, ``--max-shapes``, and ``--shapes``
+for all three at once (trtexec's ``--minShapes``/``--optShapes``/``--maxShapes``/
+``--shapes``). Accuracy is validated and latency measured at the opt shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from routetune.errors import UsageError
+from routetune.inputs import parse_shapes, resolve_shapes
+from routetune.model import TensorSpec
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShapeProfile:
+    """One optimisation profile.
+
+    Args:
+        shapes: Per dynamic input, its ``(min, opt, max)`` shapes; inputs with no
+            dynamic dimension are left out.
+    """
+
+    shapes: Mapping[str, tuple[Shape, Shape, Shape]]
+
+    def __str__(self) -> str:
+        """``name:min/opt/max`` per input, comma-separated (``x:1x3x32x32/2x3x32x32/4x3x32x32``)."""
+        def dims(shape: Shape) -> str:
+            return "x".join(map(str, shape))
+
+        return ",".join(f"{name}:{'/'.join(dims(s) for s in mom)}"
+                        for name, mom in self.shapes.items())
+
+    @classmethod
+    def parse(cls, text: str) -> ShapeProfile:
+        """Read the text `str` writes.
+
+        Raises:
+            UsageError: The text is not ``name:min/opt/max,...``.
+        """
+        shapes: dict[str, tuple[Shape, Shape, Shape]] = {}
+        for term in filter(None, text.split(",")):
+            name, _, triple = term.rpartition(":")
+            parts = triple.split("/")
+            try:
+                mom = tuple(tuple(int(d) for d in p.split("x")) for p in parts)
+            except ValueError:
+                mom = ()
+            if not name or len(mom) != 3:
+                raise UsageError(f"profile '{text}': cannot read '{term}'; write "
+                                 "name:MINxDIMS/OPTxDIMS/MAXxDIMS")
+            shapes[name] = mom  # type: ignore[assignment]
+        return cls(shapes)
+
+
+def make_profile(
+    specs: Sequence[TensorSpec],
+    opt: Mapping[str, Shape],
+    min_text: str | None = None,
+    max_text: str | None = None,
+) -> ShapeProfile:
+    """The profile of the dynamic inputs of `specs`, checked.
+
+    Args:
+        specs: The model's inputs.
+        opt: Every input's opt shape, already resolved (`routetune.inputs.resolve_shapes`).
+        min_text: ``--min-shapes``; an input left out takes its opt shape.
+        max_text: ``--max-shapes``; an input left out takes its opt shape.
+
+    Raises:
+        UsageError: An unknown input, a wrong rank, a size that contradicts a fixed
+            dimension, or min > opt or opt > max in some dimension.
+    """
+    bounds = {}
+    for flag, text in (("--min-shapes", min_text), ("--max-shapes", max_text)):
+        given = parse_shapes(text)
+        try:
+            bounds[flag] = resolve_shapes(specs, {**opt, **given})
+        except UsageError as e:
+            raise UsageError(f"{flag}: {str(e).removeprefix('--shapes: ')}") from e
+    shapes: dict[str, tuple[Shape, Shape, Shape]] = {}
+    for spec in specs:
+        if all(isinstance(d, int) for d in spec.shape):
+            continue
+        low, mid, high = bounds["--min-shapes"][spec.name], opt[spec.name], \
+            bounds["--max-shapes"][spec.name]
+        for i, (a, b, c) in enumerate(zip(low, mid, high, strict=True)):
+            if not a <= b <= c:
+                raise UsageError(
+                    f"input '{spec.name}' dimension {i}: min {a}, opt {b}, max {c} are not "
+                    "in order; give --min-shapes <= --opt-shapes <= --max-shapes")
+        shapes[spec.name] = (low, mid, high)
+    return ShapeProfile(shapes)
+

@@ -1,0 +1,27 @@
+"""TensorRT integration: the ``tensorrt`` backend and the ``trt-build-route`` seasoning.
+
+Works with TensorRT 11 or TensorRT-RTX (`module.find_tensorrt`); without either the
+backend is registered but unavailable, with the reason, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+from routetune import hookimpl
+from routetune.passes.build.trt_build_route import build_route_seasoning, parse_knobs
+from routetune.plugins.tensorrt.backend import TensorRtBackend, all_build_routes
+from routetune.plugins.tensorrt.module import find_tensorrt
+from routetune.registry import Registry
+
+
+@hookimpl
+def routetune_register_backends(registry: Registry) -> None:
+    """Register the ``tensorrt`` backend."""
+    registry.add_backend(TensorRtBackend)
+
+
+@hookimpl
+def routetune_register_seasonings(registry: Registry) -> None:
+    """Register ``trt-build-route`` with the installed TensorRT's knobs (maybe none)."""
+    module = find_tensorrt()
+    registry.add_seasoning(build_route_seasoning(parse_knobs(all_build_routes(module)),
+                                                 str(module)))

@@ -1,0 +1,215 @@
+"""The tensorrt backend's build path, against the real TensorRT-RTX builder (no GPU needed).
+
+Engines that must run are under ``@pytest.mark.gpu`` and skip, with the reason, where
+no GPU and runtime that accepts them exist.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from routetune.errors import BuildError, EngineNotRunnable
+from routetune.plugins.tensorrt.backend import (
+    NS,
+    TensorRtBackend,
+    _gpu,
+    all_build_routes,
+    configure,
+)
+from routetune.plugins.tensorrt.module import find_tensorrt
+from routetune.profile import ShapeProfile
+
+TRT = find_tensorrt()
+needs_trt = pytest.mark.skipif(TRT.module is None, reason=f"tensorrt backend: {TRT.reason}")
+pytestmark = needs_trt
+
+PROFILE = ShapeProfile({"x": ((1, 3, 32, 32), (2, 3, 32, 32), (4, 3, 32, 32))})
+
+
+def conv(path: Path, dims: list[int | str] | None = None) -> Path:
+    """x f32[N,3,32,32] -> Conv 'conv0' (8 channels, 3x3, pad 1) -> Relu 'relu0' -> y."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims or ["N", 3, 32, 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 3, 3, 3],
+                           np.random.default_rng(0).random(216).astype(np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv0", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"], name="relu0")], "conv", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def settings(backend: TensorRtBackend, **changes: object) -> dict:
+    return backend.full_settings({NS + k: v for k, v in changes.items()})
+
+
+def test_discovery_reports_the_module_and_version() -> None:
+    backend = TensorRtBackend(PROFILE)
+    assert backend.available() is None
+    assert TRT.name in ("tensorrt", "tensorrt_rtx", "tensorrt_rtx_bindings")
+    assert backend.version() == f"{TRT.name} {TRT.version}"
+    assert backend.versions()["tensorrt_module"] == TRT.name
+    assert backend.versions()["tensorrt"] == TRT.version
+
+
+def test_parser_errors_name_the_node_and_the_operator(tmp_path: Path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="fine"),
+                               helper.make_node("FooBar", ["r"], ["y"], name="mystery")],
+                              "bad", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "bad.onnx")
+    backend = TensorRtBackend(ShapeProfile({}))
+    with pytest.raises(BuildError) as err:
+        backend.build(tmp_path / "bad.onnx", settings(backend), tmp_path)
+    text = str(err.value)
+    assert text.startswith("TensorRT's ONNX parser refused the model: node 'mystery' (FooBar)")
+    assert text.endswith("operators it cannot take: FooBar")
+
+
+def test_profile_is_required_for_dynamic_inputs_and_recorded(tmp_path: Path) -> None:
+    model = conv(tmp_path / "m.onnx")
+    bare = TensorRtBackend(ShapeProfile({}))
+    with pytest.raises(BuildError, match="input 'x' dimension 0 is dynamic and the profile "
+                                         "has no shapes for it"):
+        bare.build(model, settings(bare), tmp_path)
+    backend = TensorRtBackend(PROFILE)
+    full = settings(backend)
+    assert full[NS + "profile"] == "x:1x3x32x32/2x3x32x32/4x3x32x32"
+    engine = backend.build(model, full, tmp_path)
+    assert engine.size_bytes > 100_000 and engine.settings[NS + "profile"] == str(PROFILE)
+    assert ShapeProfile.parse(str(PROFILE)) == PROFILE
+
+
+def test_config_knobs_are_set_and_read_back(tmp_path: Path) -> None:
+    trt = TRT.module
+    backend = TensorRtBackend(PROFILE)
+    config = trt.Builder(trt.Logger(trt.Logger.ERROR)).create_builder_config()
+    configure(trt, config, settings(backend, builder_optimization_level=0,
+                                    tiling_optimization_level="full", max_aux_streams=2,
+                                    tf32=False))
+    assert config.builder_optimization_level == 0
+    assert config.tiling_optimization_level == trt.TilingOptimizationLevel.FULL
+    assert config.max_aux_streams == 2
+    assert not config.get_flag(trt.BuilderFlag.TF32)
+    defaults = trt.Builder(trt.Logger(trt.Logger.ERROR)).create_builder_config()
+    assert backend.options()[NS + "builder_optimization_level"].default == \
+        defaults.builder_optimization_level
+    assert backend.options()[NS + "tf32"].default == defaults.get_flag(trt.BuilderFlag.TF32)
+
+
+def _differing(a: bytes, b: bytes) -> set[int]:
+    x, y = np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)
+    if len(x) != len(y):
+        return {-1}
+    return set(np.nonzero(x != y)[0].tolist())
+
+
+def test_engines_are_nonempty_and_differ_when_options_differ(tmp_path: Path) -> None:
+    """Two builds with the same options differ only in a per-build id (a few bytes);
+    TF32 off changes the plan beyond those bytes."""
+    model = conv(tmp_path / "m.onnx")
+    backend = TensorRtBackend(PROFILE)
+    a = backend.build(model, settings(backend), tmp_path).handle
+    again = backend.build(model, settings(backend), tmp_path).handle
+    no_tf32 = backend.build(model, settings(backend, tf32=False), tmp_path).handle
+    assert len(a) > 100_000
+    build_id = _differing(a, again)
+    assert len(build_id) <= 8
+    assert _differing(a, no_tf32) - build_id
+
+
+def test_plans_are_kept_by_fingerprint_and_reused(tmp_path: Path) -> None:
+    model = conv(tmp_path / "m.onnx")
+    backend = TensorRtBackend(PROFILE)
+    first = backend.build(model, settings(backend), tmp_path, key="f" * 64)
+    plan = tmp_path / "engines" / f"{'f' * 64}.plan"
+    assert first.path == plan and plan.read_bytes() == first.handle
+    stamp = plan.stat().st_mtime_ns
+    model.unlink()  # a reused plan needs neither the model nor a build
+    second = backend.build(model, settings(backend), tmp_path, key="f" * 64)
+    assert second.handle == first.handle and plan.stat().st_mtime_ns == stamp
+
+
+def test_timing_cache_is_saved_per_output_directory_and_reloaded(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The cache file is written after a build and read before the next one.
+
+    TensorRT says when it cannot load the file, and the build goes on from an empty
+    cache that is then saved. A saved cache loads silently where a GPU exists; without
+    one, TensorRT-RTX cannot deserialize any cache (it needs a CUDA context), and
+    TensorRT-RTX does no autotuning, so its cache holds no timings anyway.
+    """
+    model = conv(tmp_path / "m.onnx")
+    backend = TensorRtBackend(PROFILE)
+    cache = tmp_path / "engines" / "timing.cache"
+    backend.build(model, settings(backend), tmp_path, key="a" * 64)
+    saved = cache.read_bytes()
+    assert len(saved) > 0
+    cache.write_bytes(b"not a cache" * 10)
+    backend.build(model, settings(backend, builder_optimization_level=2), tmp_path,
+                  key="c" * 64)
+    assert f"{TRT} could not load the timing cache {cache}" in caplog.text
+    assert cache.read_bytes()[:8] == saved[:8]  # a real cache again
+    if _gpu():
+        caplog.clear()
+        backend.build(model, settings(backend, builder_optimization_level=4), tmp_path,
+                      key="b" * 64)
+        assert "could not load the timing cache" not in caplog.text
+
+
+@pytest.mark.skipif(not TRT.rtx, reason="TensorRT 11.1+ has build routes; this pins RTX")
+def test_tensorrt_rtx_has_no_build_routes_and_rejects_knobs(tmp_path: Path,
+                                                            registry) -> None:  # noqa: ANN001
+    assert all_build_routes(TRT) == ""
+    backend = TensorRtBackend(PROFILE)
+    reason = registry.seasoning("trt-build-route")().supports(backend)
+    assert f"{TRT} has no Global Performance Tuner (config.all_build_routes is empty" in reason
+    with pytest.raises(BuildError, match=r"TensorRT rejected the build route "
+                                         r"'-slice_fusion=off' \(read back ''\)"):
+        backend.build(conv(tmp_path / "m.onnx"), settings(backend,
+                      build_route="-slice_fusion=off"), tmp_path)
+
+
+@pytest.mark.skipif(bool(_gpu()), reason="this machine has a GPU; see the gpu tests")
+def test_without_a_gpu_engines_are_build_only(tmp_path: Path) -> None:
+    backend = TensorRtBackend(PROFILE)
+    engine = backend.build(conv(tmp_path / "m.onnx"), settings(backend), tmp_path)
+    with pytest.raises(EngineNotRunnable, match="no CUDA GPU here"):
+        backend.open(engine)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="no CUDA GPU (CuPy) here")
+def test_on_a_gpu_the_engine_runs_or_the_runtime_says_why(tmp_path: Path) -> None:
+    """TensorRT 11 on a supported GPU runs the engine and matches ONNX Runtime; where the
+    runtime refuses the device (TensorRT-RTX on compute capability 9.0) the backend
+    raises EngineNotRunnable with the runtime's own message."""
+    import onnxruntime as ort
+
+    backend = TensorRtBackend(PROFILE)
+    model = conv(tmp_path / "m.onnx")
+    engine = backend.build(model, settings(backend), tmp_path)
+    try:
+        runner = backend.open(engine)
+    except EngineNotRunnable as e:
+        assert TRT.rtx and "runtime refused the engine" in str(e), str(e)
+        assert "Error Code" in str(e) or "compute capability" in str(e), str(e)
+        pytest.skip(f"runtime refuses this GPU (asserted): {e}")
+    feed = {"x": np.random.default_rng(1).random((2, 3, 32, 32), dtype=np.float32)}
+    with runner:
+        got = runner.infer(feed)["y"]
+        call = runner.prepare(feed)
+        times = [runner.timed(call) for _ in range(5)]
+    want = ort.InferenceSession(str(model)).run(None, feed)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
+    assert all(t > 0 for t in times)

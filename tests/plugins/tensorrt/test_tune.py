@@ -1,0 +1,79 @@
+"""``routetune tune --backend tensorrt`` as a real subprocess, with the real builder."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from graphs import conv_bn
+
+from routetune.plugins.tensorrt.backend import _gpu
+from routetune.plugins.tensorrt.module import find_tensorrt
+
+TRT = find_tensorrt()
+pytestmark = pytest.mark.skipif(TRT.module is None, reason=f"tensorrt backend: {TRT.reason}")
+
+
+def routetune(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.skipif(bool(_gpu()), reason="a GPU here runs the engines; this pins build-only")
+def test_every_route_is_built_and_recorded_build_only_then_resumed(tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    args = ["tune", str(model), "--backend", "tensorrt", "--shapes", "x:2x3x32x32",
+            "--max-shapes", "x:4x3x32x32", "--search", "one-at-a-time", "--output", str(out),
+            "--seasonings", "fuse-bn-into-conv,trt-opt-level,trt-tf32,trt-build-route"]
+    first = routetune(*args)
+    assert first.returncode == 0, first.stderr
+    rows = sqlite3.connect(out / "trials.sqlite").execute(
+        "SELECT route, status, reason, fingerprint, passes, settings, versions FROM trials"
+    ).fetchall()
+    status = {r[0]: r[1] for r in rows}
+    assert status == {
+        "base": "build-only", "fuse-bn-into-conv": "build-only", "trt-opt-level": "build-only",
+        "trt-opt-level{level=0}": "build-only", "trt-opt-level{level=1}": "build-only",
+        "trt-opt-level{level=2}": "build-only", "trt-opt-level{level=4}": "build-only",
+        "trt-tf32": "build-only", "trt-build-route": "skipped"}
+    base = next(r for r in rows if r[0] == "base")
+    assert "not run: no CUDA GPU here" in base[2]
+    assert [p["step"] for p in json.loads(base[4])] == [
+        "int32-limits", "fold-if", "name-unknown-dims"]
+    assert json.loads(base[5])["tensorrt.profile"] == "x:2x3x32x32/2x3x32x32/4x3x32x32"
+    assert json.loads(base[6])["tensorrt_module"] == TRT.name
+    plans = {p.stem: p.stat().st_mtime_ns for p in (out / "artifacts" / "engines").glob("*.plan")}
+    assert set(plans) == {r[3] for r in rows if r[1] == "build-only"}
+    assert "winner: base (engines were built but this device cannot run them" in first.stdout
+    assert "no Global Performance Tuner" in first.stdout
+
+    again = routetune(*args)
+    assert again.returncode == 0, again.stderr
+    after = {p.stem: p.stat().st_mtime_ns for p in (out / "artifacts" / "engines").glob("*.plan")}
+    assert after == plans  # resumed from the store: nothing rebuilt
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ([], "routetune: error: input 'x' (x float32[N,3,32,32]): dimension 0 ('N') is dynamic; "
+         "give its size with --shapes x:1x3x32x32"),
+    (["--shapes", "x:2x3x32x32", "--min-shapes", "x:4x3x32x32"],
+     "routetune: error: input 'x' dimension 0: min 4, opt 2, max 2 are not in order"),
+    (["--shapes", "x:2x3x32x32", "--space", "trt-opt-level:level=0|9"],
+     "routetune: error: --space trt-opt-level:level: parameter 'level': 9 is not one of "
+     "5|4|2|1|0|3"),
+    (["--shapes", "x:2x3x32x32", "--space", "trt-opt-level"],
+     "routetune: error: --space 'trt-opt-level': write SEASONING:PARAM=VALUE1|VALUE2"),
+])
+def test_bad_profiles_and_spaces_exit_2_with_one_line(tmp_path: Path, extra: list[str],
+                                                      message: str) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    done = routetune("tune", str(model), "--backend", "tensorrt", "--output",
+                     str(tmp_path / "out"), *extra)
+    assert done.returncode == 2
+    assert done.stderr.startswith(message), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
