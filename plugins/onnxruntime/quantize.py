@@ -299,6 +299,11 @@ class _QdqSeasoning(Seasoning):
             notes.append(f"opset {_opset(model)} -> {_PER_CHANNEL_OPSET} for per-channel axis")
             model = onnx.version_converter.convert_version(model, _PER_CHANNEL_OPSET)
         activation_type, weight_type, extra = self.quant_types()
+        if ctx.backend.name == "tensorrt":
+            # TensorRT's DequantizeLinear takes FP8/FP4/INT4/INT8 only; ORT would write
+            # INT32 biases (its default QuantizeBias=True), which the parser refuses.
+            extra = {**extra, "QuantizeBias": False}
+            notes.append("biases kept in FP32 (TensorRT dequantizes no INT32)")
         with tempfile.TemporaryDirectory(prefix="routetune-qdq-") as tmp:
             src, pre, out = (str(Path(tmp) / f) for f in ("in.onnx", "pre.onnx", "q.onnx"))
             onnx.save(model, src)
@@ -372,6 +377,9 @@ class Int8Qdq(_QdqSeasoning):
        Runtime's x86 CPU kernels prefer). Weights keep all 8 bits (no ``reduce_range``):
        on x86 CPUs without VNNI, ONNX Runtime's fused per-channel kernels then saturate
        and lose accuracy that the unfused Q/DQ model keeps; the accuracy check sees it.
+       For the ``tensorrt`` backend, biases stay FP32 (``QuantizeBias=False``): TensorRT's
+       DequantizeLinear takes no INT32 input, and ``symmetric_activations=false`` fails
+       the step at once.
     4. The quantized model's nodes, inputs, outputs, opset and domains replace the
        graph's, in place. ``quantized_nodes`` counts ``op_types`` nodes that read a
        DequantizeLinear output; when it is 0 the graph is left alone (``modified=False``).

@@ -4,7 +4,8 @@ Built with TensorRT 11 where installed, else TensorRT-RTX (`module.find_tensorrt
 parse the ONNX file (``OnnxParser``), make the builder config and one optimisation
 profile, build a serialized plan (``build_serialized_network``). Precision is the
 graph's own: no FP16/INT8 builder flags exist in TensorRT 11. Plans are kept in
-``OUTDIR/artifacts/engines/<trial fingerprint>.plan`` and reused on resume; one timing
+``OUTDIR/artifacts/engines/<trial fingerprint>.plan`` and reused on resume when the
+model, settings and TensorRT version it was built from are unchanged; one timing
 cache per output directory (``engines/timing.cache``) is loaded before each build and
 saved after it. Engines run through `TensorRtRunner`; where the runtime refuses the
 device (TensorRT-RTX on compute capability 9.0, or no GPU) `open` raises
@@ -14,6 +15,8 @@ device (TensorRT-RTX on compute capability 9.0, or no GPU) `open` raises
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import warnings
 from collections.abc import Mapping
@@ -123,9 +126,12 @@ class TensorRtBackend(Backend):
                 dynamic input has no profile, or the build failed.
         """
         plan_path = workdir / "engines" / f"{key}.plan" if key else None
-        if plan_path is not None and plan_path.exists():
-            data = plan_path.read_bytes()
-            return Engine(model_path, dict(settings), plan_path, len(data), handle=data)
+        if plan_path is not None:
+            source = self._source_digest(model_path, settings)
+            stamp = plan_path.with_suffix(".sha256")
+            if plan_path.exists() and stamp.exists() and stamp.read_text() == source:
+                data = plan_path.read_bytes()
+                return Engine(model_path, dict(settings), plan_path, len(data), handle=data)
         trt = self.trt.module
         logger = make_logger(trt)
         builder = trt.Builder(logger)
@@ -153,8 +159,19 @@ class TensorRtBackend(Backend):
         data = bytes(plan)
         if plan_path is not None:
             _write(plan_path, data)
+            _write(stamp, source.encode())
         return Engine(model_path, dict(settings), plan_path or model_path, len(data),
                       handle=data)
+
+    def _source_digest(self, model_path: Path, settings: Mapping[str, Any]) -> str:
+        """sha256 of what a plan is built from: model bytes, settings, TensorRT version.
+
+        A stored plan is reused only when this matches (a changed seasoning or TensorRT
+        would otherwise hand back a stale engine under the same fingerprint).
+        """
+        digest = hashlib.sha256(model_path.read_bytes())
+        digest.update(json.dumps([dict(settings), str(self.trt)], sort_keys=True).encode())
+        return digest.hexdigest()
 
     def open(self, engine: Engine) -> Runner:
         """Deserialize the plan and wrap it in a `TensorRtRunner`.

@@ -135,9 +135,14 @@ def test_plans_are_kept_by_fingerprint_and_reused(tmp_path: Path) -> None:
     plan = tmp_path / "engines" / f"{'f' * 64}.plan"
     assert first.path == plan and plan.read_bytes() == first.handle
     stamp = plan.stat().st_mtime_ns
-    model.unlink()  # a reused plan needs neither the model nor a build
     second = backend.build(model, settings(backend), tmp_path, key="f" * 64)
     assert second.handle == first.handle and plan.stat().st_mtime_ns == stamp
+    conv(model, dims=["N", 3, 32, 32])  # the same model written again: still reused
+    assert backend.build(model, settings(backend), tmp_path, key="f" * 64).handle == first.handle
+    # another candidate under the same key (a seasoning changed): rebuilt, not reused
+    model.write_bytes(model.read_bytes().replace(b"relu0", b"relu9"))
+    rebuilt = backend.build(model, settings(backend), tmp_path, key="f" * 64)
+    assert plan.stat().st_mtime_ns != stamp and rebuilt.handle != first.handle
 
 
 def test_timing_cache_is_saved_per_output_directory_and_reloaded(
@@ -213,3 +218,43 @@ def test_on_a_gpu_the_engine_runs_or_the_runtime_says_why(tmp_path: Path) -> Non
     want = ort.InferenceSession(str(model)).run(None, feed)[0]
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
     assert all(t > 0 for t in times)
+
+
+def test_int8_qdq_for_tensorrt_keeps_biases_fp32_and_builds(tmp_path: Path,
+                                                            registry) -> None:  # noqa: ANN001
+    """ONNX Runtime's quantizer writes INT32 biases by default; TensorRT's parser refuses
+    them ("input has type Int32 but must have type FP8, FP4, Int4, Int8"), as the PP-OCR
+    benchmark showed. For this backend the seasoning leaves biases in FP32."""
+    import onnx_graphsurgeon as gs
+
+    from routetune.seasoning import RouteContext, RouteState
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 32, 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, [8, 3, 3, 3], rng.random(216)),
+             helper.make_tensor("b", TensorProto.FLOAT, [8], rng.random(8))]
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv0",
+                                                pads=[1, 1, 1, 1])], "conv", [x], [y], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    backend = TensorRtBackend(ShapeProfile({}))
+    feeds = ({"x": rng.random((2, 3, 32, 32)).astype(np.float32)},)
+    state = RouteState(gs.import_onnx(model))
+    result = registry.seasoning("int8-qdq")()(state, RouteContext(backend, feeds))
+    assert "biases kept in FP32" in result.note
+    quantized = gs.export_onnx(state.graph)
+    dq_inputs = {n.input[0] for n in quantized.graph.node if n.op_type == "DequantizeLinear"}
+    types = {i.name: i.data_type for i in quantized.graph.initializer}
+    assert all(types.get(name, TensorProto.INT8) == TensorProto.INT8 for name in dq_inputs)
+    onnx.save(quantized, tmp_path / "q.onnx")
+    engine = backend.build(tmp_path / "q.onnx", backend.full_settings({}), tmp_path)
+    assert engine.size_bytes > 0
+
+    from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+
+    for_cpu = RouteState(gs.import_onnx(model))  # the CPU's Q/DQ model: INT32 biases
+    registry.seasoning("int8-qdq")()(for_cpu, RouteContext(OnnxRuntimeBackend(), feeds))
+    onnx.save(gs.export_onnx(for_cpu.graph), tmp_path / "cpu.onnx")
+    with pytest.raises(BuildError, match="input has type Int32 but must have type"):
+        backend.build(tmp_path / "cpu.onnx", backend.full_settings({}), tmp_path)

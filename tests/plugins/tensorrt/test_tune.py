@@ -15,7 +15,7 @@ from routetune.plugins.tensorrt.backend import _gpu
 from routetune.plugins.tensorrt.module import find_tensorrt
 
 TRT = find_tensorrt()
-pytestmark = pytest.mark.skipif(TRT.module is None, reason=f"tensorrt backend: {TRT.reason}")
+needs_trt = pytest.mark.skipif(TRT.module is None, reason=f"tensorrt backend: {TRT.reason}")
 
 
 def routetune(*args: str) -> subprocess.CompletedProcess[str]:
@@ -23,6 +23,7 @@ def routetune(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=600)
 
 
+@needs_trt
 @pytest.mark.skipif(bool(_gpu()), reason="a GPU here runs the engines; this pins build-only")
 def test_every_route_is_built_and_recorded_build_only_then_resumed(tmp_path: Path) -> None:
     model = conv_bn(tmp_path / "m.onnx")
@@ -58,6 +59,7 @@ def test_every_route_is_built_and_recorded_build_only_then_resumed(tmp_path: Pat
     assert after == plans  # resumed from the store: nothing rebuilt
 
 
+@needs_trt
 @pytest.mark.parametrize(("extra", "message"), [
     ([], "routetune: error: input 'x' (x float32[N,3,32,32]): dimension 0 ('N') is dynamic; "
          "give its size with --shapes x:1x3x32x32"),
@@ -77,3 +79,31 @@ def test_bad_profiles_and_spaces_exit_2_with_one_line(tmp_path: Path, extra: lis
     assert done.returncode == 2
     assert done.stderr.startswith(message), done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+BLOCK = ("import sys\n"
+         "for name in ('tensorrt', 'tensorrt_rtx', 'tensorrt_rtx_bindings'):\n"
+         "    sys.modules[name] = None  # Python's own way to make an import fail\n"
+         "from routetune.cli import main\n"
+         "main(sys.argv[1:])\n")
+
+
+def test_without_tensorrt_the_backend_is_unavailable_and_nothing_else_breaks(
+        tmp_path: Path) -> None:
+    listed = subprocess.run([sys.executable, "-c", BLOCK, "seasonings"], capture_output=True,
+                            text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if "│ backend │ tensorrt " in line)
+    assert "unavailable: no TensorRT Python module" in row
+    model = conv_bn(tmp_path / "m.onnx")
+    refused = subprocess.run([sys.executable, "-c", BLOCK, "tune", str(model), "--backend",
+                              "tensorrt", "--shapes", "x:1x3x32x32"], capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("routetune: error: --backend tensorrt: not available "
+                                     "here (no TensorRT Python module (tensorrt: import of")
+    ort = subprocess.run([sys.executable, "-c", BLOCK, "tune", str(model), "--shapes",
+                          "x:1x3x32x32", "--seasonings", "fuse-bn-into-conv", "--min-runs", "3",
+                          "--min-time", "0.02", "--output", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=300)
+    assert ort.returncode == 0, ort.stderr
