@@ -76,6 +76,11 @@ def tune_command(
         nonlocal started
         err.print(f"model {run.model.source} (sha256 {run.model.source_sha256[:16]}), "
                   f"backend {run.backend.name} {run.backend.version()} on {run.backend.device()}")
+        if run.base_passes:
+            steps = ", ".join(
+                f"{p['step']} ({', '.join(f'{k} {v}' for k, v in p['stats'].items() if v)})"
+                if any(p["stats"].values()) else p["step"] for p in run.base_passes)
+            err.print(f"base pipeline of {run.backend.name}: {escape(steps)}")
         size, offered = run.space.size(), len(run.space.infos)
         total = None if planned is None else planned + 1  # the base route first
         err.print(f"route space: {size} route{'s' * (size != 1)} from {offered} "
@@ -107,6 +112,8 @@ def tune_command(
             f"{win.ci_high:.3f}]: {base.p50 / win.p50:.2f}x"
         )
     console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {result.outdir}")
+    if result.winner.status in ("build-failed", "crashed"):
+        raise typer.Exit(1)  # nothing usable came out: scripts must notice
 
 
 @app.command("seasonings")

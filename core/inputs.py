@@ -27,7 +27,7 @@ default value range (polygraphy/comparator/data_loader.py, ``val_range=(0.0, 1.0
 chosen because it is safe for index-like integer inputs."""
 
 
-def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
+def parse_shapes(text: str | None, flag: str = "--shapes") -> dict[str, tuple[int, ...]]:
     """Parse ``name:1x3x224x224[,name2:…]`` into a mapping.
 
     Raises:
@@ -38,7 +38,7 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
         return shapes
     for term in text.split(","):
         if term.strip().rpartition(":")[0] in shapes:
-            raise UsageError(f"--shapes '{text}': input '{term.split(':')[0]}' given twice")
+            raise UsageError(f"{flag} '{text}': input '{term.split(':')[0]}' given twice")
         name, sep, dims = term.strip().rpartition(":")
         try:
             shape = tuple(int(d) for d in dims.split("x"))
@@ -46,7 +46,7 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
             shape = ()
         if not sep or not name or not shape or min(shape) <= 0:
             raise UsageError(
-                f"--shapes '{text}': cannot read '{term}'; write name:1x3x224x224 "
+                f"{flag} '{text}': cannot read '{term}'; write name:1x3x224x224 "
                 "with positive sizes, several separated by commas"
             )
         shapes[name] = shape
@@ -54,9 +54,9 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
 
 
 def resolve_shapes(
-    specs: Sequence[TensorSpec], given: Mapping[str, tuple[int, ...]]
+    specs: Sequence[TensorSpec], given: Mapping[str, tuple[int, ...]], flag: str = "--shapes"
 ) -> dict[str, tuple[int, ...]]:
-    """Fix every input's shape from the model and ``--shapes``.
+    """Fix every input's shape from the model and `flag` (``--shapes`` or another).
 
     Raises:
         UsageError: An unknown input name, a wrong rank, a size that contradicts a fixed
@@ -66,7 +66,7 @@ def resolve_shapes(
     for name in given:
         if name not in names:
             raise UsageError(
-                f"--shapes: the model has no input '{name}'; inputs: {', '.join(names)}"
+                f"{flag}: the model has no input '{name}'; inputs: {', '.join(names)}"
             )
     shapes: dict[str, tuple[int, ...]] = {}
     for spec in specs:
@@ -77,16 +77,16 @@ def resolve_shapes(
                 i = dynamic[0]
                 raise UsageError(
                     f"input '{spec.name}' ({spec}): dimension {i} ('{spec.shape[i]}') is "
-                    f"dynamic; give its size with --shapes {spec.name}:"
+                    f"dynamic; give its size with {flag} {spec.name}:"
                     + "x".join(str(d) if isinstance(d, int) else "1" for d in spec.shape)
                     + " (1 stands for the size you want)"
                 )
             shape = tuple(int(d) for d in spec.shape)
-        _check_shape(spec, shape, "--shapes")
+        _check_shape(spec, shape, flag)
         size = int(np.prod(shape, dtype=np.float64)) * spec.dtype.itemsize
         if size > MAX_INPUT_BYTES:
             raise UsageError(
-                f"--shapes {spec.name}:{'x'.join(map(str, shape))}: one input set would take "
+                f"{flag} {spec.name}:{'x'.join(map(str, shape))}: one input set would take "
                 f"{size / 2**30:.1f} GiB; give smaller sizes (at most "
                 f"{MAX_INPUT_BYTES // 2**30} GiB per input)"
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from routetune.errors import UsageError
 from routetune.inputs import parse_shapes, resolve_shapes
@@ -65,26 +66,34 @@ def make_profile(
     opt: Mapping[str, Shape],
     min_text: str | None = None,
     max_text: str | None = None,
+    feeds: Sequence[Mapping[str, Any]] = (),
 ) -> ShapeProfile:
     """The profile of the dynamic inputs of `specs`, checked.
 
     Args:
         specs: The model's inputs.
         opt: Every input's opt shape, already resolved (`routetune.inputs.resolve_shapes`).
-        min_text: ``--min-shapes``; an input left out takes its opt shape.
-        max_text: ``--max-shapes``; an input left out takes its opt shape.
+        min_text: ``--min-shapes``; an input left out takes its opt shape, or with
+            `feeds` the smallest size in each dimension among them.
+        max_text: ``--max-shapes``; an input left out takes its opt shape, or with
+            `feeds` the largest size in each dimension among them.
+        feeds: Loaded input sets (``--inputs``); every one must fit the profile.
 
     Raises:
         UsageError: An unknown input, a wrong rank, a size that contradicts a fixed
-            dimension, or min > opt or opt > max in some dimension.
+            dimension, min > opt or opt > max in some dimension, or an input set
+            outside the profile.
     """
+    if feeds:
+        low = {k: tuple(min(f[k].shape[i] for f in feeds) for i in range(len(v)))
+               for k, v in opt.items()}
+        high = {k: tuple(max(f[k].shape[i] for f in feeds) for i in range(len(v)))
+                for k, v in opt.items()}
+        min_text = min_text or _text(low)
+        max_text = max_text or _text(high)
     bounds = {}
     for flag, text in (("--min-shapes", min_text), ("--max-shapes", max_text)):
-        given = parse_shapes(text)
-        try:
-            bounds[flag] = resolve_shapes(specs, {**opt, **given})
-        except UsageError as e:
-            raise UsageError(f"{flag}: {str(e).removeprefix('--shapes: ')}") from e
+        bounds[flag] = resolve_shapes(specs, {**opt, **parse_shapes(text, flag)}, flag)
     shapes: dict[str, tuple[Shape, Shape, Shape]] = {}
     for spec in specs:
         if all(isinstance(d, int) for d in spec.shape):
@@ -97,5 +106,19 @@ def make_profile(
                     f"input '{spec.name}' dimension {i}: min {a}, opt {b}, max {c} are not "
                     "in order; give --min-shapes <= --opt-shapes <= --max-shapes")
         shapes[spec.name] = (low, mid, high)
+        for f in feeds:
+            got = tuple(f[spec.name].shape)
+            if not all(a <= g <= c for a, g, c in zip(low, got, high, strict=True)):
+                raise UsageError(
+                    f"--inputs: input '{spec.name}' has shape {_dims(got)}, outside the "
+                    f"profile {_dims(low)}..{_dims(high)}; widen --min-shapes/--max-shapes")
     return ShapeProfile(shapes)
+
+
+def _dims(shape: Shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def _text(shapes: Mapping[str, Shape]) -> str:
+    return ",".join(f"{k}:{_dims(v)}" for k, v in shapes.items())
 

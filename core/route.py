@@ -106,6 +106,22 @@ def parse_route(text: str) -> Route:
     return Route(tuple(steps))
 
 
+def parse_value(text: str, where: str) -> ParamValue:
+    """Parse one parameter value as route text writes it (``1``, ``on``, ``[a,b]``).
+
+    Raises:
+        UsageError: The text is not one value; the message starts with `where`.
+    """
+    parser = _Parser(text)
+    try:
+        value = parser.value()
+        parser.expect_end()
+    except UsageError as e:
+        raise UsageError(f"{where}: cannot read value '{text}' (write 1, on, \"text\" or "
+                         f"[a,b]): {str(e).split(': ', 1)[-1]}") from e
+    return value
+
+
 def _format_value(value: ParamValue) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

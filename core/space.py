@@ -14,14 +14,14 @@ from typing import Any
 
 from routetune.errors import UsageError
 from routetune.registry import Registry
-from routetune.route import parse_scalar
+from routetune.route import parse_value
 from routetune.seasoning import SeasoningInfo
 
 Space = dict[str, dict[str, tuple[Any, ...]]]
 
 
 def parse_space(terms: Iterable[str]) -> Space:
-    """Parse ``SEASONING:PARAM=V1|V2`` terms (values read as in route text).
+    """Parse ``SEASONING:PARAM=V1|V2`` terms; values as in route text (``[Softmax,Pow]``).
 
     Raises:
         UsageError: A term is not ``seasoning:param=values``, or repeats a parameter.
@@ -30,10 +30,14 @@ def parse_space(terms: Iterable[str]) -> Space:
     for term in terms:
         name, _, rest = term.partition(":")
         param, eq, values = rest.partition("=")
-        choices = tuple(parse_scalar(v.strip()) for v in values.split("|") if v.strip())
-        if not name or not param or not eq or not choices:
+        name, param = name.strip(), param.strip()
+        if not name or not param or not eq or not values.strip():
             raise UsageError(f"--space '{term}': write SEASONING:PARAM=VALUE1|VALUE2, e.g. "
                              "trt-opt-level:level=4|5")
+        texts = [v.strip() for v in values.split("|")]
+        if not all(texts):
+            raise UsageError(f"--space '{term}': an empty value; separate values with one '|'")
+        choices = tuple(parse_value(v, f"--space '{term}'") for v in texts)
         if param in space.setdefault(name, {}):
             raise UsageError(f"--space '{term}': parameter '{param}' of '{name}' given twice")
         space[name][param] = choices

@@ -147,6 +147,8 @@ class Prepared:
     source: Mapping[str, Any]
     repair: bool = False
     profile: ShapeProfile | None = None
+    base_passes: list[dict[str, Any]] = field(default_factory=list)
+    """The backend's base pipeline as applied (set once the search loop has started)."""
 
 
 def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared:
@@ -169,15 +171,20 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         raise UsageError(f"--seasonings {pinned[0]}: takes seasoning names only; the search "
                          f"tries each seasoning's parameter choices itself; give "
                          f"'{pinned[0].split('{')[0]}'")
-    if opts.inputs is not None and (opts.shapes or opts.opt_shapes):
-        raise UsageError("--shapes with --inputs: the inputs fix the (opt) shapes; give one "
-                         "of them (--min-shapes and --max-shapes may go with --inputs)")
+    for flag, given in (("--shapes", opts.shapes), ("--opt-shapes", opts.opt_shapes)):
+        if opts.inputs is not None and given:
+            raise UsageError(f"{flag} with --inputs: the inputs fix the (opt) shapes; give one "
+                             "of them (--min-shapes and --max-shapes may go with --inputs)")
+    if opts.shapes and opts.opt_shapes:
+        raise UsageError("--shapes with --opt-shapes: --shapes sets min, opt and max at once; "
+                         "give --opt-shapes with --min-shapes/--max-shapes instead")
     if opts.time_budget_s is not None and opts.time_budget_s <= 0:
         raise UsageError(f"--time-budget {opts.time_budget_s}: must be positive (seconds)")
     backend = _backend(registry, opts.backend)
     registry.strategy(opts.search)  # an unknown name fails here, before any work
     source: dict[str, Any] = {}
-    given_shapes = {**parse_shapes(opts.shapes), **parse_shapes(opts.opt_shapes)}
+    shapes_flag = "--opt-shapes" if opts.opt_shapes else "--shapes"
+    given_shapes = parse_shapes(opts.opt_shapes or opts.shapes, shapes_flag)
     if opts.example and opts.model is not None:
         raise UsageError("give either MODEL.onnx or --example NAME, not both")
     example = examples.get_example(opts.example) if opts.example else None
@@ -197,14 +204,15 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         source["inputs"] = str(opts.inputs.resolve())
         shapes = {s.name: tuple(feeds[0][s.name].shape) for s in model.inputs}
     else:
-        shapes = resolve_shapes(model.inputs, given_shapes)
+        shapes = resolve_shapes(model.inputs, given_shapes, shapes_flag)
         if example is not None:
             feeds = example.make_inputs(shapes, 0, 4)
         else:
             feeds = synthesize(model.inputs, shapes)
         source["shapes"] = ",".join(f"{k}:{'x'.join(map(str, v))}" for k, v in shapes.items())
     profile = make_profile(model.inputs, shapes, opts.min_shapes or opts.shapes,
-                           opts.max_shapes or opts.shapes)
+                           opts.max_shapes or opts.shapes,
+                           feeds if opts.inputs is not None else ())
     backend = type(backend)(profile)
     constraint = parse_accuracy(opts.accuracy, registry, [o.name for o in model.outputs])
     infos, not_applicable = _offered(registry, backend, model, opts.seasonings)
@@ -265,6 +273,7 @@ def _tune_locked(
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
                           run.constraint, store, run.outdir, opts.measure, run.settings_hash,
                           reference, run.repair)
+        run.base_passes = loop.base_passes
         strategy = run.registry.strategy(opts.search)(
             run.space, SearchConfig(beam_width=opts.beam_width))
         skipped = [loop.record_skipped(Route((Step(n),)), reason)
@@ -321,7 +330,13 @@ def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
     accurate = sorted((t for t in trials if t.status == "ok" and t.latency), key=rank_key)
     if not accurate and base.status == "build-only":
         return base, ("engines were built but this device cannot run them (build-only), so "
-                      "nothing was checked or timed; the base route is the fallback")
+                      "nothing was checked or timed and a beam search stops after one step "
+                      "(--search exhaustive builds every route); the base route is the "
+                      "fallback")
+    if not accurate and base.status in ("build-failed", "crashed"):
+        return base, (f"the base route itself is {base.status} ({base.reason[:300]}), and "
+                      "no route built, ran and met the accuracy constraint: there is no "
+                      "engine to deploy")
     if not accurate:
         return base, "no route met the accuracy constraint; the base route is the fallback"
     fastest = accurate[0]
@@ -393,7 +408,8 @@ def _check_named(names: Sequence[str], infos: Sequence[SeasoningInfo],
                          "precision seasoning; add fp16, bf16, int8-qdq or fp8-qdq")
     if not searched:
         why = "; ".join(f"{n}: {r}" for n, r in not_applicable.items())
-        raise UsageError(f"--seasonings {','.join(names)}: none applies here ({why}); "
+        why = f" ({why})" if why else ""
+        raise UsageError(f"--seasonings {','.join(names)}: none applies here{why}; "
                          "see `routetune seasonings`")
 
 
@@ -403,11 +419,20 @@ def _offered(
     import onnx_graphsurgeon as gs
 
     graph = gs.import_onnx(model.proto)
-    chosen = names if names is not None else tuple(sorted(registry.seasonings))
+    # Unasked, a seasoning made for other backends is left out, not listed as skipped.
+    chosen = names if names is not None else tuple(
+        n for n, e in sorted(registry.seasonings.items())
+        if not e.item.info.backends or backend.name in e.item.info.backends)
     infos: list[SeasoningInfo] = []
     skipped: dict[str, str] = {}
     for name in chosen:
         cls = registry.seasoning(name)
+        if name in backend.base_pipeline:
+            if names is not None:
+                raise UsageError(f"--seasonings: '{name}' is part of the {backend.name} "
+                                 "backend's base pipeline, applied before every build; "
+                                 "leave it out")
+            continue
         try:
             reason = cls().applicable(graph, backend)
         except Exception as e:  # a plugin's check must not stop the run

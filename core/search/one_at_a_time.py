@@ -18,13 +18,17 @@ def single_changes(space: RouteSpace) -> list[Route]:
     """Every route of one knob change from the base route, in the space's order.
 
     Returns:
-        Per seasoning (by name): the seasoning at its defaults, then each non-default
-        value of each parameter alone; duplicates and routes that break a declared
+        Per seasoning (by name): the seasoning at its defaults (when every default is
+        among its parameter's choices), then each non-default value of each parameter
+        alone; duplicates and routes that break a declared
         conflict left out.
     """
     routes: dict[Route, None] = {}
     for name, info in space.infos.items():
-        steps = [Step(name)]
+        # the seasoning at its defaults, unless a parameter's default is not a choice
+        # (a space restricted with --space leaves only the values listed)
+        at_defaults = all(p.default in p.choices for p in info.params)
+        steps = [Step(name)] if at_defaults else []
         for p in info.params:
             steps += [canonical_step(info, {p.name: v}) for v in p.choices if v != p.default]
         needed = sorted(info.requires)

@@ -55,7 +55,8 @@ class TrtOptLevel(_TrtOption):
 
     info = SeasoningInfo(
         name="trt-opt-level", stage="build", backends=TENSORRT,
-        summary="TensorRT builder optimisation level",
+        summary="TensorRT builder optimisation level (TensorRT's default is 3; the bare "
+                "step means 5)",
         params=(Param("level", (5, 4, 2, 1, 0), 5,
                       "builder_optimization_level other than the default 3",
                       allowed=(0, 1, 2, 3, 4, 5)),))
@@ -67,7 +68,7 @@ class TrtTiling(_TrtOption):
 
     info = SeasoningInfo(
         name="trt-tiling", stage="build", backends=TENSORRT,
-        summary="TensorRT tiling optimisation level",
+        summary="TensorRT tiling optimisation level (default none; the bare step: fast)",
         params=(Param("level", ("fast", "moderate", "full"), "fast",
                       "TilingOptimizationLevel other than the default NONE",
                       allowed=("none", "fast", "moderate", "full")),))
@@ -79,9 +80,10 @@ class TrtAuxStreams(_TrtOption):
 
     info = SeasoningInfo(
         name="trt-aux-streams", stage="build", backends=TENSORRT,
-        summary="TensorRT auxiliary streams",
+        summary="TensorRT auxiliary streams (default: TensorRT picks; the bare step: 0)",
         params=(Param("count", (0, 1, 2, 4), 0,
-                      "max_aux_streams; 0 runs every layer on the main stream"),))
+                      "max_aux_streams; 0 runs every layer on the main stream",
+                      allowed=tuple(range(-1, 17))),))
     option, param = "max_aux_streams", "count"
 
 
@@ -93,7 +95,7 @@ class TrtTf32(_TrtOption):
 
     info = SeasoningInfo(
         name="trt-tf32", stage="build", backends=TENSORRT,
-        summary="TensorRT TF32 flag",
+        summary="TensorRT TF32 flag: the bare step turns TF32 off (on by default)",
         params=(Param("enabled", (False,), False, "BuilderFlag.TF32",
                       allowed=(False, True)),))
     option, param = "tf32", "enabled"

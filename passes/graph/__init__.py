@@ -8,7 +8,6 @@ from routetune.passes.graph.fold_constants import FoldConstants
 from routetune.passes.graph.fold_if import FoldIf
 from routetune.passes.graph.fuse_bn_into_conv import FuseBnIntoConv
 from routetune.passes.graph.int32_limits import Int32Limits
-from routetune.passes.graph.unknown_dims import NameUnknownDims
 from routetune.registry import Registry
 
 
@@ -17,9 +16,7 @@ def routetune_register_seasonings(registry: Registry) -> None:
     """Register the graph rewrites, and TensorRT's preflight rewrites (not searched).
 
     ``eliminate-noops``, ``fold-constants`` and ``fuse-bn-into-conv`` are searched;
-    ``int32-limits``, ``fold-if`` and ``name-unknown-dims`` form the ``tensorrt``
-    backend's base pipeline.
+    ``int32-limits`` and ``fold-if`` form the ``tensorrt`` backend's base pipeline.
     """
-    for cls in (EliminateNoops, FoldConstants, FuseBnIntoConv, Int32Limits, FoldIf,
-                NameUnknownDims):
+    for cls in (EliminateNoops, FoldConstants, FuseBnIntoConv, Int32Limits, FoldIf):
         registry.add_seasoning(cls)

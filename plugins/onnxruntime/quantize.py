@@ -442,7 +442,8 @@ class Fp8Qdq(_QdqSeasoning):
 
     info = SeasoningInfo(
         name="fp8-qdq", stage="precision", backends=frozenset({"onnxruntime", "tensorrt"}),
-        summary="FP8 (e4m3fn) Q/DQ via onnxruntime.quantization; TensorRT provider only",
+        summary="FP8 (e4m3fn) Q/DQ via onnxruntime.quantization; needs FP8 kernels "
+                "(TensorRT on compute capability 8.9+, or ORT's TensorRT provider)",
         params=(
             _COMMON_PARAMS[0],
             Param("calibration", ("distribution",), "distribution",

@@ -35,7 +35,7 @@ logger_ = logging.getLogger(__name__)
 
 NS = "tensorrt."
 TILING = ("none", "fast", "moderate", "full")
-PREFLIGHT = ("int32-limits", "fold-if", "name-unknown-dims")
+PREFLIGHT = ("int32-limits", "fold-if")
 """The TensorRT base pipeline: graph rewrites the ONNX parser needs (see each seasoning)."""
 TIMING_CACHE = "timing.cache"
 WORKSPACE_BYTES = 4 << 30
@@ -148,9 +148,11 @@ class TensorRtBackend(Backend):
             cache = config.create_timing_cache(
                 cache_path.read_bytes() if cache_path.exists() else b"")
             if any("deserialize timing cache" in m for m in logger.messages):
-                _warn_once("%s could not load the timing cache %s (%s); this build "
-                                "starts from an empty one", self.trt, cache_path,
-                                logger.errors())
+                # Without a GPU TensorRT cannot read any cache (it needs a CUDA context):
+                # expected, so not a warning there.
+                _warn_once(logging.WARNING if _gpu() else logging.INFO,
+                           "%s could not load the timing cache %s (%s); this build starts "
+                           "from an empty one", self.trt, cache_path, logger.errors())
             config.set_timing_cache(cache, False)
             plan = builder.build_serialized_network(network, config)
             if plan is None:
@@ -264,9 +266,9 @@ def _profile(builder: Any, network: Any, settings: Mapping[str, Any]) -> Any:
 
 
 @functools.cache
-def _warn_once(message: str, *args: object) -> None:
-    """Log a warning once per process for the same arguments."""
-    logger_.warning(message, *args)
+def _warn_once(level: int, message: str, *args: object) -> None:
+    """Log once per process for the same arguments."""
+    logger_.log(level, message, *args)
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -53,7 +53,9 @@ class TensorRtRunner(Runner):
         for name in self.inputs:
             host = np.ascontiguousarray(np.asarray(feed[name]).astype(self.dtypes[name]))
             buffers[name] = cupy.asarray(host)
-            self.context.set_input_shape(name, host.shape)
+            if not self.context.set_input_shape(name, host.shape):
+                raise ValueError(f"input '{name}' shape {host.shape} is outside the engine's "
+                                 f"optimisation profile {self.profile}")
         for name in self.outputs:
             shape = tuple(self.context.get_tensor_shape(name))
             if any(d < 0 for d in shape):

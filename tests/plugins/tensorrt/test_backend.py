@@ -147,6 +147,7 @@ def test_plans_are_kept_by_fingerprint_and_reused(tmp_path: Path) -> None:
 
 def test_timing_cache_is_saved_per_output_directory_and_reloaded(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="routetune.plugins.tensorrt.backend")
     """The cache file is written after a build and read before the next one.
 
     TensorRT says when it cannot load the file, and the build goes on from an empty
@@ -258,3 +259,27 @@ def test_int8_qdq_for_tensorrt_keeps_biases_fp32_and_builds(tmp_path: Path,
     onnx.save(gs.export_onnx(for_cpu.graph), tmp_path / "cpu.onnx")
     with pytest.raises(BuildError, match="input has type Int32 but must have type"):
         backend.build(tmp_path / "cpu.onnx", backend.full_settings({}), tmp_path)
+
+
+def test_the_base_pipeline_names_paddles_unknown_dims_apart(tmp_path: Path) -> None:
+    """Paddle2ONNX writes x[-1,3,?,?]; TensorRT treats dims that share a name as equal,
+    so 48x192 contradicts itself and the build fails. routetune's base pipeline
+    (`routetune.model.sanitize`) names each unknown dimension apart; then it builds."""
+    from routetune.model import prepare
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3],
+                           np.random.default_rng(0).random(108).astype(np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+        "paddle", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "?", "?"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4, "?", "?"])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    raw, prepared = tmp_path / "raw.onnx", tmp_path / "prepared.onnx"
+    onnx.save(model, raw)
+    prepared.write_bytes(prepare(raw).data)
+    backend = TensorRtBackend(ShapeProfile({"x": ((1, 3, 48, 192),) * 3}))
+    with pytest.raises(BuildError, match="could not build the engine: .*different constant "
+                                         "values"):
+        backend.build(raw, backend.full_settings({}), tmp_path)
+    assert backend.build(prepared, backend.full_settings({}), tmp_path).size_bytes > 0

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 from graphs import conv_bn
 
@@ -44,8 +46,7 @@ def test_every_route_is_built_and_recorded_build_only_then_resumed(tmp_path: Pat
         "trt-tf32": "build-only", "trt-build-route": "skipped"}
     base = next(r for r in rows if r[0] == "base")
     assert "not run: no CUDA GPU here" in base[2]
-    assert [p["step"] for p in json.loads(base[4])] == [
-        "int32-limits", "fold-if", "name-unknown-dims"]
+    assert [p["step"] for p in json.loads(base[4])] == ["int32-limits", "fold-if"]
     assert json.loads(base[5])["tensorrt.profile"] == "x:2x3x32x32/2x3x32x32/4x3x32x32"
     assert json.loads(base[6])["tensorrt_module"] == TRT.name
     plans = {p.stem: p.stat().st_mtime_ns for p in (out / "artifacts" / "engines").glob("*.plan")}
@@ -70,6 +71,12 @@ def test_every_route_is_built_and_recorded_build_only_then_resumed(tmp_path: Pat
      "5|4|2|1|0|3"),
     (["--shapes", "x:2x3x32x32", "--space", "trt-opt-level"],
      "routetune: error: --space 'trt-opt-level': write SEASONING:PARAM=VALUE1|VALUE2"),
+    (["--shapes", "x:2x3x32x32", "--opt-shapes", "x:2x3x32x32"],
+     "routetune: error: --shapes with --opt-shapes: --shapes sets min, opt and max at once"),
+    (["--opt-shapes", "x:2x3x32"], "routetune: error: --opt-shapes: input 'x' has rank 4"),
+    (["--shapes", "x:2x3x32x32", "--seasonings", "int32-limits"],
+     "routetune: error: --seasonings: 'int32-limits' is part of the tensorrt backend's base "
+     "pipeline"),
 ])
 def test_bad_profiles_and_spaces_exit_2_with_one_line(tmp_path: Path, extra: list[str],
                                                       message: str) -> None:
@@ -107,3 +114,48 @@ def test_without_tensorrt_the_backend_is_unavailable_and_nothing_else_breaks(
                           "--min-time", "0.02", "--output", str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=300)
     assert ort.returncode == 0, ort.stderr
+
+
+@needs_trt
+def test_space_limits_one_at_a_time_and_inputs_span_the_profile(tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    rng = np.random.default_rng(0)
+    for batch in (2, 4):
+        np.savez(tmp_path / f"b{batch}.npz", x=rng.random((batch, 3, 32, 32), dtype=np.float32))
+    out = tmp_path / "out"
+    done = routetune("tune", str(model), "--backend", "tensorrt", "--inputs", str(tmp_path),
+                     "--search", "one-at-a-time", "--seasonings", "trt-opt-level",
+                     "--space", "trt-opt-level:level=0|3", "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = dict(sqlite3.connect(out / "trials.sqlite").execute(
+        "SELECT route, settings FROM trials").fetchall())
+    assert set(rows) == {"base", "trt-opt-level{level=0}", "trt-opt-level{level=3}"}
+    assert json.loads(rows["base"])["tensorrt.profile"] == "x:2x3x32x32/2x3x32x32/4x3x32x32"
+    narrow = routetune("tune", str(model), "--backend", "tensorrt", "--inputs", str(tmp_path),
+                       "--max-shapes", "x:3x3x32x32", "--output", str(out))
+    assert narrow.returncode == 2
+    assert narrow.stderr.startswith("routetune: error: --inputs: input 'x' has shape "
+                                    "4x3x32x32, outside the profile 2x3x32x32..3x3x32x32")
+
+
+@needs_trt
+def test_a_model_no_route_can_build_exits_1_and_says_so(tmp_path: Path) -> None:
+    """Unique has no TensorRT-RTX importer; every route fails the same way."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+         helper.make_node("Unique", ["r"], ["y"], name="uniq0", sorted=1)], "u",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "u.onnx")
+    done = routetune("tune", str(tmp_path / "u.onnx"), "--backend", "tensorrt", "--search",
+                     "one-at-a-time", "--seasonings", "trt-opt-level", "--output",
+                     str(tmp_path / "out"))
+    assert done.returncode == 1, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "winner: base (the base route itself is build-failed (TensorRT's ONNX parser " \
+           "refused the model: node 'uniq0' (Unique)" in text
+    assert "there is no engine to deploy" in text
