@@ -116,6 +116,17 @@ def tune_command(
         raise typer.Exit(1)  # nothing usable came out: scripts must notice
 
 
+@app.command("report")
+def report_command(
+    outdir: Annotated[Path, typer.Argument(help="Output directory of a `routetune tune` run.")],
+) -> None:
+    """Write report.html, report.md and report.json from a run's trial store."""
+    from routetune.report import write_reports
+
+    paths = write_reports(outdir)
+    console.print(f"wrote {', '.join(p.name for p in paths.values())} to {outdir}")
+
+
 @app.command("seasonings")
 def seasonings_command() -> None:
     """List the installed seasonings, backends, search strategies and metrics."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from routetune import examples
+from routetune import examples, runinfo
 from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
 from routetune.backend import Backend
 from routetune.composer import RouteSpace
@@ -28,6 +28,7 @@ from routetune.plugin_manager import load_registry
 from routetune.profile import ShapeProfile, make_profile
 from routetune.recipe import write_winner_recipe
 from routetune.registry import Registry
+from routetune.report import write_reports
 from routetune.route import Route, Step
 from routetune.search.loop import Budget, SearchLoop
 from routetune.search.repair import REPAIR
@@ -274,6 +275,8 @@ def _tune_locked(
                           run.constraint, store, run.outdir, opts.measure, run.settings_hash,
                           reference, run.repair)
         run.base_passes = loop.base_passes
+        record = runinfo.start_record(run, opts, loop.versions)
+        runinfo.write(run.outdir, record)
         strategy = run.registry.strategy(opts.search)(
             run.space, SearchConfig(beam_width=opts.beam_width))
         skipped = [loop.record_skipped(Route((Step(n),)), reason)
@@ -295,7 +298,10 @@ def _tune_locked(
         if loop is not None:
             loop.close()
         store.close()
-    return _finish(run, trials, store_path, winner, reason, paired, loop.stopped)
+    result = _finish(run, trials, store_path, winner, reason, paired, loop.stopped)
+    result.files["run"] = runinfo.write(run.outdir, runinfo.finish_record(record, result))
+    result.files.update({f"report.{k}": v for k, v in write_reports(run.outdir).items()})
+    return result
 
 
 def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:

@@ -1,0 +1,202 @@
+"""Reports of a finished search: ``report.json``, ``report.md`` and ``report.html``.
+
+Everything comes from the output directory: the trial store (``trials.sqlite``) and
+``run.json`` (`routetune.runinfo`). `build_report` gathers it into one JSON-ready
+mapping; `write_reports` writes the three files (the HTML in
+`routetune.report_html`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from routetune import runinfo
+from routetune.errors import UsageError
+from routetune.route import parse_route
+from routetune.store import FILENAME, Trial, TrialStore
+
+ERROR_METRIC = "rel_l2"
+"""The accuracy error the Pareto chart and the summaries use: ||out - ref|| / ||ref||,
+the worst over outputs (lower is better; every trial with outputs has it)."""
+
+
+def build_report(outdir: Path) -> dict[str, Any]:
+    """Gather a report of the search stored in `outdir`.
+
+    Returns:
+        ``run`` (``run.json``), ``trials`` (one row per trial of this run: route,
+        status, reason, latency in ms, speed-up, error), ``seasonings`` (`seasoning_effects`)
+        and ``winner``.
+
+    Raises:
+        UsageError: `outdir` holds no trial store.
+    """
+    path = outdir / FILENAME
+    if not path.exists():
+        raise UsageError(f"{outdir}: no {FILENAME} here; give the output directory of a "
+                         "`routetune tune` run")
+    run = runinfo.read(outdir)
+    store = TrialStore.open(path)
+    try:
+        trials = store.trials()
+    finally:
+        store.close()
+    if run.get("settings_hash"):
+        trials = [t for t in trials if t.settings_hash == run["settings_hash"]
+                  and t.model_sha256 == run["model"]["sha256"]
+                  and t.backend == run["backend"]["name"]]
+    rows = [trial_row(t) for t in trials]
+    result = run.get("result", {})
+    winner = next((r for r in rows if r["route"] == result.get("winner")), None)
+    return {"run": run, "trials": rows, "seasonings": seasoning_effects(trials),
+            "winner": {**(winner or {}), **result} if result else None}
+
+
+def trial_row(trial: Trial) -> dict[str, Any]:
+    """One trial as a flat row: latencies in ms, speed-up, the worst error per metric."""
+    lat = trial.latency
+    worst = {}
+    for name in ("rel_l2", "cos", "linf", "l0"):
+        values = [m[name] for m in trial.accuracy.values() if name in m]
+        if values:
+            worst[name] = min(values) if name == "cos" else max(values)
+    return {
+        "route": trial.route, "status": trial.status, "reason": trial.reason,
+        "p50_ms": lat.p50 if lat else None, "p90_ms": lat.p90 if lat else None,
+        "ci_ms": [lat.ci_low, lat.ci_high] if lat else None,
+        "base_p50_ms": trial.base_latency.p50 if trial.base_latency else None,
+        "relative_p50": trial.relative.p50 if lat and trial.base_latency else None,
+        "speedup": trial.speedup, "build_ms": trial.build_ms,
+        "engine_bytes": trial.engine_bytes, "error": worst,
+        "steps": [s.name for s in parse_route(trial.route)],
+    }
+
+
+def seasoning_effects(trials: Sequence[Trial]) -> list[dict[str, Any]]:
+    """How each seasoning moved latency and error, against the same routes without it.
+
+    For every measured trial whose route holds seasoning s, the trial of the same route
+    with s's step removed is its partner, when it was measured too. Latency effect: the
+    mean ratio of their p50s, each relative to the base route timed alongside (< 1 is
+    faster). Error effect: the mean change of `ERROR_METRIC`. Pairs are counted.
+    """
+    measured = {t.route: t for t in trials if t.latency and t.base_latency}
+    effects: dict[str, dict[str, list[float]]] = {}
+    for t in measured.values():
+        route = parse_route(t.route)
+        for i, step in enumerate(route.steps):
+            rest = str(type(route)(route.steps[:i] + route.steps[i + 1:]))
+            partner = measured.get(rest)
+            if partner is None:
+                continue
+            acc = effects.setdefault(step.name, {"ratio": [], "error": []})
+            acc["ratio"].append(t.relative.p50 / partner.relative.p50)
+            err, err0 = _error(t), _error(partner)
+            if err is not None and err0 is not None:
+                acc["error"].append(err - err0)
+    return [{"seasoning": name, "pairs": len(v["ratio"]),
+             "latency_ratio": sum(v["ratio"]) / len(v["ratio"]),
+             "error_change": sum(v["error"]) / len(v["error"]) if v["error"] else None}
+            for name, v in sorted(effects.items())]
+
+
+def _error(trial: Trial) -> float | None:
+    values = [m[ERROR_METRIC] for m in trial.accuracy.values() if ERROR_METRIC in m]
+    return max(values) if values else None
+
+
+def write_reports(outdir: Path) -> dict[str, Path]:
+    """Write ``report.json``, ``report.md`` and ``report.html`` into `outdir`.
+
+    Returns:
+        The paths, by format.
+
+    Raises:
+        UsageError: `outdir` holds no trial store.
+    """
+    from routetune.report_html import render_html
+
+    data = build_report(outdir)
+    paths = {"json": outdir / "report.json", "md": outdir / "report.md",
+             "html": outdir / "report.html"}
+    paths["json"].write_text(json.dumps(data, indent=1, default=str) + "\n")
+    paths["md"].write_text(render_markdown(data))
+    paths["html"].write_text(render_html(data))
+    return paths
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    """The report as Markdown: environment, settings, winner, seasonings, trials."""
+    run, lines = data["run"], []
+    lines.append(f"# routetune report: {Path(run.get('model', {}).get('source', '?')).name}\n")
+    lines += [f"- {k}: {v}" for k, v in environment(run).items()]
+    winner = data.get("winner")
+    if winner:
+        lines.append(f"\n## Winner: `{winner['winner']}`\n\n{winner_text(winner)}\n")
+    lines.append("\n## Seasonings: effect against the same routes without them\n")
+    lines.append("| seasoning | pairs | latency ratio | rel-L2 change |\n|---|---|---|---|")
+    for s in data["seasonings"]:
+        change = f"{s['error_change']:+.3g}" if s["error_change"] is not None else ""
+        lines.append(f"| `{s['seasoning']}` | {s['pairs']} | {s['latency_ratio']:.3f} | "
+                     f"{change} |")
+    lines.append("\n## Trials\n")
+    lines.append("| route | status | p50 ms | speed-up | rel-L2 | reason |\n"
+                 "|---|---|---|---|---|---|")
+    for r in data["trials"]:
+        reason = r["reason"].replace("|", "\\|")
+        lines.append(f"| `{r['route']}` | {r['status']} | {_num(r['p50_ms'], '.3f')} | "
+                     f"{_num(r['speedup'], '.2f', 'x')} | "
+                     f"{_num(r['error'].get('rel_l2'), '.3g')} | {reason} |")
+    return "\n".join(lines) + "\n"
+
+
+def environment(run: dict[str, Any]) -> dict[str, str]:
+    """The environment and settings as label → text, for the Markdown and HTML reports."""
+    if not run:
+        return {"run": "no run.json (a store written by an older routetune)"}
+    backend, model, search = run["backend"], run["model"], run["search"]
+    versions = ", ".join(f"{k} {v}" for k, v in backend["versions"].items())
+    return {
+        "model": f"{model['source']} (sha256 {model['sha256']})",
+        "backend": f"{backend['name']} {backend['version']} on {backend['device']}",
+        "versions": versions,
+        "CPU": f"{run['machine']['cpu']}; flags {' '.join(run['machine']['cpu_flags'])}",
+        "accuracy constraint": run["accuracy"],
+        "optimisation profile": run["profile"] or "none",
+        "route space": f"{run['space']['size']} routes from "
+                       f"{len(run['space']['seasonings'])} seasonings (max depth "
+                       f"{run['space']['max_depth']}): "
+                       + ", ".join(run["space"]["seasonings"]),
+        "search": f"{search['strategy']} (beam width {search['beam_width']}, max trials "
+                  f"{search['max_trials']}, time budget {search['time_budget_s']} s)",
+        "measurement": f"at least {run['measure']['min_runs']} runs and "
+                       f"{run['measure']['min_time_s']} s per candidate",
+        "started": f"{run['started_at']}, finished {run.get('finished_at', '?')}",
+    }
+
+
+def winner_text(winner: dict[str, Any]) -> str:
+    """The winner in one line: speed-up with the side-by-side intervals, and why."""
+    pair = winner.get("side_by_side_ms")
+    if pair and winner.get("winner") == "base":
+        base, best = pair
+        return (f"The base route stands. Side by side, the search's best route ran "
+                f"{best['p50']:.3f} ms [{best['ci_low']:.3f}, {best['ci_high']:.3f}] against "
+                f"the base route's {base['p50']:.3f} ms [{base['ci_low']:.3f}, "
+                f"{base['ci_high']:.3f}] (p50, 95% confidence interval of the median): "
+                f"{winner['reason']}.")
+    if pair:
+        base, best = pair
+        return (f"{winner['speedup']:.2f}x faster than the base route, side by side: "
+                f"{best['p50']:.3f} ms [{best['ci_low']:.3f}, {best['ci_high']:.3f}] against "
+                f"{base['p50']:.3f} ms [{base['ci_low']:.3f}, {base['ci_high']:.3f}] (p50, "
+                f"95% confidence interval of the median). {winner['reason']}.")
+    return f"{winner['reason']}."
+
+
+def _num(value: float | None, spec: str, suffix: str = "") -> str:
+    return "" if value is None else f"{value:{spec}}{suffix}"
+
