@@ -33,6 +33,8 @@ __version__ = "0.1.0"
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Marker for hook implementations: ``@routetune.hookimpl``."""
 
+from routetune.api import tune  # noqa: E402 - last: it imports the whole tuner
+
 __all__ = [
     "Backend",
     "BackendError",
@@ -59,4 +61,5 @@ __all__ = [
     "__version__",
     "hookimpl",
     "parse_route",
+    "tune",
 ]

@@ -14,11 +14,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from routetune.accuracy import DEFAULT_ACCURACY
 from routetune.display import components_table, seasonings_table, trials_table
-from routetune.errors import RoutetuneError
+from routetune.errors import RoutetuneError, UsageError
 from routetune.measure import MeasureSettings
+from routetune.options import tune_options
 from routetune.plugin_manager import load_registry
 from routetune.space import parse_space
-from routetune.tune import Prepared, TuneOptions, tune
+from routetune.tune import Prepared, tune
 
 app = typer.Typer(
     add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -30,7 +31,9 @@ err = Console(stderr=True)
 
 @app.command("tune")
 def tune_command(
+    ctx: typer.Context,
     model: Annotated[Path | None, typer.Argument(help="ONNX model file.")] = None,
+    recipe: Annotated[Path | None, typer.Option(help="A recipe (TOML, `routetune schema`); flags given as well override its fields.")] = None,
     example: Annotated[str | None, typer.Option(help="Bundled example model, e.g. ppocr-det.")] = None,
     output: Annotated[Path | None, typer.Option(help="Output directory (default: routetune-out/MODEL-STEM).")] = None,
     backend: Annotated[str, typer.Option(help="Backend that builds and runs engines.")] = "onnxruntime",
@@ -55,20 +58,22 @@ def tune_command(
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    opts = TuneOptions(
-        model=model, example=example, output=output, backend=backend,
-        seasonings=tuple(s.strip() for s in seasonings.split(",") if s.strip())
+    registry = load_registry()
+    flags = {
+        "model": model, "example": example, "output": output, "backend": backend,
+        "seasonings": tuple(s.strip() for s in seasonings.split(",") if s.strip())
         if seasonings is not None else None,
-        search=search, beam_width=beam_width, max_depth=max_depth, accuracy=accuracy,
-        inputs=inputs, shapes=shapes, min_shapes=min_shapes, opt_shapes=opt_shapes,
-        max_shapes=max_shapes, space=parse_space(space or ()), fresh=fresh, max_trials=max_trials,
-        time_budget_s=time_budget,
-        measure=MeasureSettings(min_runs=min_runs, min_time_s=min_time),
-    )
+        "search": search, "beam_width": beam_width, "max_depth": max_depth,
+        "accuracy": accuracy, "inputs": inputs, "shapes": shapes, "min_shapes": min_shapes,
+        "opt_shapes": opt_shapes, "max_shapes": max_shapes, "space": parse_space(space or ()),
+        "fresh": fresh, "max_trials": max_trials, "time_budget_s": time_budget,
+        "min_runs": min_runs, "min_time": min_time,
+    }
+    opts = tune_options(flags, recipe, registry,
+                        given=lambda name: _given(ctx, name))
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err, transient=False)
     task = progress.add_task("tuning", total=None)
-    registry = load_registry()
 
     started = False
 
@@ -133,6 +138,62 @@ def seasonings_command() -> None:
     registry = load_registry()
     console.print(seasonings_table(registry))
     console.print(components_table(registry))
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether a flag was given on the command line (or by environment), not defaulted."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
+@app.command("build")
+def build_command(
+    ctx: typer.Context,
+    model: Annotated[Path | None, typer.Argument(help="ONNX model file (or from --recipe).")] = None,
+    recipe: Annotated[Path | None, typer.Option(help="A recipe that pins one route, e.g. OUTDIR/winner.toml.")] = None,
+    route: Annotated[str | None, typer.Option(help="The route to build, e.g. 'fp16,ort-threads{intra_op=2}'.")] = None,
+    example: Annotated[str | None, typer.Option(help="Bundled example model.")] = None,
+    output: Annotated[Path | None, typer.Option(help="Output directory (where the search wrote its trials).")] = None,
+    backend: Annotated[str, typer.Option(help="Backend.")] = "onnxruntime",
+    accuracy: Annotated[str, typer.Option(help="Accuracy constraint.")] = DEFAULT_ACCURACY,
+    inputs: Annotated[Path | None, typer.Option(help="Validation inputs (.npz file or folder).")] = None,
+    shapes: Annotated[str | None, typer.Option(help="Shapes of dynamic inputs.")] = None,
+) -> None:
+    """Rebuild one route's engine and check its outputs against the stored ones.
+
+    Exits 1 when the outputs do not match within the accuracy constraint.
+    """
+    registry = load_registry()
+    flags = {"model": model, "example": example, "output": output, "backend": backend,
+             "accuracy": accuracy, "inputs": inputs, "shapes": shapes,
+             "min_runs": MeasureSettings.min_runs, "min_time": MeasureSettings.min_time_s}
+    opts = tune_options(flags, recipe, registry, given=lambda name: _given(ctx, name))
+    if route is None and recipe is None:
+        raise UsageError("give --route TEXT or --recipe FILE (a recipe that pins one route)")
+    from routetune.rebuild import rebuild
+
+    done = rebuild(opts, route, registry)
+    console.print(f"built {escape(str(done.route))}: {done.engine_file} "
+                  f"({done.engine_bytes} bytes, {done.build_ms / 1000:.2f} s)")
+    if done.verdict is None:
+        console.print(f"not run on this device, so not checked: {escape(done.not_run)}")
+        return
+    if done.verdict.passed:
+        console.print(f"outputs match {done.compared_with} within the constraint")
+        return
+    console.print(f"[red]outputs do not match {escape(done.compared_with)}: "
+                  f"{escape(done.verdict.reason)}[/]")
+    raise typer.Exit(1)
+
+
+@app.command("schema")
+def schema_command() -> None:
+    """Print the recipe format's JSON Schema (for editors that validate TOML)."""
+    import json
+
+    from routetune.recipe import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -108,8 +108,12 @@ def _error(trial: Trial) -> float | None:
     return max(values) if values else None
 
 
-def write_reports(outdir: Path) -> dict[str, Path]:
-    """Write ``report.json``, ``report.md`` and ``report.html`` into `outdir`.
+def write_reports(outdir: Path, dest: Path | None = None) -> dict[str, Path]:
+    """Write ``report.json``, ``report.md`` and ``report.html`` of the run in `outdir`.
+
+    Args:
+        outdir: The run's output directory.
+        dest: Where to write them; default `outdir`.
 
     Returns:
         The paths, by format.
@@ -120,8 +124,10 @@ def write_reports(outdir: Path) -> dict[str, Path]:
     from routetune.report_html import render_html
 
     data = build_report(outdir)
-    paths = {"json": outdir / "report.json", "md": outdir / "report.md",
-             "html": outdir / "report.html"}
+    dest = dest or outdir
+    dest.mkdir(parents=True, exist_ok=True)
+    paths = {"json": dest / "report.json", "md": dest / "report.md",
+             "html": dest / "report.html"}
     paths["json"].write_text(json.dumps(data, indent=1, default=str) + "\n")
     paths["md"].write_text(render_markdown(data))
     paths["html"].write_text(render_html(data))

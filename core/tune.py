@@ -18,7 +18,7 @@ import numpy as np
 from routetune import examples, runinfo
 from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
 from routetune.backend import Backend
-from routetune.composer import RouteSpace
+from routetune.composer import RouteSpace, resolve_route
 from routetune.errors import UsageError
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
 from routetune.measure import Latency, MeasureSettings
@@ -29,7 +29,7 @@ from routetune.profile import ShapeProfile, make_profile
 from routetune.recipe import write_winner_recipe
 from routetune.registry import Registry
 from routetune.report import write_reports
-from routetune.route import Route, Step
+from routetune.route import Route, Step, parse_route
 from routetune.search.loop import Budget, SearchLoop
 from routetune.search.repair import REPAIR
 from routetune.search.strategy import SearchConfig, rank_key
@@ -64,6 +64,11 @@ class TuneOptions:
         space: Per seasoning, per parameter, the values the search tries instead of the
             parameter's own choices (``--space fp16:keep_io_types=true``); the only way
             to search an open-ended parameter such as an unbounded TensorRT knob.
+        routes: Route texts always tried, after the base route (pinned routes).
+        base: Route steps (graph and precision stages) applied to every route, the base
+            route included.
+        backend_options: Build options every route starts from (backend option keys).
+        model_sha256: The sha256 the model file must have; None for no check.
         fresh: Ignore the stored trials (the old store is moved aside, not deleted).
         max_trials: Trial budget.
         time_budget_s: Wall-clock budget in seconds.
@@ -85,6 +90,10 @@ class TuneOptions:
     opt_shapes: str | None = None
     max_shapes: str | None = None
     space: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
+    routes: tuple[str, ...] = ()
+    base: tuple[str, ...] = ()
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    model_sha256: str | None = None
     fresh: bool = False
     max_trials: int | None = None
     time_budget_s: float | None = None
@@ -123,6 +132,44 @@ class TuneResult:
     stopped: str | None = None
     side_by_side: tuple[Latency, Latency] | None = None
 
+    def records(self) -> list[dict[str, Any]]:
+        """The trials as flat records, winner first (`routetune.report.trial_row`).
+
+        Each: route, status, reason, ``p50_ms``/``p90_ms``/``ci_ms`` (ms), ``speedup``,
+        ``build_ms`` (ms), ``engine_bytes`` (bytes), ``error`` (worst value per metric).
+        """
+        from routetune.report import trial_row
+
+        return [trial_row(t) for t in self.trials]
+
+    def to_dataframe(self) -> Any:
+        """The records as a ``pandas.DataFrame``, one row per trial, winner first.
+
+        Raises:
+            UsageError: pandas is not installed.
+        """
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise UsageError("TuneResult.to_dataframe needs pandas; pip install pandas") from e
+        rows = self.records()
+        for row in rows:
+            row.update({f"error_{k}": v for k, v in row.pop("error").items()})
+        return pd.DataFrame(rows)
+
+    def report(self, path: Path | str | None = None) -> dict[str, Path]:
+        """Write ``report.html``, ``report.md`` and ``report.json`` of this run.
+
+        Args:
+            path: A directory to write them into; default: the output directory.
+
+        Returns:
+            The paths, by format (``html``, ``md``, ``json``).
+        """
+        from routetune.report import write_reports
+
+        return write_reports(self.outdir, Path(path) if path is not None else None)
+
     @property
     def winner_speedup(self) -> float:
         """The winner's speed-up over the base route, from the side-by-side measurement."""
@@ -148,6 +195,9 @@ class Prepared:
     source: Mapping[str, Any]
     repair: bool = False
     profile: ShapeProfile | None = None
+    base: Route = field(default_factory=Route)
+    pinned: tuple[Route, ...] = ()
+    backend_options: dict[str, Any] = field(default_factory=dict)
     base_passes: list[dict[str, Any]] = field(default_factory=list)
     """The backend's base pipeline as applied (set once the search loop has started)."""
 
@@ -164,7 +214,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         raise UsageError(f"--max-trials {opts.max_trials}: must be 1 or more (the base route)")
     if opts.measure.min_runs < 1 or opts.measure.min_time_s < 0:
         raise UsageError("--min-runs must be 1 or more and --min-time 0 or more")
-    if opts.seasonings is not None and not opts.seasonings:
+    if opts.seasonings is not None and not opts.seasonings and not opts.routes:
         raise UsageError("--seasonings: no names given; list seasonings (see `routetune "
                          "seasonings`) or leave the flag out for all")
     pinned = [n for n in opts.seasonings or () if "{" in n]
@@ -199,6 +249,9 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     else:
         raise UsageError("no model given; pass MODEL.onnx or --example NAME (e.g. ppocr-det)")
     model = prepare(path)
+    if opts.model_sha256 and opts.model_sha256 != model.source_sha256:
+        raise UsageError(f"{path}: sha256 {model.source_sha256} is not the recipe's "
+                         f"{opts.model_sha256}; the model changed since the recipe was written")
     outdir = make_outdir(opts.output, path)
     if opts.inputs is not None:
         feeds = load_npz(opts.inputs, model.inputs)
@@ -217,19 +270,27 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     backend = type(backend)(profile)
     constraint = parse_accuracy(opts.accuracy, registry, [o.name for o in model.outputs])
     infos, not_applicable = _offered(registry, backend, model, opts.seasonings)
-    if opts.seasonings is not None:
+    if opts.seasonings:  # () with pinned routes: search nothing, try the pinned ones
         _check_named(opts.seasonings, infos, not_applicable)
     infos = restrict_space(infos, opts.space, not_applicable, registry)
     space = RouteSpace(infos, opts.max_depth)
     inputs_hash = sha256(b"".join(a.tobytes() + str(a.shape).encode()
                                   for f in feeds for a in f.values()))
+    base = resolve_route(parse_route(",".join(opts.base)), registry)
+    if any(registry.seasoning(n).info.stage == "build" for n in base.names):
+        raise UsageError(f"base '{base}': build seasonings cannot be in the base pipeline; "
+                         "give build options as backend options")
+    pinned = tuple(resolve_route(parse_route(text), registry) for text in opts.routes)
+    backend.full_settings(opts.backend_options)  # unknown keys or bad values fail here
     settings_hash = sha256(json.dumps(
-        [inputs_hash, constraint.text, asdict(opts.measure), str(profile)]).encode())
+        [inputs_hash, constraint.text, asdict(opts.measure), str(profile), str(base),
+         sorted(opts.backend_options.items())], default=str).encode())
     repair = any(info.name == REPAIR for info in infos)
     if profile.shapes:
         source["profile"] = str(profile)
     return Prepared(registry, model, backend, feeds, constraint, space, not_applicable,
-                    outdir, settings_hash, source, repair, profile)
+                    outdir, settings_hash, source, repair, profile, base=base,
+                    pinned=pinned, backend_options=dict(opts.backend_options))
 
 
 def tune(
@@ -273,7 +334,8 @@ def _tune_locked(
     try:
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
                           run.constraint, store, run.outdir, opts.measure, run.settings_hash,
-                          reference, run.repair)
+                          reference, run.repair, base=run.base,
+                          base_settings=run.backend_options)
         run.base_passes = loop.base_passes
         record = runinfo.start_record(run, opts, loop.versions)
         runinfo.write(run.outdir, record)
@@ -283,7 +345,8 @@ def _tune_locked(
                    for n, reason in run.not_applicable.items()]
         planned = strategy.planned()
         on_start(run, None if planned is None else planned)
-        trials = loop.run(strategy, Budget(opts.max_trials, opts.time_budget_s), on_trial)
+        trials = loop.run(strategy, Budget(opts.max_trials, opts.time_budget_s), on_trial,
+                          pinned=run.pinned)
         trials.extend(skipped)
         winner, reason = pick_winner(trials)
         paired = None
@@ -294,14 +357,39 @@ def _tune_locked(
                           f"is not faster than the base route ({paired[1].p50:.3f} ms vs "
                           f"{paired[0].p50:.3f} ms); the base route stands")
                 winner = trials[0]
+        if winner.status == "ok":
+            save_outputs(run.outdir / WINNER_OUTPUTS, loop.outputs(winner))
     finally:
         if loop is not None:
             loop.close()
         store.close()
-    result = _finish(run, trials, store_path, winner, reason, paired, loop.stopped)
+    result = _finish(run, opts, trials, store_path, winner, reason, paired, loop.stopped)
     result.files["run"] = runinfo.write(run.outdir, runinfo.finish_record(record, result))
     result.files.update({f"report.{k}": v for k, v in write_reports(run.outdir).items()})
     return result
+
+
+WINNER_OUTPUTS = "winner_outputs.npz"
+"""The winner's outputs on the validation inputs (``<set>/<output name>`` keys), for
+``routetune build`` to compare a rebuilt engine with."""
+
+
+def save_outputs(path: Path, outputs: Sequence[Mapping[str, np.ndarray]] | None) -> None:
+    """Write outputs, one mapping per input set, as ``.npz`` (keys ``<set>/<name>``)."""
+    if outputs is None:
+        return
+    np.savez(path, **{f"{i}/{name}": array for i, out in enumerate(outputs)
+                      for name, array in out.items()})
+
+
+def load_outputs(path: Path) -> list[dict[str, np.ndarray]]:
+    """Read what `save_outputs` wrote."""
+    with np.load(path, allow_pickle=False) as data:
+        sets: dict[int, dict[str, np.ndarray]] = {}
+        for key in data.files:
+            i, name = key.split("/", 1)
+            sets.setdefault(int(i), {})[name] = data[key]
+    return [sets[i] for i in sorted(sets)]
 
 
 def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
@@ -354,7 +442,7 @@ def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
                     "within the confidence intervals, and is simpler")
 
 
-def _finish(run: Prepared, trials: list[Trial], store: Path, winner: Trial,
+def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path, winner: Trial,
             reason: str, paired: tuple[Latency, Latency] | None,
             stopped: str | None) -> TuneResult:
     base = next(t for t in trials if t.route == "base")
@@ -364,11 +452,11 @@ def _finish(run: Prepared, trials: list[Trial], store: Path, winner: Trial,
     )
     result = TuneResult(winner, reason, tuple(ordered), base, run.space.size(),
                         run.not_applicable, run.outdir, {"store": store}, stopped, paired)
-    result.files.update(_write_winner(run, result))
+    result.files.update(_write_winner(run, result, opts))
     return result
 
 
-def _write_winner(run: Prepared, result: TuneResult) -> dict[str, Path]:
+def _write_winner(run: Prepared, result: TuneResult, opts: TuneOptions) -> dict[str, Path]:
     winner, reason = result.winner, result.winner_reason
     model_path = run.outdir / "winner.onnx"
     if winner.artifact:
@@ -379,7 +467,7 @@ def _write_winner(run: Prepared, result: TuneResult) -> dict[str, Path]:
         "route": winner.route,
         "backend": run.backend.name,
         "backend_version": run.backend.version(),
-        "settings": dict(winner.settings) or run.backend.full_settings({}),
+        "settings": dict(winner.settings) or run.backend.full_settings(run.backend_options),
         "p50_ms": winner.latency.p50 if winner.latency else None,
         "speedup": round(result.winner_speedup, 4),
         "status": winner.status,
@@ -387,7 +475,7 @@ def _write_winner(run: Prepared, result: TuneResult) -> dict[str, Path]:
     }
     settings_path = run.outdir / "winner.json"
     settings_path.write_text(json.dumps(settings, indent=2) + "\n")
-    recipe = write_winner_recipe(run.outdir / "winner.toml", run, result)
+    recipe = write_winner_recipe(run.outdir / "winner.toml", run, result, opts)
     return {"model": model_path, "settings": settings_path, "recipe": recipe}
 
 

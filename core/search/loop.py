@@ -83,6 +83,10 @@ class SearchLoop:
             accuracy constraint is repaired, once per precision seasoning, with
             ``precision-repair`` trials (`routetune.search.repair`). Those trials are
             stored and compete for the win, but are not told to the strategy.
+        base: Graph and precision steps applied to every route, the base route
+            included (a recipe's ``base``), after the backend's base pipeline.
+        base_settings: Build options every route starts from (a recipe's backend
+            options).
     """
 
     def __init__(
@@ -99,6 +103,8 @@ class SearchLoop:
         settings_hash: str,
         reference: Backend | None = None,
         repair: bool = False,
+        base: Route | None = None,
+        base_settings: Mapping[str, Any] | None = None,
     ) -> None:
         self.registry = registry
         self.model = model
@@ -112,6 +118,8 @@ class SearchLoop:
         self.settings_hash = settings_hash
         self.reference = reference
         self.repair = repair
+        self.base = base or Route()
+        self.base_settings = dict(base_settings or {})
         self._repaired: set[str] = set()  # precision seasonings repaired already
         self.stopped: str | None = None
         """Why the last `run` stopped before the strategy was done, or None."""
@@ -141,14 +149,17 @@ class SearchLoop:
         strategy: Strategy,
         budget: Budget,
         on_trial: Callable[[Trial, bool], None] = lambda trial, cached: None,
+        pinned: Sequence[Route] = (),
     ) -> list[Trial]:
-        """Measure the base route, then every route the strategy asks for.
+        """Measure the base route, the pinned routes, then every route the strategy asks for.
 
         Args:
             strategy: The search strategy.
             budget: Trial and time limits; the best so far stands when one is reached.
             on_trial: Called after each trial with the trial and whether it came from
                 the store.
+            pinned: Routes always tried, right after the base route (a recipe's
+                ``routes``); told to the strategy like its own.
 
         Returns:
             Every trial of this search, the base route's first.
@@ -172,6 +183,9 @@ class SearchLoop:
             return trial
 
         visit(Route())
+        for route in pinned:
+            if not route.is_base and visit(route) is None:
+                return trials
         while batch := strategy.ask():
             done = [(route, trial) for route in batch if (trial := visit(route)) is not None]
             if len(done) < len(batch):
@@ -222,6 +236,24 @@ class SearchLoop:
             for runner in runners:
                 runner.close()
 
+    def outputs(self, trial: Trial) -> list[dict[str, np.ndarray]] | None:
+        """Rebuild a stored trial's engine and run it on every input set.
+
+        Returns:
+            One mapping of output name to array per input set; None when the trial
+            has no candidate model or this device cannot run its engine.
+        """
+        if not trial.artifact:
+            return None
+        engine = self.backend.build(self.outdir / trial.artifact, trial.settings,
+                                    self.workdir, trial.fingerprint)
+        try:
+            runner = self.backend.open(engine)
+        except EngineNotRunnable:
+            return None
+        with runner:
+            return [runner.infer(feed) for feed in self.feeds]
+
     def record_skipped(self, route: Route, reason: str) -> Trial:
         """Store a route that was not built (a seasoning that does not apply)."""
         fingerprint = self.fingerprint(route)
@@ -239,7 +271,7 @@ class SearchLoop:
 
     def _trial(self, route: Route, fingerprint: str) -> Trial:
         try:
-            data, passes, settings = self._apply(route)
+            data, passes, settings = self.apply(route)
         except (SeasoningError, PostconditionError, BackendError, PluginError) as e:
             return self._record(route, fingerprint, "build-failed", str(e))
         candidate = sha256(data + json.dumps(settings, sort_keys=True).encode())
@@ -249,7 +281,7 @@ class SearchLoop:
                 route, fingerprint, "skipped", f"same model and settings as route '{same}'",
                 candidate_sha256=candidate, passes=tuple(passes),
             )
-        artifact = self._save_model(data)
+        artifact = self.save_model(data)
         fields: dict[str, Any] = {
             "candidate_sha256": candidate, "passes": tuple(passes), "settings": settings,
             "artifact": str(artifact.relative_to(self.outdir)),
@@ -327,10 +359,10 @@ class SearchLoop:
     def _base_runner(self) -> Runner | None:
         """The base route's engine, opened once and kept for paired measurements."""
         if self._base is None:
-            path = self._save_model(self.base_data)
+            path = self.save_model(self.base_data)
             try:
-                engine = self.backend.build(path, self.backend.full_settings({}), self.workdir,
-                                            self.fingerprint(Route()))
+                engine = self.backend.build(path, self.backend.full_settings(self.base_settings),
+                                            self.workdir, self.fingerprint(Route()))
                 self._base = self.backend.open(engine)
             except Exception as e:  # the base trial records the same failure
                 logger.warning("base route cannot be built for paired timing: %s", e)
@@ -353,19 +385,30 @@ class SearchLoop:
             SeasoningError: A step failed; no route can be built.
             PostconditionError: A step broke the model or its signature.
         """
-        if not self.backend.base_pipeline:
+        steps = [Step(name) for name in self.backend.base_pipeline] + list(self.base)
+        if not steps:
             return self.model.data, []
         state = RouteState(gs.import_onnx(self.model.proto))
         passes = []
-        for name in self.backend.base_pipeline:
-            record = self._step(Step(name), state, Route())
+        for step in steps:
+            record = self._step(step, state, Route())
             passes.append({**record, "base_pipeline": True})
         exported = gs.export_onnx(state.graph)
         check_candidate(exported, self.model.signature)
         return exported.SerializeToString(), passes
 
-    def _apply(self, route: Route) -> tuple[bytes, list[dict[str, Any]], dict[str, Any]]:
-        """Apply a route's steps to the prepared model, from the longest snapshot."""
+    def apply(self, route: Route) -> tuple[bytes, list[dict[str, Any]], dict[str, Any]]:
+        """Apply a route's steps to the prepared model, from the longest snapshot.
+
+        Returns:
+            The candidate model (serialized), one pass record per step, and the full
+            build settings.
+
+        Raises:
+            SeasoningError: A step failed.
+            PostconditionError: A step broke the model or its signature.
+            BackendError: The settings are not the backend's.
+        """
         stage = {s.name: self.registry.seasoning(s.name).info.stage for s in route}
         model_steps = [s for s in route if stage[s.name] != "build"]
         build_steps = [s for s in route if stage[s.name] == "build"]
@@ -376,7 +419,7 @@ class SearchLoop:
         data, passes, lowered = self._snapshots[prefix]
         passes = list(passes)
         state = RouteState(gs.import_onnx(onnx.load_from_string(data)) if model_steps[k:] else None,
-                           lowered=lowered)
+                           settings=dict(self.base_settings), lowered=lowered)
         for i in range(k, len(model_steps)):
             passes.append(self._step(model_steps[i], state, Route(tuple(model_steps[:i]))))
             exported = gs.export_onnx(state.graph)
@@ -415,7 +458,8 @@ class SearchLoop:
                 oldest = next(iter(self._snapshots))
             del self._snapshots[oldest]
 
-    def _save_model(self, data: bytes) -> Path:
+    def save_model(self, data: bytes) -> Path:
+        """Keep a candidate model under ``artifacts/models/<sha256[:16]>.onnx``; its path."""
         path = self.outdir / "artifacts" / "models" / f"{sha256(data)[:16]}.onnx"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -180,8 +180,8 @@ def test_winner_files_are_written(registry: Registry, tmp_path: Path) -> None:
                  seasonings=("fuse-bn-into-conv",))
     out = tmp_path / "out"
     recipe = tomllib.loads((out / "winner.toml").read_text())
-    assert recipe["route"]["text"] == result.winner.route
-    assert recipe["schema_version"] == 1
+    assert recipe["routes"] == [result.winner.route] and recipe["seasonings"] == []
+    assert recipe["schema_version"] == 2
     settings = json.loads((out / "winner.json").read_text())
     assert settings["settings"]["onnxruntime.graph_optimization_level"] == "all"
     sess = ort.InferenceSession(str(out / "winner.onnx"), providers=["CPUExecutionProvider"])

@@ -1,0 +1,84 @@
+"""The Python API: ``routetune.tune(model, ...)``, the same run as ``routetune tune``."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+from routetune.accuracy import DEFAULT_ACCURACY
+from routetune.errors import UsageError
+from routetune.measure import MeasureSettings
+from routetune.options import tune_options
+from routetune.plugin_manager import load_registry
+from routetune.tune import TuneOptions, TuneResult
+from routetune.tune import tune as _tune
+
+
+def tune(
+    model: str | Path | None = None,
+    *,
+    backend: str = "onnxruntime",
+    inputs: str | Path | None = None,
+    accuracy: str = DEFAULT_ACCURACY,
+    search: str = "beam",
+    seasonings: str | list[str] | tuple[str, ...] | None = None,
+    recipe: str | Path | None = None,
+    **options: Any,
+) -> TuneResult:
+    """Tune an ONNX model and keep the fastest route that meets the accuracy constraint.
+
+    The same run as ``routetune tune``: it writes the winner, the trial store and the
+    reports into the output directory, resumes from stored trials, and never returns
+    None (when nothing is accurate, the base route wins, flagged by its reason).
+
+    Args:
+        model: The ONNX file; or None with ``example=`` or a recipe.
+        backend: ``onnxruntime``, ``onnxruntime-cuda``, ``tensorrt`` or a plugin's.
+        inputs: Validation inputs: an ``.npz`` file (input name → array of the
+            model's dtype and a shape it accepts) or a folder of them; None to
+            synthesise them from ``shapes=``.
+        accuracy: The constraint against the FP32 reference, e.g. ``"cos>=0.999"``.
+        search: ``beam``, ``exhaustive``, ``one-at-a-time``, ``mixed`` or a plugin's.
+        seasonings: Seasoning names (a list or a comma-separated string); None for
+            every applicable one.
+        recipe: A recipe file; the arguments given here override its fields.
+        **options: Any other `TuneOptions` field: ``example``, ``output``, ``shapes``
+            (``"x:1x3x224x224"``), ``min_shapes``, ``opt_shapes``, ``max_shapes``,
+            ``beam_width``, ``max_depth``, ``max_trials``, ``time_budget_s`` (seconds),
+            ``space``, ``routes``, ``base``, ``backend_options``, ``fresh``, and
+            ``min_runs`` / ``min_time`` (s) for the measurement.
+
+    Returns:
+        The `TuneResult`: ``winner``, ``trials`` (winner first), ``to_dataframe()``,
+        ``report(path)``.
+
+    Raises:
+        UsageError: Bad input (an unknown option, model, backend, seasoning, accuracy
+            expression, inputs or shapes), with the same one-line messages as the CLI.
+        StorageError: The trial store cannot be opened or written.
+    """
+    known = {f.name for f in fields(TuneOptions)} - {"measure"} | {"min_runs", "min_time"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"routetune.tune: unknown option '{unknown[0]}'; known: "
+                         + ", ".join(sorted(known)))
+    if isinstance(seasonings, str):
+        seasonings = [s.strip() for s in seasonings.split(",") if s.strip()]
+    named = {"model": (model, None), "backend": (backend, "onnxruntime"),
+             "inputs": (inputs, None), "accuracy": (accuracy, DEFAULT_ACCURACY),
+             "search": (search, "beam"), "seasonings": (seasonings, None)}
+    explicit = set(options) | {k for k, (value, default) in named.items() if value != default}
+    flags: dict[str, Any] = {f.name: f.default if f.default is not MISSING else f.default_factory()
+                             for f in fields(TuneOptions) if f.name != "measure"}
+    flags.update(min_runs=MeasureSettings.min_runs, min_time=MeasureSettings.min_time_s)
+    flags.update({k: value for k, (value, _) in named.items()}, **options)
+    flags["seasonings"] = tuple(seasonings) if seasonings is not None else None
+    for key in ("model", "output", "inputs"):
+        if isinstance(flags.get(key), str):
+            flags[key] = Path(flags[key])
+    registry = load_registry()
+    opts = tune_options(flags, Path(recipe) if recipe is not None else None, registry,
+                        given=lambda name: {"time_budget": "time_budget_s"}.get(name, name)
+                        in explicit)
+    return _tune(opts, registry)

@@ -1,0 +1,125 @@
+"""``routetune build``: rebuild one route's engine and check it against what was stored.
+
+The route comes from ``--route`` or from a recipe that pins exactly one (a winner
+recipe). The rebuilt engine's outputs on the validation inputs are compared, under the
+accuracy constraint, with the stored winner's outputs (``winner_outputs.npz``) when the
+route is the output directory's winner, and with the FP32 reference otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from routetune.accuracy import AccuracyResult, check_accuracy
+from routetune.errors import EngineNotRunnable, UsageError
+from routetune.outdir import locked
+from routetune.registry import Registry
+from routetune.route import Route
+from routetune.search.loop import SearchLoop
+from routetune.store import TrialStore
+from routetune.tune import (
+    WINNER_OUTPUTS,
+    TuneOptions,
+    _backend,
+    _references,
+    load_outputs,
+    prepare_run,
+)
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """A rebuilt engine and its check.
+
+    Args:
+        route: The route, in canonical form.
+        engine_file: Where the engine was written (``built.onnx`` or ``built.plan``).
+        engine_bytes: Its size in bytes.
+        build_ms: Build time in ms, the route's passes included.
+        compared_with: What the outputs were compared with, in words.
+        verdict: The accuracy verdict; None when this device cannot run the engine.
+        not_run: Why the engine was not run ("" when it was).
+    """
+
+    route: Route
+    engine_file: Path
+    engine_bytes: int
+    build_ms: float
+    compared_with: str
+    verdict: AccuracyResult | None
+    not_run: str = ""
+
+
+def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt:
+    """Rebuild one route's engine in `opts`'s output directory and check its outputs.
+
+    Args:
+        opts: Model, backend, inputs, accuracy and output directory (a recipe's, or
+            the flags').
+        route: The route text; None to take the one route that `opts.routes` pins.
+        registry: The installed plugins.
+
+    Raises:
+        UsageError: No route, several pinned routes, or any bad input of `prepare_run`.
+    """
+    if route is None:
+        if len(opts.routes) != 1:
+            raise UsageError(f"the recipe pins {len(opts.routes)} routes; give the one to "
+                             "build with --route")
+        route = opts.routes[0]
+    run = prepare_run(dataclasses.replace(opts, routes=(route,), seasonings=()), registry)
+    (resolved,) = run.pinned or (Route(),)
+    reference = run.backend if run.backend.name == "onnxruntime" else _backend(
+        registry, "onnxruntime")
+    with locked(run.outdir), tempfile.TemporaryDirectory(prefix="routetune-build-") as tmp:
+        store = TrialStore.open(Path(tmp) / "trials.sqlite")
+        try:
+            loop = SearchLoop(registry, run.model, run.backend, run.feeds, [], run.constraint,
+                              store, run.outdir, opts.measure, run.settings_hash, reference,
+                              base=run.base, base_settings=run.backend_options)
+            t0 = time.perf_counter_ns()
+            data, _, settings = loop.apply(resolved)
+            engine = run.backend.build(loop.save_model(data), settings, Path(tmp))
+            build_ms = (time.perf_counter_ns() - t0) / 1e6
+            engine_file = _write_engine(run.outdir, engine)
+            try:
+                runner = run.backend.open(engine)
+            except EngineNotRunnable as e:
+                return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, "", None,
+                               str(e))
+            with runner:
+                outputs = [runner.infer(feed) for feed in run.feeds]
+        finally:
+            store.close()
+    stored, what = _expected(run.outdir, resolved)
+    if stored is None:
+        stored, what = _references(reference, run), "the FP32 reference (ONNX Runtime, CPU)"
+    verdict = check_accuracy(run.constraint, registry, outputs, stored)
+    return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, what, verdict)
+
+
+def _expected(outdir: Path, route: Route) -> tuple[list | None, str]:
+    """The stored winner outputs, when `route` is this output directory's winner."""
+    winner, outputs = outdir / "winner.json", outdir / WINNER_OUTPUTS
+    if winner.exists() and outputs.exists():
+        if json.loads(winner.read_text()).get("route") == str(route):
+            return load_outputs(outputs), f"the stored winner's outputs ({WINNER_OUTPUTS})"
+    return None, ""
+
+
+def _write_engine(outdir: Path, engine) -> Path:  # noqa: ANN001 - routetune.backend.Engine
+    """Copy the engine next to the trials: a plan's bytes, or the model file."""
+    if isinstance(engine.handle, bytes):
+        path = outdir / "built.plan"
+        path.write_bytes(engine.handle)
+    else:
+        path = outdir / "built.onnx"
+        shutil.copyfile(engine.path, path)
+    (outdir / "built.json").write_text(json.dumps(dict(engine.settings), indent=2) + "\n")
+    return path
