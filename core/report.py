@@ -177,7 +177,8 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
                        f"{run['space']['max_depth']}): "
                        + ", ".join(run["space"]["seasonings"]),
         "search": f"{search['strategy']} (beam width {search['beam_width']}, max trials "
-                  f"{search['max_trials']}, time budget {search['time_budget_s']} s)",
+                  f"{search['max_trials'] or 'none'}, time budget "
+                  + (f"{search['time_budget_s']} s)" if search["time_budget_s"] else "none)"),
         "measurement": f"at least {run['measure']['min_runs']} runs and "
                        f"{run['measure']['min_time_s']} s per candidate",
         "started": f"{run['started_at']}, finished {run.get('finished_at', '?')}",

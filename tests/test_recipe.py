@@ -166,3 +166,11 @@ def test_python_api_returns_the_result_with_records_dataframe_and_report(tuned, 
     assert paths["html"].read_text().startswith("<!DOCTYPE html>")
     with pytest.raises(UsageError, match="routetune.tune: unknown option 'bogus'"):
         routetune.tune(root / "m.onnx", bogus=1)
+
+
+def test_the_readme_recipe_validates(tmp_path: Path, registry) -> None:  # noqa: ANN001
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    recipe = load_recipe(write(tmp_path, block), registry)
+    assert recipe.routes == ["fp16,ort-threads{intra_op=2}"]
+    assert recipe.seasonings[0].params == {"op_types_to_exclude": [["Softmax"], []]}
