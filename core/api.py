@@ -14,6 +14,16 @@ from routetune.plugin_manager import load_registry
 from routetune.tune import TuneOptions, TuneResult
 from routetune.tune import tune as _tune
 
+TYPES: dict[str, tuple[type, ...]] = {
+    "beam_width": (int,), "max_depth": (int,), "max_trials": (int,), "min_runs": (int,),
+    "time_budget_s": (int, float), "min_time": (int, float),
+    "example": (str,), "shapes": (str,), "min_shapes": (str,), "opt_shapes": (str,),
+    "max_shapes": (str,), "output": (str, Path), "model_sha256": (str,),
+    "routes": (tuple, list), "base": (tuple, list), "space": (dict,),
+    "backend_options": (dict,), "fresh": (bool,),
+}
+"""The types `tune`'s keyword options take (anything else is refused up front)."""
+
 
 def tune(
     model: str | Path | None = None,
@@ -63,6 +73,12 @@ def tune(
     if unknown:
         raise UsageError(f"routetune.tune: unknown option '{unknown[0]}'; known: "
                          + ", ".join(sorted(known)))
+    for name, value in options.items():
+        want = TYPES.get(name, (object,))
+        ok = isinstance(value, want) and (bool in want or not isinstance(value, bool))
+        if want and value is not None and not ok:
+            names = " or ".join(t.__name__ for t in want)
+            raise UsageError(f"routetune.tune: {name}={value!r} must be {names}")
     if isinstance(seasonings, str):
         seasonings = [s.strip() for s in seasonings.split(",") if s.strip()]
     named = {"model": (model, None), "backend": (backend, "onnxruntime"),

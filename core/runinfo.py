@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import routetune
+from routetune.errors import UsageError
 
 if TYPE_CHECKING:
     from routetune.tune import Prepared, TuneOptions, TuneResult
@@ -87,8 +88,20 @@ def write(outdir: Path, record: dict[str, Any]) -> Path:
 
 
 def read(outdir: Path) -> dict[str, Any]:
-    """Read ``run.json``; an empty record when there is none (a store from an older run)."""
+    """Read ``run.json``; an empty record when there is none (a store from an older run).
+
+    Raises:
+        UsageError: The file is not JSON, or not a run record.
+    """
     path = outdir / FILENAME
     if not path.exists():
         return {}
-    return json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: not a readable run record ({e}); delete it, or run "
+                         "`routetune tune` again to rewrite it") from e
+    if not isinstance(record, dict) or not isinstance(record.get("model", {}), dict):
+        raise UsageError(f"{path}: not a routetune run record; delete it, or run "
+                         "`routetune tune` again to rewrite it")
+    return record

@@ -166,6 +166,8 @@ def test_python_api_returns_the_result_with_records_dataframe_and_report(tuned, 
     assert paths["html"].read_text().startswith("<!DOCTYPE html>")
     with pytest.raises(UsageError, match="routetune.tune: unknown option 'bogus'"):
         routetune.tune(root / "m.onnx", bogus=1)
+    with pytest.raises(UsageError, match="routetune.tune: max_depth='2' must be int"):
+        routetune.tune(root / "m.onnx", max_depth="2")
 
 
 def test_the_readme_recipe_validates(tmp_path: Path, registry) -> None:  # noqa: ANN001

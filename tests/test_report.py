@@ -61,6 +61,14 @@ def test_report_command_rewrites_them_and_refuses_a_directory_without_a_store(
     assert (outdir / "report.html").stat().st_size > 10_000
     with pytest.raises(UsageError, match="no trials.sqlite here"):
         write_reports(tmp_path)
+    broken = tmp_path / "broken"
+    shutil.copytree(outdir, broken)
+    (broken / "run.json").write_text("{not json")
+    done = subprocess.run(["routetune", "report", str(broken)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"routetune: error: {broken / 'run.json'}: not a readable "
+                                  "run record")
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess[str]:
