@@ -19,7 +19,7 @@ TYPES: dict[str, tuple[type, ...]] = {
     "time_budget_s": (int, float), "min_time": (int, float),
     "example": (str,), "shapes": (str,), "min_shapes": (str,), "opt_shapes": (str,),
     "max_shapes": (str,), "output": (str, Path), "model_sha256": (str,),
-    "routes": (tuple, list), "base": (tuple, list), "space": (dict,),
+    "routes": (tuple, list, str), "base": (tuple, list, str), "space": (dict,),
     "backend_options": (dict,), "fresh": (bool,),
 }
 """The types `tune`'s keyword options take (anything else is refused up front)."""
@@ -28,10 +28,10 @@ TYPES: dict[str, tuple[type, ...]] = {
 def tune(
     model: str | Path | None = None,
     *,
-    backend: str = "onnxruntime",
+    backend: str | None = None,
     inputs: str | Path | None = None,
-    accuracy: str = DEFAULT_ACCURACY,
-    search: str = "beam",
+    accuracy: str | None = None,
+    search: str | None = None,
     seasonings: str | list[str] | tuple[str, ...] | None = None,
     recipe: str | Path | None = None,
     **options: Any,
@@ -42,14 +42,20 @@ def tune(
     reports into the output directory, resumes from stored trials, and never returns
     None (when nothing is accurate, the base route wins, flagged by its reason).
 
+    An argument given (not None) overrides the recipe's field; one left out takes the
+    recipe's value, or the default.
+
     Args:
         model: The ONNX file; or None with ``example=`` or a recipe.
-        backend: ``onnxruntime``, ``onnxruntime-cuda``, ``tensorrt`` or a plugin's.
+        backend: ``onnxruntime`` (the default), ``onnxruntime-cuda``, ``tensorrt`` or a
+            plugin's.
         inputs: Validation inputs: an ``.npz`` file (input name → array of the
             model's dtype and a shape it accepts) or a folder of them; None to
             synthesise them from ``shapes=``.
-        accuracy: The constraint against the FP32 reference, e.g. ``"cos>=0.999"``.
-        search: ``beam``, ``exhaustive``, ``one-at-a-time``, ``mixed`` or a plugin's.
+        accuracy: The constraint against the FP32 reference, e.g. ``"cos>=0.999"``;
+            default `routetune.accuracy.DEFAULT_ACCURACY`.
+        search: ``beam`` (the default), ``exhaustive``, ``one-at-a-time``, ``mixed`` or
+            a plugin's.
         seasonings: Seasoning names (a list or a comma-separated string); None for
             every applicable one.
         recipe: A recipe file; the arguments given here override its fields.
@@ -79,16 +85,27 @@ def tune(
         if want and value is not None and not ok:
             names = " or ".join(t.__name__ for t in want)
             raise UsageError(f"routetune.tune: {name}={value!r} must be {names}")
+    for name, value, want in (("model", model, (str, Path)), ("inputs", inputs, (str, Path)),
+                              ("backend", backend, (str,)), ("accuracy", accuracy, (str,)),
+                              ("search", search, (str,)), ("recipe", recipe, (str, Path)),
+                              ("seasonings", seasonings, (str, list, tuple))):
+        if value is not None and not isinstance(value, want):
+            names = " or ".join(t.__name__ for t in want)
+            raise UsageError(f"routetune.tune: {name}={value!r} must be {names}")
     if isinstance(seasonings, str):
         seasonings = [s.strip() for s in seasonings.split(",") if s.strip()]
+    for key in ("routes", "base"):  # one route text is a route, not letters
+        if isinstance(options.get(key), str):
+            options[key] = (options[key],)
     named = {"model": (model, None), "backend": (backend, "onnxruntime"),
              "inputs": (inputs, None), "accuracy": (accuracy, DEFAULT_ACCURACY),
              "search": (search, "beam"), "seasonings": (seasonings, None)}
-    explicit = set(options) | {k for k, (value, default) in named.items() if value != default}
+    explicit = set(options) | {k for k, (value, _) in named.items() if value is not None}
     flags: dict[str, Any] = {f.name: f.default if f.default is not MISSING else f.default_factory()
                              for f in fields(TuneOptions) if f.name != "measure"}
     flags.update(min_runs=MeasureSettings.min_runs, min_time=MeasureSettings.min_time_s)
-    flags.update({k: value for k, (value, _) in named.items()}, **options)
+    flags.update({k: default if value is None else value
+                  for k, (value, default) in named.items()}, **options)
     flags["seasonings"] = tuple(seasonings) if seasonings is not None else None
     for key in ("model", "output", "inputs"):
         if isinstance(flags.get(key), str):

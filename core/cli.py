@@ -96,6 +96,9 @@ def tune_command(
         started = True
 
     def on_trial(trial, cached: bool) -> None:  # noqa: ANN001
+        total = progress.tasks[0].total
+        if total is not None and progress.tasks[0].completed + 1 > total:
+            progress.update(task, total=total + 1)  # repair trials come on top of the plan
         progress.update(task, advance=1, description=f"{'stored ' if cached else ''}{trial.route}"[:60])
 
     try:
@@ -197,9 +200,25 @@ def schema_command() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``routetune`` script. Exits 2 on bad input, with one line."""
+    """Entry point of the ``routetune`` script. Exits 2 on bad input, with one line.
+
+    Bad flags (a missing argument, ``--max-depth abc``) come from the command-line
+    framework; they are printed as one line too, with a pointer to ``--help``.
+    """
+    command = typer.main.get_command(app)
     try:
-        app(args=argv, prog_name="routetune")
+        code = command.main(args=argv, prog_name="routetune", standalone_mode=False)
     except RoutetuneError as e:
         print(f"routetune: error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as e:  # the framework's usage errors: ClickException and subclasses
+        if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
+            raise
+        message = " ".join(e.format_message().split())
+        if message:  # empty after no-arguments help, which was printed already
+            hint = " (see routetune --help)" if e.exit_code == 2 else ""
+            print(f"routetune: error: {message}{hint}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -50,6 +50,9 @@ def tune_options(flags: Mapping[str, Any], recipe: Path | None, registry: Regist
             merged["space"] = _merge_space(merged.get("space", {}), value)
         elif given(FLAG_NAMES.get(name, name)) or name not in merged:
             merged[name] = value
+    if given("seasonings") and merged.get("seasonings") is not None:
+        keep = set(merged["seasonings"])  # the recipe's spaces of seasonings left out go
+        merged["space"] = {k: v for k, v in merged.get("space", {}).items() if k in keep}
     base = merged.get("measure", measure)
     merged["measure"] = MeasureSettings(
         min_runs=measure.min_runs if given("min_runs") else base.min_runs,

@@ -70,8 +70,9 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
     """
     if route is None:
         if len(opts.routes) != 1:
-            raise UsageError(f"the recipe pins {len(opts.routes)} routes; give the one to "
-                             "build with --route")
+            raise UsageError(f"the recipe pins {len(opts.routes)} routes ("
+                             f"{'; '.join(opts.routes) or 'none'}); give the one to build "
+                             "with --route")
         route = opts.routes[0]
     run = prepare_run(dataclasses.replace(opts, routes=(route,), seasonings=()), registry)
     (resolved,) = run.pinned or (Route(),)
@@ -97,18 +98,23 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
                 outputs = [runner.infer(feed) for feed in run.feeds]
         finally:
             store.close()
-    stored, what = _expected(run.outdir, resolved)
+    stored, what = _expected(run.outdir, resolved, run.settings_hash)
     if stored is None:
         stored, what = _references(reference, run), "the FP32 reference (ONNX Runtime, CPU)"
     verdict = check_accuracy(run.constraint, registry, outputs, stored)
     return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, what, verdict)
 
 
-def _expected(outdir: Path, route: Route) -> tuple[list | None, str]:
-    """The stored winner outputs, when `route` is this output directory's winner."""
+def _expected(outdir: Path, route: Route, settings_hash: str) -> tuple[list | None, str]:
+    """The stored winner outputs, if `route` won here with these inputs and settings.
+
+    Same route text and same settings hash (model, inputs, constraint, profile, base,
+    backend options, measurement): otherwise the stored outputs belong to another run.
+    """
     winner, outputs = outdir / "winner.json", outdir / WINNER_OUTPUTS
     if winner.exists() and outputs.exists():
-        if json.loads(winner.read_text()).get("route") == str(route):
+        stored = json.loads(winner.read_text())
+        if stored.get("route") == str(route) and stored.get("settings_hash") == settings_hash:
             return load_outputs(outputs), f"the stored winner's outputs ({WINNER_OUTPUTS})"
     return None, ""
 

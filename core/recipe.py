@@ -165,7 +165,8 @@ def load_recipe(path: Path, registry: Registry) -> Recipe:
     try:
         recipe = Recipe.model_validate(doc)
     except ValidationError as e:
-        problems = [f"{_where(err['loc'])}: {err['msg']}" for err in e.errors()]
+        problems = [f"{_where(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+                    for err in e.errors()]
         raise UsageError(f"{path}: " + "; ".join(problems)) from e
     problems = _check_names(recipe, registry)
     if problems:
@@ -182,8 +183,6 @@ def _where(loc: tuple[Any, ...]) -> str:
 
 def _check_names(recipe: Recipe, registry: Registry) -> list[str]:
     """Problems a schema cannot see: names and values that the installed plugins refuse."""
-    import onnx
-
     from routetune.composer import resolve_route
     from routetune.route import parse_route
 
@@ -192,8 +191,9 @@ def _check_names(recipe: Recipe, registry: Registry) -> list[str]:
     def check(where: str, call: Any) -> Any:
         try:
             return call()
-        except RoutetuneError as e:
-            problems.append(f"{where}: {e}")
+        except RoutetuneError as e:  # the field path already names the parameter
+            field = where.rsplit(".", 1)[-1]
+            problems.append(f"{where}: {str(e).removeprefix(f'parameter {field!r}: ')}")
             return None
 
     check("backend.name", lambda: registry.backend(recipe.backend.name))
@@ -209,10 +209,6 @@ def _check_names(recipe: Recipe, registry: Registry) -> list[str]:
                 value = tuple(value) if isinstance(value, list) else value
                 if check(where, lambda p=param, v=value: p.check(v)) is None:
                     break
-                if "op_type" in name and isinstance(value, tuple):
-                    for op in value:
-                        if not onnx.defs.has(str(op)):
-                            problems.append(f"{where}: unknown op type '{op}'")
     for i, text in enumerate(recipe.routes):
         check(f"routes[{i}]", lambda text=text: resolve_route(parse_route(text), registry))
     for i, text in enumerate(recipe.base):
@@ -308,6 +304,7 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
         "accuracy": {"expr": run.constraint.text},
         "measure": {"min_runs": opts.measure.min_runs, "min_time_s": opts.measure.min_time_s},
         "inputs": inputs,
+        "output": ".",
         "result": measured,
     }
     path.write_text(tomli_w.dumps(_drop_empty(doc)))

@@ -49,10 +49,11 @@ def build_report(outdir: Path) -> dict[str, Any]:
                   and t.model_sha256 == run["model"]["sha256"]
                   and t.backend == run["backend"]["name"]]
     rows = [trial_row(t) for t in trials]
-    result = run.get("result", {})
-    winner = next((r for r in rows if r["route"] == result.get("winner")), None)
+    result = dict(run.get("result", {}))
+    route = result.pop("winner", None)
+    winner = next((r for r in rows if r["route"] == route), None)
     return {"run": run, "trials": rows, "seasonings": seasoning_effects(trials),
-            "winner": {**(winner or {}), **result} if result else None}
+            "winner": {**(winner or {}), **result} if winner else None}
 
 
 def trial_row(trial: Trial) -> dict[str, Any]:
@@ -124,6 +125,12 @@ def write_reports(outdir: Path, dest: Path | None = None) -> dict[str, Path]:
     from routetune.report_html import render_html
 
     data = build_report(outdir)
+    try:
+        environment(data["run"])
+    except (KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{outdir / runinfo.FILENAME}: not a run record this routetune "
+                         f"can read (missing or wrong {e}); delete it, or run `routetune "
+                         "tune` again") from e
     dest = dest or outdir
     dest.mkdir(parents=True, exist_ok=True)
     paths = {"json": dest / "report.json", "md": dest / "report.md",
@@ -141,7 +148,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     lines += [f"- {k}: {v}" for k, v in environment(run).items()]
     winner = data.get("winner")
     if winner:
-        lines.append(f"\n## Winner: `{winner['winner']}`\n\n{winner_text(winner)}\n")
+        lines.append(f"\n## Winner: `{winner['route']}`\n\n{winner_text(winner)}\n")
     lines.append("\n## Seasonings: effect against the same routes without them\n")
     lines.append("| seasoning | pairs | latency ratio | rel-L2 change |\n|---|---|---|---|")
     for s in data["seasonings"]:
@@ -149,12 +156,13 @@ def render_markdown(data: dict[str, Any]) -> str:
         lines.append(f"| `{s['seasoning']}` | {s['pairs']} | {s['latency_ratio']:.3f} | "
                      f"{change} |")
     lines.append("\n## Trials\n")
-    lines.append("| route | status | p50 ms | speed-up | rel-L2 | reason |\n"
-                 "|---|---|---|---|---|---|")
+    lines.append("| route | status | p50 ms | base p50 ms (alongside) | speed-up | rel-L2 | "
+                 "reason |\n|---|---|---|---|---|---|---|")
     for r in data["trials"]:
         reason = r["reason"].replace("|", "\\|")
-        lines.append(f"| `{r['route']}` | {r['status']} | {_num(r['p50_ms'], '.3f')} | "
-                     f"{_num(r['speedup'], '.2f', 'x')} | "
+        mark = " (winner)" if winner and r["route"] == winner["route"] else ""
+        lines.append(f"| `{r['route']}`{mark} | {r['status']} | {_num(r['p50_ms'], '.3f')} | "
+                     f"{_num(r['base_p50_ms'], '.3f')} | {_num(r['speedup'], '.2f', 'x')} | "
                      f"{_num(r['error'].get('rel_l2'), '.3g')} | {reason} |")
     return "\n".join(lines) + "\n"
 
@@ -165,6 +173,13 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
         return {"run": "no run.json (a store written by an older routetune)"}
     backend, model, search = run["backend"], run["model"], run["search"]
     versions = ", ".join(f"{k} {v}" for k, v in backend["versions"].items())
+    n = len(run["space"]["seasonings"])
+    strategy = search["strategy"] + (f" (beam width {search['beam_width']})"
+                                      if search["strategy"] == "beam" else "")
+    given = run.get("given", {})
+    inputs = (f"{given['inputs']}" if "inputs" in given else
+              f"synthesised at {given.get('shapes', '?')}" + (
+                  f" (example {given['example']})" if "example" in given else ""))
     return {
         "model": f"{model['source']} (sha256 {model['sha256']})",
         "backend": f"{backend['name']} {backend['version']} on {backend['device']}",
@@ -172,13 +187,17 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
         "CPU": f"{run['machine']['cpu']}; flags {' '.join(run['machine']['cpu_flags'])}",
         "accuracy constraint": run["accuracy"],
         "optimisation profile": run["profile"] or "none",
-        "route space": f"{run['space']['size']} routes from "
-                       f"{len(run['space']['seasonings'])} seasonings (max depth "
+        "validation inputs": inputs,
+        "base pipeline": ", ".join(run.get("base_pipeline", [])) or "none",
+        "backend options": ", ".join(f"{k}={v}" for k, v in
+                                     backend.get("options", {}).items()) or "defaults",
+        "pinned routes": ", ".join(run.get("pinned", [])) or "none",
+        "route space": f"{run['space']['size']} route{'s' * (run['space']['size'] != 1)} "
+                       f"from {n} seasoning{'s' * (n != 1)} (max depth "
                        f"{run['space']['max_depth']}): "
-                       + ", ".join(run["space"]["seasonings"]),
-        "search": f"{search['strategy']} (beam width {search['beam_width']}, max trials "
-                  f"{search['max_trials'] or 'none'}, time budget "
-                  + (f"{search['time_budget_s']} s)" if search["time_budget_s"] else "none)"),
+                       + (", ".join(run["space"]["seasonings"]) or "none"),
+        "search": f"{strategy}; max trials {search['max_trials'] or 'none'}, time budget "
+                  + (f"{search['time_budget_s']} s" if search["time_budget_s"] else "none"),
         "measurement": f"at least {run['measure']['min_runs']} runs and "
                        f"{run['measure']['min_time_s']} s per candidate",
         "started": f"{run['started_at']}, finished {run.get('finished_at', '?')}",
@@ -186,22 +205,16 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
 
 
 def winner_text(winner: dict[str, Any]) -> str:
-    """The winner in one line: speed-up with the side-by-side intervals, and why."""
+    """The winner in one line: why, and the side-by-side p50s with their intervals."""
+    reason = winner["reason"][:1].upper() + winner["reason"][1:]
     pair = winner.get("side_by_side_ms")
-    if pair and winner.get("winner") == "base":
-        base, best = pair
-        return (f"The base route stands. Side by side, the search's best route ran "
-                f"{best['p50']:.3f} ms [{best['ci_low']:.3f}, {best['ci_high']:.3f}] against "
-                f"the base route's {base['p50']:.3f} ms [{base['ci_low']:.3f}, "
-                f"{base['ci_high']:.3f}] (p50, 95% confidence interval of the median): "
-                f"{winner['reason']}.")
-    if pair:
-        base, best = pair
-        return (f"{winner['speedup']:.2f}x faster than the base route, side by side: "
-                f"{best['p50']:.3f} ms [{best['ci_low']:.3f}, {best['ci_high']:.3f}] against "
-                f"{base['p50']:.3f} ms [{base['ci_low']:.3f}, {base['ci_high']:.3f}] (p50, "
-                f"95% confidence interval of the median). {winner['reason']}.")
-    return f"{winner['reason']}."
+    if not pair:
+        return f"{reason}."
+    base, best = pair["base"], pair["best"]
+    gain = "" if winner["route"] == "base" else f"{winner['speedup']:.2f}x faster. "
+    return (f"{gain}{reason}. Side by side (p50, 95% confidence interval of the median): "
+            f"best route {best['p50']:.3f} ms [{best['ci_low']:.3f}, {best['ci_high']:.3f}], "
+            f"base route {base['p50']:.3f} ms [{base['ci_low']:.3f}, {base['ci_high']:.3f}].")
 
 
 def _num(value: float | None, spec: str, suffix: str = "") -> str:

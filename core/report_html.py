@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 from typing import Any
 
 from routetune.report import ERROR_METRIC, environment, winner_text
@@ -50,7 +51,7 @@ document.querySelectorAll('th').forEach(th => th.addEventListener('click', () =>
 if (location.hash === '#selftest') {
   document.getElementById('p50-header').click();
   const rows = document.querySelectorAll('#trials tbody tr');
-  const routes = Array.from(rows).map(r => r.children[0].textContent);
+  const routes = Array.from(rows).map(r => r.children[0].dataset.v);
   document.body.dataset.selftest = JSON.stringify({sorted: routes,
     svg: document.querySelectorAll('#pareto svg path, #pareto svg use').length});
 }
@@ -78,17 +79,26 @@ def pareto_svg(data: dict[str, Any]) -> str:
         if pts:
             ax.scatter(*zip(*pts, strict=True), c=colour, marker=marker, s=36,
                        label=f"{status} ({len(pts)})", alpha=0.85)
-    front = _front([(r["error"].get(ERROR_METRIC, 0.0), r["relative_p50"]) for r in rows
-                    if r["status"] == "ok"])
+    accurate = {(r["error"].get(ERROR_METRIC, 0.0), r["relative_p50"]): r["route"]
+                for r in rows if r["status"] == "ok"}
+    front = _front(list(accurate))
     if len(front) > 1:
         ax.plot(*zip(*front, strict=True), color=STYLE["ok"][0], lw=1, alpha=0.6,
-                label="Pareto front (accurate)")
+                drawstyle="steps-post", label="Pareto front (accurate)")
+    for point in front:  # name the routes worth a look
+        ax.annotate(accurate[point], point, fontsize=7, xytext=(4, 3),
+                    textcoords="offset points")
     winner = data.get("winner") or {}
     if winner.get("relative_p50") is not None:
         ax.scatter([winner["error"].get(ERROR_METRIC, 0.0)], [winner["relative_p50"]],
-                   s=160, facecolors="none", edgecolors="black", label="winner")
+                   s=160, facecolors="none", edgecolors="black",
+                   label=f"winner: {winner['route']}")
     unplotted = len(data["trials"]) - len(rows)
-    ax.set_xscale("symlog", linthresh=1e-6)
+    positive = [e for e, _ in accurate] + [r["error"].get(ERROR_METRIC, 0.0) for r in rows]
+    positive = [e for e in positive if e > 0]
+    linthresh = 10 ** math.floor(math.log10(min(positive))) if positive else 1e-6
+    ax.set_xscale("symlog", linthresh=linthresh)
+    ax.set_xlim(left=0)
     ax.set_xlabel(f"accuracy error ({ERROR_METRIC}, worst output; symlog)")
     ax.set_ylabel("p50 / base route p50 (timed alongside)")
     ax.axhline(1.0, color="#555555", lw=0.6, ls=":")
@@ -118,7 +128,7 @@ def render_html(data: dict[str, Any]) -> str:
     env = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>"
                   for k, v in environment(data["run"]).items())
     winner = data.get("winner")
-    win = (f"<h2>Winner: <code>{e(winner['winner'])}</code></h2><p>{e(winner_text(winner))}</p>"
+    win = (f"<h2>Winner: <code>{e(winner['route'])}</code></h2><p>{e(winner_text(winner))}</p>"
            if winner else "<p>No result recorded (the run did not finish).</p>")
     effects = "".join(
         f"<tr><td data-v='{e(s['seasoning'])}'><code>{e(s['seasoning'])}</code></td>"
@@ -126,7 +136,8 @@ def render_html(data: dict[str, Any]) -> str:
         f"<td data-v='{s['latency_ratio']:.6g}'>{s['latency_ratio']:.3f}</td>"
         f"<td data-v='{_v(s['error_change'])}'>{_f(s['error_change'], '+.3g')}</td></tr>"
         for s in data["seasonings"])
-    rows = "".join(_trial_row(r) for r in data["trials"])
+    rows = "".join(_trial_row(r, winner is not None and r["route"] == winner["route"])
+                   for r in data["trials"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{CSP}">
@@ -156,22 +167,25 @@ td.num {{ text-align: right; font-variant-numeric: tabular-nums; }}
 <h2>Trials</h2>
 <p>Click a column to sort. Rejected trials give the reason and the margin.</p>
 <table id="trials"><thead><tr><th>route</th><th>status</th><th id="p50-header">p50 ms</th>
-<th>± ms</th><th>speed-up</th><th>{ERROR_METRIC}</th><th>cos</th><th>build ms</th>
+<th>± ms</th><th>base p50 ms (alongside)</th><th>speed-up</th><th>{ERROR_METRIC}</th>
+<th>cos</th><th>build ms</th>
 <th>reason</th></tr></thead><tbody>{rows}</tbody></table>
 <script>{SCRIPT}</script>
 </body></html>
 """
 
 
-def _trial_row(r: dict[str, Any]) -> str:
+def _trial_row(r: dict[str, Any], winner: bool) -> str:
     e = html.escape
     ci = r["ci_ms"]
     spread = (ci[1] - ci[0]) / 2 if ci else None
+    mark = " <strong>(winner)</strong>" if winner else ""
     cells = [
-        (e(r["route"]), f"<code>{e(r['route'])}</code>", ""),
+        (e(r["route"]), f"<code>{e(r['route'])}</code>{mark}", ""),
         (e(r["status"]), f"<span class='{e(r['status'])}'>{e(r['status'])}</span>", ""),
         (_v(r["p50_ms"]), _f(r["p50_ms"], ".3f"), "num"),
         (_v(spread), _f(spread, ".3f"), "num"),
+        (_v(r["base_p50_ms"]), _f(r["base_p50_ms"], ".3f"), "num"),
         (_v(r["speedup"]), _f(r["speedup"], ".2f", "x"), "num"),
         (_v(r["error"].get(ERROR_METRIC)), _f(r["error"].get(ERROR_METRIC), ".3g"), "num"),
         (_v(r["error"].get("cos")), _f(r["error"].get("cos"), ".6f"), "num"),

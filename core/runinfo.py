@@ -47,9 +47,12 @@ def start_record(run: Prepared, opts: TuneOptions, versions: dict[str, str]) -> 
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": {"source": str(run.model.source), "sha256": run.model.source_sha256,
                   "inputs": [str(s) for s in run.model.inputs],
-                  "outputs": [str(s) for s in run.model.outputs], **dict(run.source)},
+                  "outputs": [str(s) for s in run.model.outputs]},
+        "given": {k: str(v) for k, v in run.source.items()},
         "backend": {"name": run.backend.name, "version": run.backend.version(),
-                    "device": run.backend.device(), "versions": versions},
+                    "device": run.backend.device(), "versions": versions,
+                    "options": dict(run.backend_options)},
+        "pinned": [str(r) for r in run.pinned],
         "machine": {"cpu": platform.processor() or platform.machine(),
                     "cpu_flags": cpu_flags(), "python": platform.python_version()},
         "settings_hash": run.settings_hash,
@@ -73,7 +76,8 @@ def finish_record(record: dict[str, Any], result: TuneResult) -> dict[str, Any]:
     out["result"] = {"winner": result.winner.route, "reason": result.winner_reason,
                      "status": result.winner.status, "speedup": result.winner_speedup,
                      "stopped": result.stopped,
-                     "side_by_side_ms": [asdict(lat) for lat in result.side_by_side]
+                     "side_by_side_ms": {"base": asdict(result.side_by_side[0]),
+                                         "best": asdict(result.side_by_side[1])}
                      if result.side_by_side else None}
     return out
 

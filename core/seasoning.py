@@ -59,8 +59,16 @@ class Param:
         pin a value the search does not enumerate.
 
         Raises:
-            UsageError: The value has the wrong type.
+            UsageError: The value has the wrong type, is not among the allowed values,
+                or (for a parameter named ``*op_type*``) names an op type ONNX does not
+                define (``onnx.defs.has``).
         """
+        if isinstance(value, tuple) and "op_type" in self.name:
+            import onnx
+
+            unknown = [op for op in value if not onnx.defs.has(str(op))]
+            if unknown:
+                raise UsageError(f"parameter '{self.name}': unknown op type '{unknown[0]}'")
         if value in self.choices or value == self.default or value in self.allowed:
             return value
         if self.allowed:
@@ -70,9 +78,10 @@ class Param:
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if type(value) is not expected:
+            wanted = "a list, written [a,b]" if expected is tuple else expected.__name__
             raise UsageError(
                 f"parameter '{self.name}': {value!r} is a {type(value).__name__}, "
-                f"expected {expected.__name__}; choices: {_choices_text(self)}"
+                f"expected {wanted}; choices: {_choices_text(self)}"
             )
         return value
 

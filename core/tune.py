@@ -19,7 +19,7 @@ from routetune import examples, runinfo
 from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
 from routetune.backend import Backend
 from routetune.composer import RouteSpace, resolve_route
-from routetune.errors import UsageError
+from routetune.errors import BackendError, UsageError
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
 from routetune.measure import Latency, MeasureSettings
 from routetune.model import PreparedModel, prepare, sha256
@@ -281,7 +281,16 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         raise UsageError(f"base '{base}': build seasonings cannot be in the base pipeline; "
                          "give build options as backend options")
     pinned = tuple(resolve_route(parse_route(text), registry) for text in opts.routes)
-    backend.full_settings(opts.backend_options)  # unknown keys or bad values fail here
+    for route in pinned:
+        for step in route:
+            why = registry.seasoning(step.name)().supports(backend)
+            if why:
+                raise UsageError(f"pinned route '{route}': {step.name} {why}, not "
+                                 f"{backend.name}; drop it or change the backend")
+    try:
+        backend.full_settings(opts.backend_options)
+    except BackendError as e:
+        raise UsageError(f"backend options: {e}") from e
     settings_hash = sha256(json.dumps(
         [inputs_hash, constraint.text, asdict(opts.measure), str(profile), str(base),
          sorted(opts.backend_options.items())], default=str).encode())
@@ -472,6 +481,7 @@ def _write_winner(run: Prepared, result: TuneResult, opts: TuneOptions) -> dict[
         "speedup": round(result.winner_speedup, 4),
         "status": winner.status,
         "reason": reason,
+        "settings_hash": run.settings_hash,
     }
     settings_path = run.outdir / "winner.json"
     settings_path.write_text(json.dumps(settings, indent=2) + "\n")

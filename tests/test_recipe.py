@@ -43,7 +43,7 @@ HEAD = 'schema_version = 2\n[model]\npath = "m.onnx"\n'
     ('[[seasonings]]\nname = "ort-threads"\n[seasonings.params]\nthreads = [1]\n',
      "seasonings[0].params.threads: seasoning 'ort-threads' has no parameter 'threads'"),
     ('[[seasonings]]\nname = "int8-qdq"\n[seasonings.params]\ncalibration = ["fast"]\n',
-     "seasonings[0].params.calibration: parameter 'calibration': 'fast' is not one of"),
+     "seasonings[0].params.calibration: 'fast' is not one of"),
     ('[search]\nbeam_width = "wide"\n', "search.beam_width: Input should be a valid integer"),
     ('[search]\nbeam_width = 0\n', "search.beam_width: Input should be greater than or equal "
                                    "to 1"),
@@ -63,8 +63,8 @@ def test_schema_errors_name_the_field(tmp_path: Path, registry, body: str,  # no
 
 
 def test_model_must_be_path_or_example_and_toml_must_parse(tmp_path: Path, registry) -> None:  # noqa: ANN001
-    with pytest.raises(UsageError, match=r"model: Value error, give exactly one of path "
-                                         "and example"):
+    with pytest.raises(UsageError, match=r"r.toml: model: give exactly one of path and "
+                                         "example"):
         load_recipe(write(tmp_path, 'schema_version = 2\n[model]\n'), registry)
     with pytest.raises(UsageError, match="not a readable TOML file"):
         load_recipe(write(tmp_path, 'schema_version = = 2\n'), registry)
@@ -142,6 +142,10 @@ def test_build_reproduces_the_winner_and_catches_a_route_that_does_not_match(tun
               "--output", str(out))
     assert bad.returncode == 1
     assert "outputs do not match the FP32 reference (ONNX Runtime, CPU): y: l0 " in bad.stdout
+    other_inputs = cli("build", str(root / "m.onnx"), "--route", result.winner.route,
+                       "--shapes", "x:2x3x32x32", "--output", str(out))
+    assert other_inputs.returncode == 0, other_inputs.stderr  # not the stored run's inputs:
+    assert "match the FP32 reference" in other_inputs.stdout  # checked against FP32
     neither = cli("build", str(root / "m.onnx"), "--output", str(out))
     assert neither.returncode == 2 and "give --route TEXT or --recipe FILE" in neither.stderr
 
@@ -176,3 +180,39 @@ def test_the_readme_recipe_validates(tmp_path: Path, registry) -> None:  # noqa:
     recipe = load_recipe(write(tmp_path, block), registry)
     assert recipe.routes == ["fp16,ort-threads{intra_op=2}"]
     assert recipe.seasonings[0].params == {"op_types_to_exclude": [["Softmax"], []]}
+
+
+def test_more_inputs_the_cli_refuses_in_one_line(tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    path = write(tmp_path, f'schema_version = 2\nroutes = ["trt-tiling"]\n[model]\npath = '
+                           f'"{model}"\n[inputs]\nshapes = "x:1x3x32x32"\n')
+    for args, message in (
+        (["tune", "--recipe", str(path)], "pinned route 'trt-tiling': trt-tiling applies only "
+                                          "to backends tensorrt, not onnxruntime"),
+        (["tune", str(model), "--max-depth", "abc"], "Invalid value for '--max-depth'"),
+        (["report"], "Missing argument 'outdir'"),
+    ):
+        done = cli(*args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("routetune: error: ") and message in done.stderr
+        assert len(done.stderr.splitlines()) == 1
+
+
+def test_seasonings_flag_replaces_the_recipes_and_its_spaces(tmp_path: Path,
+                                                             registry) -> None:  # noqa: ANN001
+    path = write(tmp_path, HEAD + '[[seasonings]]\nname = "fp16"\n[seasonings.params]\n'
+                                  'keep_io_types = [true]\n')
+    flags = {"seasonings": ("ort-threads",), "space": {}, "min_runs": 3, "min_time": 0.1}
+    opts = tune_options(flags, path, registry, given=lambda name: name == "seasonings")
+    assert opts.seasonings == ("ort-threads",) and opts.space == {}
+
+
+def test_an_api_argument_equal_to_the_default_still_overrides_the_recipe(
+        tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    path = write(tmp_path, f'schema_version = 2\n[model]\npath = "{model}"\n[search]\n'
+                           'strategy = "exhaustive"\nmax_depth = 1\n[[seasonings]]\n'
+                           'name = "ort-threads"\n[inputs]\nshapes = "x:1x3x32x32"\n')
+    routetune.tune(recipe=path, search="beam", output=tmp_path / "out", **FAST)
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["search"]["strategy"] == "beam"

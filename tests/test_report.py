@@ -47,9 +47,11 @@ def test_tune_writes_every_report_from_the_store(outdir: Path) -> None:
     effects = {s["seasoning"]: s for s in data["seasonings"]}
     assert effects["ort-threads"]["pairs"] == 8  # 4 routes without it x 2 choices
     assert effects["fp16"]["error_change"] > 0  # FP16 adds error, fuse-bn does not
-    assert data["winner"]["winner"] == data["run"]["result"]["winner"]
+    assert data["winner"]["route"] == data["run"]["result"]["winner"]
     md = (outdir / "report.md").read_text()
-    assert f"## Winner: `{data['winner']['winner']}`" in md and "| `fp16` | accuracy-failed" in md
+    assert f"## Winner: `{data['winner']['route']}`" in md and "| `fp16` | accuracy-failed" in md
+    assert "| validation inputs | " not in md and "- validation inputs: synthesised at " \
+        "x:1x3x32x32" in md
 
 
 def test_report_command_rewrites_them_and_refuses_a_directory_without_a_store(

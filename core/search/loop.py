@@ -166,6 +166,7 @@ class SearchLoop:
         """
         started = time.monotonic()
         trials: list[Trial] = []
+        seen: set[str] = set()
         self.stopped = None
 
         def visit(route: Route, tell: bool = True) -> Trial | None:
@@ -176,7 +177,9 @@ class SearchLoop:
                 self.stopped = f"--time-budget {budget.time_s:g} s reached"
                 return None
             trial, cached = self.evaluate(route)
-            trials.append(trial)
+            if trial.fingerprint not in seen:  # a pinned route the strategy asks again
+                seen.add(trial.fingerprint)
+                trials.append(trial)
             if tell:
                 strategy.tell(route, trial)
             on_trial(trial, cached)
