@@ -177,9 +177,10 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
     strategy = search["strategy"] + (f" (beam width {search['beam_width']})"
                                       if search["strategy"] == "beam" else "")
     given = run.get("given", {})
-    inputs = (f"{given['inputs']}" if "inputs" in given else
-              f"synthesised at {given.get('shapes', '?')}" + (
-                  f" (example {given['example']})" if "example" in given else ""))
+    shapes = given.get("shapes", "?")
+    inputs = (given["inputs"] if "inputs" in given else
+              f"the {given['example']} example's own input sets at {shapes}"
+              if "example" in given else f"synthesised (seeded, uniform in [0, 1)) at {shapes}")
     return {
         "model": f"{model['source']} (sha256 {model['sha256']})",
         "backend": f"{backend['name']} {backend['version']} on {backend['device']}",

@@ -50,8 +50,8 @@ def test_tune_writes_every_report_from_the_store(outdir: Path) -> None:
     assert data["winner"]["route"] == data["run"]["result"]["winner"]
     md = (outdir / "report.md").read_text()
     assert f"## Winner: `{data['winner']['route']}`" in md and "| `fp16` | accuracy-failed" in md
-    assert "| validation inputs | " not in md and "- validation inputs: synthesised at " \
-        "x:1x3x32x32" in md
+    assert "| validation inputs | " not in md and "- validation inputs: synthesised (seeded, " \
+        "uniform in [0, 1)) at x:1x3x32x32" in md
 
 
 def test_report_command_rewrites_them_and_refuses_a_directory_without_a_store(
