@@ -110,7 +110,8 @@ def test_a_failing_int8_route_is_repaired_with_as_few_fp32_nodes_as_bisection_fi
     assert ran and {t.route.split(",precision-repair")[0] for t in ran} == {fastest.route}
     counts = [count_of(parse_route(t.route)) for t in ran]
     assert counts[: 3] == [1, 2, 4][: len(counts)] or counts[-1] == 4  # doubling, 4 nodes
-    assert all(t.status in ("ok", "accuracy-failed") for t in ran)
+    assert all(t.status in ("ok", "accuracy-failed") for t in ran), [
+        (t.route, t.status, t.reason) for t in ran]
     last, passing = ran[-1], [k for k, t in zip(counts, ran, strict=True) if t.status == "ok"]
     if passing:  # bisection ended next to a failing count, or at 1
         best = min(passing)
