@@ -16,7 +16,7 @@ from routetune.accuracy import DEFAULT_ACCURACY
 from routetune.display import components_table, seasonings_table, trials_table
 from routetune.errors import RoutetuneError, UsageError
 from routetune.measure import MeasureSettings
-from routetune.options import tune_options
+from routetune.options import blame_recipe, tune_options
 from routetune.plugin_manager import load_registry
 from routetune.space import parse_space
 from routetune.tune import Prepared, tune
@@ -103,6 +103,8 @@ def tune_command(
 
     try:
         result = tune(opts, registry, on_start, on_trial)
+    except UsageError as e:
+        raise blame_recipe(e, recipe, lambda name: _given(ctx, name)) if recipe else e from e
     finally:
         if started:
             progress.stop()

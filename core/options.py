@@ -7,6 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.recipe import load_recipe, recipe_options
 from routetune.registry import Registry
@@ -69,3 +70,28 @@ def _merge_space(recipe: Mapping[str, Mapping[str, tuple]], cli: Mapping[str, Ma
     for name, params in cli.items():
         out.setdefault(name, {}).update(params)
     return out
+
+
+RECIPE_FIELDS = {
+    "--inputs": "[inputs] path", "--shapes": "[inputs] shapes",
+    "--min-shapes": "[inputs] min_shapes", "--opt-shapes": "[inputs] opt_shapes",
+    "--max-shapes": "[inputs] max_shapes", "--accuracy": "[accuracy]",
+    "--max-trials": "[search] max_trials", "--time-budget": "[search] time_budget_s",
+    "--beam-width": "[search] beam_width", "--max-depth": "[search] max_depth",
+    "--search": "[search] strategy", "--backend": "[backend] name",
+    "--seasonings": "[[seasonings]]", "--output": "output",
+}
+"""Each flag's recipe field, for messages about values that came from a recipe."""
+
+
+def blame_recipe(error: UsageError, recipe: Path, given: Callable[[str], bool]) -> UsageError:
+    """`error` reworded to name the recipe field when its flag was not on the command line.
+
+    A message such as ``--inputs data.npz: no such file`` then reads
+    ``r.toml [inputs] path data.npz: no such file``.
+    """
+    text = str(error)
+    for flag, field in RECIPE_FIELDS.items():
+        if text.startswith(flag) and not given(flag.removeprefix("--").replace("-", "_")):
+            return UsageError(f"{recipe} {field}{text.removeprefix(flag)}")
+    return error

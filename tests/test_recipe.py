@@ -184,6 +184,9 @@ def test_the_readme_recipe_validates(tmp_path: Path, registry) -> None:  # noqa:
 
 def test_more_inputs_the_cli_refuses_in_one_line(tmp_path: Path) -> None:
     model = conv_bn(tmp_path / "m.onnx")
+    missing = tmp_path / "inputs.toml"  # a recipe whose inputs file does not exist
+    missing.write_text(f'schema_version = 2\n[model]\npath = "{model}"\n[inputs]\n'
+                       'path = "no.npz"\n')
     path = write(tmp_path, f'schema_version = 2\nroutes = ["trt-tiling"]\n[model]\npath = '
                            f'"{model}"\n[inputs]\nshapes = "x:1x3x32x32"\n')
     for args, message in (
@@ -191,6 +194,8 @@ def test_more_inputs_the_cli_refuses_in_one_line(tmp_path: Path) -> None:
                                           "to backends tensorrt, not onnxruntime"),
         (["tune", str(model), "--max-depth", "abc"], "Invalid value for '--max-depth'"),
         (["report"], "Missing argument 'outdir'"),
+        (["tune", "--recipe", str(missing)],
+         f"{missing} [inputs] path {tmp_path / 'no.npz'}: no such file"),
     ):
         done = cli(*args)
         assert done.returncode == 2, done.stderr
