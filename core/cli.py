@@ -122,6 +122,8 @@ def tune_command(
             f"{win.ci_high:.3f}]: {base.p50 / win.p50:.2f}x"
         )
     console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {result.outdir}")
+    if result.stopped and result.stopped.startswith("interrupted"):
+        raise typer.Exit(130)  # the shell's code for SIGINT, after the results are written
     if result.winner.status in ("build-failed", "crashed"):
         raise typer.Exit(1)  # nothing usable came out: scripts must notice
 
@@ -213,7 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     except RoutetuneError as e:
         print(f"routetune: error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
+        print("routetune: interrupted; every trial stored so far is kept (run the same "
+              "command again to resume)", file=sys.stderr)
         sys.exit(130)
     except Exception as e:  # the framework's usage errors: ClickException and subclasses
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):

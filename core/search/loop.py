@@ -162,7 +162,12 @@ class SearchLoop:
                 ``routes``); told to the strategy like its own.
 
         Returns:
-            Every trial of this search, the base route's first.
+            Every trial of this search, the base route's first. Ctrl-C (SIGINT) stops it
+            like a budget: the trial in flight is dropped (redone on resume), `stopped`
+            says so, and the trials so far are returned.
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C before the base route was measured.
         """
         started = time.monotonic()
         trials: list[Trial] = []
@@ -185,14 +190,25 @@ class SearchLoop:
             on_trial(trial, cached)
             return trial
 
+        try:
+            self._search(strategy, visit, trials, pinned)
+        except KeyboardInterrupt:
+            if not trials:  # not even the base route: nothing to stand on
+                raise
+            self.stopped = "interrupted (Ctrl-C): no new trials; the best so far stands"
+        return trials
+
+    def _search(self, strategy: Strategy, visit: Callable[..., Trial | None],
+                trials: list[Trial], pinned: Sequence[Route]) -> None:
+        """The base route, the pinned routes, the strategy's batches and the repairs."""
         visit(Route())
         for route in pinned:
             if not route.is_base and visit(route) is None:
-                return trials
+                return
         while batch := strategy.ask():
             done = [(route, trial) for route in batch if (trial := visit(route)) is not None]
             if len(done) < len(batch):
-                return trials
+                return
             if self.repair:
                 for route, at, why_not in repairs(done, self.registry, self._repaired):
                     if why_not:
@@ -202,8 +218,7 @@ class SearchLoop:
                     bisect_repair(route, at, lambda r: visit(r, tell=False),
                                   lambda r, why: trials.append(self.record_skipped(r, why)))
                 if self.stopped:
-                    return trials
-        return trials
+                    return
 
     def evaluate(self, route: Route) -> tuple[Trial, bool]:
         """Return the stored trial of `route`, or build, check, measure and store it.
