@@ -41,6 +41,14 @@ def wait_for(out: Path, n: int, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.1)
 
 
+def interrupt_after(model: Path, out: Path, n: int) -> subprocess.Popen[str]:
+    """Start a search, and send it SIGINT once `n` trials are stored."""
+    proc = start(model, out)
+    wait_for(out, n, proc)
+    proc.send_signal(signal.SIGINT)
+    return proc
+
+
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     return conv_bn(tmp_path / "m.onnx")
@@ -49,9 +57,7 @@ def model(tmp_path: Path) -> Path:
 def test_ctrl_c_writes_the_best_so_far_and_the_same_command_resumes(model: Path,
                                                                     tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = start(model, out)
-    wait_for(out, 3, proc)
-    proc.send_signal(signal.SIGINT)
+    proc = interrupt_after(model, out, 3)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     text = " ".join(stdout.split())
@@ -70,9 +76,7 @@ def test_ctrl_c_writes_the_best_so_far_and_the_same_command_resumes(model: Path,
 def test_a_second_ctrl_c_stops_at_once_and_the_store_stays_consistent(model: Path,
                                                                       tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = start(model, out)
-    wait_for(out, 2, proc)
-    proc.send_signal(signal.SIGINT)
+    proc = interrupt_after(model, out, 2)
     time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     started = time.monotonic()
