@@ -9,7 +9,7 @@ from typing import Any
 from routetune.accuracy import DEFAULT_ACCURACY
 from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
-from routetune.options import tune_options
+from routetune.options import FLAG_NAMES, tune_options
 from routetune.plugin_manager import load_registry
 from routetune.tune import TuneOptions, TuneResult
 from routetune.tune import tune as _tune
@@ -20,7 +20,8 @@ TYPES: dict[str, tuple[type, ...]] = {
     "example": (str,), "shapes": (str,), "min_shapes": (str,), "opt_shapes": (str,),
     "max_shapes": (str,), "output": (str, Path), "model_sha256": (str,),
     "routes": (tuple, list, str), "base": (tuple, list, str), "space": (dict,),
-    "backend_options": (dict,), "fresh": (bool,),
+    "backend_options": (dict,), "fresh": (bool,), "build_workers": (int,),
+    "trial_timeout_s": (int, float), "worker_memory_mb": (int,), "in_process": (bool,),
 }
 """The types `tune`'s keyword options take (anything else is refused up front)."""
 
@@ -62,8 +63,9 @@ def tune(
         **options: Any other `TuneOptions` field: ``example``, ``output``, ``shapes``
             (``"x:1x3x224x224"``), ``min_shapes``, ``opt_shapes``, ``max_shapes``,
             ``beam_width``, ``max_depth``, ``max_trials``, ``time_budget_s`` (seconds),
-            ``space``, ``routes``, ``base``, ``backend_options``, ``fresh``, and
-            ``min_runs`` / ``min_time`` (s) for the measurement.
+            ``space``, ``routes``, ``base``, ``backend_options``, ``fresh``,
+            ``build_workers``, ``trial_timeout_s``, ``worker_memory_mb``, ``in_process``,
+            and ``min_runs`` / ``min_time`` (s) for the measurement.
 
     Returns:
         The `TuneResult`: ``winner``, ``trials`` (winner first), ``to_dataframe()``,
@@ -112,6 +114,6 @@ def tune(
             flags[key] = Path(flags[key])
     registry = load_registry()
     opts = tune_options(flags, Path(recipe) if recipe is not None else None, registry,
-                        given=lambda name: {"time_budget": "time_budget_s"}.get(name, name)
+                        given=lambda name: {v: k for k, v in FLAG_NAMES.items()}.get(name, name)
                         in explicit)
     return _tune(opts, registry)

@@ -167,6 +167,15 @@ class Backend:
                 raise BackendError(f"option '{key}': bad value {value!r}; allowed: {allowed}")
         return {**{k: s.default for k, s in specs.items()}, **settings}
 
+    def gpus(self, settings: Mapping[str, Any]) -> tuple[str, ...]:
+        """The GPUs that run engines built with `settings`, one measuring worker each.
+
+        Returns:
+            ``CUDA_VISIBLE_DEVICES`` values, one per GPU; empty (the default) when
+            engines run on the host CPU, so that measurement waits until no build runs.
+        """
+        return ()
+
     def dtype_support(self, dtype: str) -> str | None:
         """Return why engines of this backend cannot compute in `dtype`, or None.
 

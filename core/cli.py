@@ -18,6 +18,7 @@ from routetune.errors import RoutetuneError, UsageError
 from routetune.measure import MeasureSettings
 from routetune.options import blame_recipe, tune_options
 from routetune.plugin_manager import load_registry
+from routetune.search.local_pool import DEFAULT_TIMEOUT_S
 from routetune.space import parse_space
 from routetune.tune import Prepared, tune
 
@@ -53,6 +54,10 @@ def tune_command(
     time_budget: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
     min_runs: Annotated[int, typer.Option(help="Timed runs per candidate, at least.")] = MeasureSettings.min_runs,
     min_time: Annotated[float, typer.Option(help="Seconds of timed runs per candidate, at least.")] = MeasureSettings.min_time_s,
+    build_workers: Annotated[int, typer.Option(help="Builds run at once, each in a worker process.")] = 1,
+    trial_timeout: Annotated[float, typer.Option(help="Seconds each trial phase (build; run, check and time) may take before its worker is killed (status timed-out).")] = DEFAULT_TIMEOUT_S,
+    worker_memory: Annotated[int | None, typer.Option(help="Address-space limit per worker process in MiB (RLIMIT_AS); a trial over it is crashed. Not for GPU backends.")] = None,
+    in_process: Annotated[bool, typer.Option("--in-process", help="Run trials in this process, one at a time, without isolation or timeouts (for debugging plugins).")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each trial.")] = False,
 ) -> None:
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
@@ -67,7 +72,9 @@ def tune_command(
         "accuracy": accuracy, "inputs": inputs, "shapes": shapes, "min_shapes": min_shapes,
         "opt_shapes": opt_shapes, "max_shapes": max_shapes, "space": parse_space(space or ()),
         "fresh": fresh, "max_trials": max_trials, "time_budget_s": time_budget,
-        "min_runs": min_runs, "min_time": min_time,
+        "min_runs": min_runs, "min_time": min_time, "build_workers": build_workers,
+        "trial_timeout_s": trial_timeout, "worker_memory_mb": worker_memory,
+        "in_process": in_process,
     }
     opts = tune_options(flags, recipe, registry,
                         given=lambda name: _given(ctx, name))
@@ -124,7 +131,7 @@ def tune_command(
     console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {result.outdir}")
     if result.stopped and result.stopped.startswith("interrupted"):
         raise typer.Exit(130)  # the shell's code for SIGINT, after the results are written
-    if result.winner.status in ("build-failed", "crashed"):
+    if result.winner.status in ("build-failed", "crashed", "timed-out"):
         raise typer.Exit(1)  # nothing usable came out: scripts must notice
 
 

@@ -10,7 +10,7 @@ from routetune.store import Trial
 
 STATUS_STYLE = {
     "ok": "green", "accuracy-failed": "yellow", "build-failed": "red",
-    "crashed": "red", "skipped": "dim", "build-only": "cyan",
+    "crashed": "red", "timed-out": "magenta", "skipped": "dim", "build-only": "cyan",
 }
 
 

@@ -13,7 +13,8 @@ from routetune.recipe import load_recipe, recipe_options
 from routetune.registry import Registry
 from routetune.tune import TuneOptions
 
-FLAG_NAMES = {"time_budget_s": "time_budget"}
+FLAG_NAMES = {"time_budget_s": "time_budget", "trial_timeout_s": "trial_timeout",
+              "worker_memory_mb": "worker_memory"}
 """TuneOptions fields whose command-line parameter has another name."""
 
 

@@ -21,8 +21,7 @@ from routetune.errors import EngineNotRunnable, UsageError
 from routetune.outdir import locked
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.search.loop import SearchLoop
-from routetune.store import TrialStore
+from routetune.search.candidate import TrialInputs, with_base_pipeline
 from routetune.tune import (
     WINNER_OUTPUTS,
     TuneOptions,
@@ -79,25 +78,23 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
     reference = run.backend if run.backend.name == "onnxruntime" else _backend(
         registry, "onnxruntime")
     with locked(run.outdir), tempfile.TemporaryDirectory(prefix="routetune-build-") as tmp:
-        store = TrialStore.open(Path(tmp) / "trials.sqlite")
+        inputs = TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (),
+                             run.constraint, run.outdir, opts.measure, run.model.data,
+                             run.backend_options)
+        candidate, _ = with_base_pipeline(registry, inputs, run.backend, reference,
+                                          list(run.base))
+        t0 = time.perf_counter_ns()
+        data, _, settings = candidate.apply(resolved)
+        engine = run.backend.build(candidate.save_model(data), settings, Path(tmp))
+        build_ms = (time.perf_counter_ns() - t0) / 1e6
+        engine_file = _write_engine(run.outdir, engine)
         try:
-            loop = SearchLoop(registry, run.model, run.backend, run.feeds, [], run.constraint,
-                              store, run.outdir, opts.measure, run.settings_hash, reference,
-                              base=run.base, base_settings=run.backend_options)
-            t0 = time.perf_counter_ns()
-            data, _, settings = loop.apply(resolved)
-            engine = run.backend.build(loop.save_model(data), settings, Path(tmp))
-            build_ms = (time.perf_counter_ns() - t0) / 1e6
-            engine_file = _write_engine(run.outdir, engine)
-            try:
-                runner = run.backend.open(engine)
-            except EngineNotRunnable as e:
-                return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, "", None,
-                               str(e))
-            with runner:
-                outputs = [runner.infer(feed) for feed in run.feeds]
-        finally:
-            store.close()
+            runner = run.backend.open(engine)
+        except EngineNotRunnable as e:
+            return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, "", None,
+                           str(e))
+        with runner:
+            outputs = [runner.infer(feed) for feed in run.feeds]
     stored, what = _expected(run.outdir, resolved, run.settings_hash)
     if stored is None:
         stored, what = _references(reference, run), "the FP32 reference (ONNX Runtime, CPU)"

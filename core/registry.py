@@ -79,6 +79,16 @@ class Registry:
         table[name] = Entry(item, self._current)
         self.plugins.setdefault(self._current, "?")
 
+    def added(self) -> list[str]:
+        """Items registered directly in this process, not by an entry-point plugin.
+
+        A worker process loads plugins from entry points only, so it cannot see these
+        (strategies run in the search's own process and are not listed).
+        """
+        tables = (self.seasonings, self.backends, self.metrics)
+        return sorted(name for table in tables for name, entry in table.items()
+                      if entry.plugin == "<direct>")
+
     def add_seasoning(self, cls: type[Seasoning]) -> None:
         """Register a seasoning class.
 

@@ -18,7 +18,8 @@ from routetune.report import ERROR_METRIC, environment, winner_text
 
 STYLE = {"ok": ("#2a9d4b", "o"), "accuracy-failed": ("#e0a100", "X"),
          "build-only": ("#3a7bd5", "s"), "crashed": ("#c0392b", "v"),
-         "build-failed": ("#c0392b", "v"), "skipped": ("#999999", ".")}
+         "build-failed": ("#c0392b", "v"), "timed-out": ("#8e44ad", "v"),
+         "skipped": ("#999999", ".")}
 """Colour and matplotlib marker per status."""
 
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "

@@ -50,10 +50,14 @@ CREATE TABLE trials (
 );
 """
 
-STATUSES = ("ok", "accuracy-failed", "build-failed", "build-only", "crashed", "skipped")
+STATUSES = ("ok", "accuracy-failed", "build-failed", "build-only", "crashed", "timed-out",
+            "skipped")
 """Trial statuses. Only ``ok`` can win. ``build-only``: the engine was built, but this
 device cannot run it (`routetune.errors.EngineNotRunnable`), so it was not checked or
-timed."""
+timed. ``crashed``: the candidate's worker died (a signal: segfault, abort), ran out of
+memory, or a plugin raised an unexpected exception; the reason has the exit code or
+signal and the last lines of its stderr. ``timed-out``: a phase ran past
+``--trial-timeout`` and its worker was killed."""
 
 
 @dataclass(frozen=True)

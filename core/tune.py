@@ -30,6 +30,8 @@ from routetune.recipe import write_winner_recipe
 from routetune.registry import Registry
 from routetune.report import write_reports
 from routetune.route import Route, Step, parse_route
+from routetune.search.executor import Executor, InlineExecutor
+from routetune.search.local_pool import DEFAULT_TIMEOUT_S, LocalPool
 from routetune.search.loop import Budget, SearchLoop
 from routetune.search.repair import REPAIR
 from routetune.search.strategy import SearchConfig, rank_key
@@ -73,6 +75,13 @@ class TuneOptions:
         max_trials: Trial budget.
         time_budget_s: Wall-clock budget in seconds.
         measure: How long to time each candidate.
+        build_workers: Builds run at once, each in its own worker process.
+        trial_timeout_s: Seconds each phase of a trial (build; run, check and time) may
+            run before its worker is killed and the trial recorded as ``timed-out``.
+        worker_memory_mb: Address-space limit per worker process in MiB (``RLIMIT_AS``);
+            a trial that exceeds it is ``crashed`` (out of memory). None for none.
+        in_process: Run trials in this process, one at a time: no isolation and no
+            timeouts; for debugging plugins, and for plugins registered in-process.
     """
 
     model: Path | None = None
@@ -98,6 +107,10 @@ class TuneOptions:
     max_trials: int | None = None
     time_budget_s: float | None = None
     measure: MeasureSettings = field(default_factory=MeasureSettings)
+    build_workers: int = 1
+    trial_timeout_s: float = DEFAULT_TIMEOUT_S
+    worker_memory_mb: int | None = None
+    in_process: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,6 +242,13 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     if opts.shapes and opts.opt_shapes:
         raise UsageError("--shapes with --opt-shapes: --shapes sets min, opt and max at once; "
                          "give --opt-shapes with --min-shapes/--max-shapes instead")
+    if opts.build_workers < 1:
+        raise UsageError(f"--build-workers {opts.build_workers}: must be 1 or more")
+    if opts.trial_timeout_s <= 0:
+        raise UsageError(f"--trial-timeout {opts.trial_timeout_s:g}: must be positive (seconds)")
+    if opts.worker_memory_mb is not None and opts.worker_memory_mb < 256:
+        raise UsageError(f"--worker-memory {opts.worker_memory_mb}: give at least 256 (MiB); "
+                         "a worker needs that much to load its libraries")
     if opts.time_budget_s is not None and opts.time_budget_s <= 0:
         raise UsageError(f"--time-budget {opts.time_budget_s}: must be positive (seconds)")
     backend = _backend(registry, opts.backend)
@@ -335,16 +355,22 @@ def _tune_locked(
     store_path = run.outdir / FILENAME
     reference = run.backend if run.backend.name == "onnxruntime" else _backend(
         run.registry, "onnxruntime")
-    references = _references(reference, run)
-    if opts.fresh:
-        move_aside(store_path)
-    store = TrialStore.open(store_path)
+    executor = make_executor(run, opts)
+    executor.warm_up(run.outdir)  # workers load their libraries during the reference run
     loop = None
+    try:
+        references = _references(reference, run)
+        if opts.fresh:
+            move_aside(store_path)
+        store = TrialStore.open(store_path)
+    except BaseException:
+        executor.close()
+        raise
     try:
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
                           run.constraint, store, run.outdir, opts.measure, run.settings_hash,
                           reference, run.repair, base=run.base,
-                          base_settings=run.backend_options)
+                          base_settings=run.backend_options, executor=executor)
         run.base_passes = loop.base_passes
         record = runinfo.start_record(run, opts, loop.versions)
         runinfo.write(run.outdir, record)
@@ -369,13 +395,24 @@ def _tune_locked(
         if winner.status == "ok":
             save_outputs(run.outdir / WINNER_OUTPUTS, loop.outputs(winner))
     finally:
-        if loop is not None:
-            loop.close()
+        executor.close()
         store.close()
     result = _finish(run, opts, trials, store_path, winner, reason, paired, loop.stopped)
     result.files["run"] = runinfo.write(run.outdir, runinfo.finish_record(record, result))
     result.files.update({f"report.{k}": v for k, v in write_reports(run.outdir).items()})
     return result
+
+
+def make_executor(run: Prepared, opts: TuneOptions) -> Executor:
+    """The executor `opts` asks for: worker processes (`LocalPool`) unless in-process.
+
+    Measuring workers: one per GPU that runs this backend's engines
+    (`Backend.gpus`), or one for the host CPU.
+    """
+    if opts.in_process:
+        return InlineExecutor()
+    gpus = run.backend.gpus(run.backend.full_settings(run.backend_options))
+    return LocalPool(opts.build_workers, gpus, opts.trial_timeout_s, opts.worker_memory_mb)
 
 
 WINNER_OUTPUTS = "winner_outputs.npz"
@@ -436,7 +473,7 @@ def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
                       "nothing was checked or timed and a beam search stops after one step "
                       "(--search exhaustive builds every route); the base route is the "
                       "fallback")
-    if not accurate and base.status in ("build-failed", "crashed"):
+    if not accurate and base.status in ("build-failed", "crashed", "timed-out"):
         return base, (f"the base route itself is {base.status} ({base.reason[:300]}), and "
                       "no route built, ran and met the accuracy constraint: there is no "
                       "engine to deploy")

@@ -2,8 +2,33 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from collections.abc import Callable
 from typing import Any
+
+
+def visible_gpus() -> tuple[str, ...]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` values, one per GPU.
+
+    From ``CUDA_VISIBLE_DEVICES`` when it is set, else from ``nvidia-smi -L`` (which
+    does not create a CUDA context here), else one GPU, ``0``. A measuring worker per
+    GPU gets one of these values as its own ``CUDA_VISIBLE_DEVICES``.
+    """
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return tuple(d.strip() for d in given.split(",") if d.strip())
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+            gpus = [line for line in listed.stdout.splitlines() if line.startswith("GPU ")]
+            if gpus:
+                return tuple(str(i) for i in range(len(gpus)))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return ("0",)
 
 
 def cuda_versions() -> dict[str, str]:

@@ -2,39 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from graphs import conv_bn
-
-DEMO = Path(__file__).parent / "thirdparty" / "routetune-demo"
-
-
-def pip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True, timeout=300)
+from plugin_packages import installed, routetune
 
 
 @pytest.fixture(scope="module")
 def demo_installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    source = tmp_path_factory.mktemp("demo") / DEMO.name  # builds leave files behind
-    shutil.copytree(DEMO, source, ignore=shutil.ignore_patterns("__pycache__"))
-    done = pip("install", "--no-deps", "--no-build-isolation", "--no-index", str(source))
-    assert done.returncode == 0, done.stderr
-    try:
+    with installed("routetune-demo", tmp_path_factory.mktemp("demo")):
         yield
-    finally:
-        pip("uninstall", "-y", "routetune-demo")
-
-
-def routetune(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **env})
 
 
 def test_third_party_seasoning_is_listed(demo_installed: None) -> None:

@@ -120,6 +120,15 @@ class OnnxRuntimeBackend(Backend):
             return CPU_MISSING_DTYPES[dtype]
         return None
 
+    def gpus(self, settings: Mapping[str, Any]) -> tuple[str, ...]:
+        """The visible GPUs for a GPU execution provider; none for the CPU provider."""
+        if settings.get(NS + "execution_provider", "CPUExecutionProvider") in (
+                "CPUExecutionProvider", "DnnlExecutionProvider", "OpenVINOExecutionProvider"):
+            return ()
+        from routetune.plugins.cuda import visible_gpus
+
+        return visible_gpus()
+
     def emulates(self, dtype: str, settings: Mapping[str, Any]) -> bool:
         """The CPU provider computes float16 Pow, reductions, Exp and Softmax in float32.
 

@@ -77,6 +77,12 @@ class TensorRtBackend(Backend):
         """The TensorRT module in use."""
         return find_tensorrt()
 
+    def gpus(self, settings: Mapping[str, Any]) -> tuple[str, ...]:
+        """Every visible GPU (`routetune.plugins.cuda.visible_gpus`)."""
+        from routetune.plugins.cuda import visible_gpus
+
+        return visible_gpus()
+
     def available(self) -> str | None:
         """None with a TensorRT 11 or TensorRT-RTX module; else why not, in one line."""
         return self.trt.reason or None

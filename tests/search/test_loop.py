@@ -54,6 +54,15 @@ class Explode(Seasoning):
         raise RuntimeError("boom")
 
 
+class Refuse(Seasoning):
+    """Refuses the route the documented way: ValueError."""
+
+    info = SeasoningInfo(name="refuse", stage="graph", summary="raises ValueError")
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        raise ValueError("this model has no such layer")
+
+
 class RenameOutput(Seasoning):
     """Breaks the signature by renaming the graph output."""
 
@@ -66,14 +75,15 @@ class RenameOutput(Seasoning):
 
 @pytest.fixture
 def test_registry(registry: Registry) -> Registry:
-    for cls in (Shortcut, DropWaste, Explode, RenameOutput):
+    for cls in (Shortcut, DropWaste, Explode, Refuse, RenameOutput):
         registry.add_seasoning(cls)
     registry.add_metric(Metric("unit_error", lambda a, b, *_: 1.0, False, "always 1"))
     return registry
 
 
 def run(registry: Registry, model: Path, out: Path, **kw: object) -> TuneResult:
-    opts = TuneOptions(model=model, output=out, search="exhaustive", measure=QUICK, **kw)
+    opts = TuneOptions(model=model, output=out, search="exhaustive", measure=QUICK,
+                       in_process=True, **kw)
     return tune(opts, registry)
 
 
@@ -106,14 +116,21 @@ def test_a_seasoning_that_raises_is_recorded_and_the_search_goes_on(
     test_registry: Registry, tmp_path: Path
 ) -> None:
     model = conv_bn(tmp_path / "m.onnx")
-    result = run(test_registry, model, tmp_path / "out", seasonings=("explode", "ort-opt-level"),
-                 shapes="x:1x3x32x32", max_depth=1)
+    result = run(test_registry, model, tmp_path / "out",
+                 seasonings=("explode", "refuse", "ort-opt-level"), shapes="x:1x3x32x32",
+                 max_depth=1)
     trials = by_route(result)
-    assert trials["explode"].status == "build-failed"
-    assert trials["explode"].reason == (
-        "seasoning 'explode' failed after 'base': RuntimeError: boom")
+    # an unexpected exception is a bug in the plugin: crashed, with where it was raised
+    assert trials["explode"].status == "crashed"
+    assert trials["explode"].reason.startswith(
+        "seasoning 'explode' crashed after 'base': RuntimeError: boom (at test_loop.py:")
+    assert trials["explode"].reason.endswith(" in apply)")
+    # ValueError is how a seasoning refuses a route: build-failed
+    assert trials["refuse"].status == "build-failed"
+    assert trials["refuse"].reason == (
+        "seasoning 'refuse' failed after 'base': ValueError: this model has no such layer")
     assert trials["ort-opt-level{level=basic}"].status == "ok"
-    assert len(result.trials) == 5  # base, explode, three opt levels
+    assert len(result.trials) == 6  # base, explode, refuse, three opt levels
 
 
 def test_a_broken_signature_is_build_failed(test_registry: Registry, tmp_path: Path) -> None:

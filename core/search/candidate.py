@@ -1,0 +1,531 @@
+"""One candidate's work: apply a route, build its engine, check its accuracy, time it.
+
+This is what an executor's workers run (`routetune.search.executor`); the search loop
+(`routetune.search.loop`) decides which routes to try and stores the outcomes. A trial
+has two phases, so that an executor can run builds (CPU-heavy) apart from measurement
+(which needs a quiet device):
+
+- `Candidate.build`: apply the route's seasonings to the model, keep the candidate
+  model under ``artifacts/models/``, and build its engine once, to find build failures
+  and time the build. Models of route prefixes are kept in memory and on disk, so that
+  a route that extends another (``fp16,nhwc`` after ``fp16``) starts from its model,
+  whichever worker built it.
+- `Candidate.measure`: build (or load) the engine again, run it on every input set,
+  check the accuracy constraint against the FP32 reference, and time it in alternating
+  blocks with the base route's engine (`routetune.measure.measure_side_by_side`).
+
+Failure contract: a seasoning refuses a route by raising `ValueError` or a
+`routetune.errors.RoutetuneError` (status ``build-failed``); a backend by raising
+`BuildError`. Any other exception is a bug somewhere in the candidate's code path and
+gives status ``crashed``, with the exception and the innermost frame of its traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import pickle
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from routetune.accuracy import Constraint, check_accuracy
+from routetune.backend import Backend, Runner
+from routetune.errors import EngineNotRunnable, PluginError, RoutetuneError, SeasoningError
+from routetune.measure import Latency, MeasureSettings, measure, measure_side_by_side
+from routetune.model import PreparedModel, check_candidate, sha256
+from routetune.profile import ShapeProfile
+from routetune.registry import Registry
+from routetune.route import Route, Step
+from routetune.seasoning import Lowering, RouteContext, RouteState
+from routetune.strict_fp16 import mentions_float16, strict_fp16_overflows
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOTS = 16
+"""Model snapshots kept at route prefixes (branch points), least recently used out."""
+
+BUILT = "built"
+"""`Outcome.status` of a build phase that succeeded: the trial goes on to `measure`."""
+
+Snapshot = tuple[bytes, list[dict[str, Any]], Lowering | None]
+"""A route prefix's model, its pass records, and its precision step's `Lowering`."""
+
+
+class SeasoningCrashed(Exception):
+    """A seasoning raised something other than `ValueError` or a routetune error."""
+
+    def __init__(self, seasoning: str, applied: str, error: BaseException) -> None:
+        super().__init__(f"seasoning '{seasoning}' crashed after '{applied}': "
+                         f"{describe(error, where=True)}")
+
+
+@dataclass(frozen=True)
+class TrialInputs:
+    """Everything a candidate's work needs; picklable, so that a worker process gets it.
+
+    Args:
+        model: The prepared model.
+        backend: The backend's name (looked up in the registry).
+        profile: The optimisation profile the backend builds for.
+        feeds: The validation input sets (input name to array).
+        references: The FP32 reference outputs, one mapping per input set.
+        constraint: The accuracy constraint.
+        outdir: The output directory; models and engines go under ``artifacts/``.
+        measure: How long to time each candidate.
+        base_data: The model after the base pipeline (`base_pipeline`), serialized.
+        base_settings: Build options every route starts from (a recipe's backend
+            options).
+        base_passes: The pass records of the base pipeline, recorded with every trial.
+        reference: Whether precision seasonings and the strict FP16 check may run
+            models in FP32 on ONNX Runtime's CPU provider.
+    """
+
+    model: PreparedModel
+    backend: str
+    profile: ShapeProfile | None
+    feeds: tuple[Mapping[str, np.ndarray], ...]
+    references: tuple[Mapping[str, np.ndarray], ...]
+    constraint: Constraint
+    outdir: Path
+    measure: MeasureSettings
+    base_data: bytes
+    base_settings: Mapping[str, Any] = field(default_factory=dict)
+    base_passes: tuple[Mapping[str, Any], ...] = ()
+    reference: bool = True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one phase of a trial found.
+
+    Args:
+        status: A trial status (`routetune.store.STATUSES`), or `BUILT` after a build
+            phase that succeeded.
+        reason: One line: why the trial is not ``ok``, or notes.
+        fields: `routetune.store.Trial` fields found so far (``passes``, ``settings``,
+            ``artifact``, ``build_ms``, ``latency`` …).
+    """
+
+    status: str
+    reason: str = ""
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Candidate:
+    """Builds, checks and times routes of one model on one backend, in this process.
+
+    Args:
+        registry: The installed plugins.
+        inputs: The model, inputs, constraint and settings.
+        backend: The backend instance; default: a new one from the registry.
+        reference: The FP32 reference backend (ONNX Runtime, CPU); default: from the
+            registry when ``inputs.reference`` is set.
+    """
+
+    def __init__(self, registry: Registry, inputs: TrialInputs, backend: Backend | None = None,
+                 reference: Backend | None = None) -> None:
+        self.registry = registry
+        self.inputs = inputs
+        self.backend = backend or registry.backend(inputs.backend)(inputs.profile)
+        if reference is None and inputs.reference:
+            reference = (self.backend if self.backend.name == "onnxruntime"
+                         else registry.backend("onnxruntime")())
+        self.reference = reference
+        self.outdir = inputs.outdir
+        self.workdir = inputs.outdir / "artifacts"
+        self._snapshots: OrderedDict[Route, Snapshot] = OrderedDict()
+        self._snapshots[Route()] = (inputs.base_data, list(inputs.base_passes), None)
+        self._base: Runner | bool | None = None
+        self._salt: str | None = None  # see _shared_path
+
+    def build(self, route: Route, fingerprint: str) -> Outcome:
+        """Apply `route` and build its engine once.
+
+        Returns:
+            `BUILT` with ``candidate_sha256``, ``passes``, ``settings``, ``artifact``,
+            ``build_ms`` (ms) and ``engine_bytes`` (bytes); else ``build-failed`` or
+            ``crashed`` with the reason.
+        """
+        try:
+            data, passes, settings = self.apply(route)
+        except (RoutetuneError, ValueError) as e:
+            return Outcome("build-failed", describe(e))
+        except Exception as e:  # a bug in a seasoning: the search goes on
+            return Outcome("crashed", describe(e))
+        artifact = self.save_model(data)
+        fields: dict[str, Any] = {
+            "candidate_sha256": sha256(data + json.dumps(settings, sort_keys=True).encode()),
+            "passes": tuple(passes), "settings": settings,
+            "artifact": str(artifact.relative_to(self.outdir)),
+        }
+        try:
+            t0 = time.perf_counter_ns()
+            engine = self.backend.build(artifact, settings, self.workdir, fingerprint)
+            fields["build_ms"] = (time.perf_counter_ns() - t0) / 1e6
+            fields["engine_bytes"] = engine.size_bytes
+        except Exception as e:  # a backend may raise anything for a model it refuses
+            return Outcome("build-failed", describe(e), fields)
+        return Outcome(BUILT, "", fields)
+
+    def measure(self, route: Route, fingerprint: str, built: Mapping[str, Any]) -> Outcome:
+        """Run a built candidate, check its accuracy and time it.
+
+        Args:
+            route: The route.
+            fingerprint: The trial's fingerprint (names a kept engine file).
+            built: The fields of its `BUILT` outcome.
+
+        Returns:
+            ``ok``, ``accuracy-failed``, ``build-only`` or ``crashed``, with ``accuracy``,
+            ``latency`` and ``base_latency`` (ms) added to `built`.
+        """
+        fields = dict(built)
+        settings = fields["settings"]
+        try:
+            engine = self.backend.build(self.outdir / fields["artifact"], settings,
+                                        self.workdir, fingerprint)
+            runner = self.backend.open(engine)
+        except EngineNotRunnable as e:
+            built_text = (f"built ({fields['engine_bytes']} bytes in "
+                          f"{fields['build_ms'] / 1000:.2f} s)")
+            return Outcome("build-only", f"{built_text}, not run: {e}", fields)
+        except Exception as e:  # a crash inside one candidate never stops the search
+            return Outcome("crashed", describe(e), fields)
+        feeds, inputs = self.inputs.feeds, self.inputs
+        try:
+            with runner:
+                outputs = [runner.infer(feed) for feed in feeds]
+                verdict = check_accuracy(inputs.constraint, self.registry, outputs,
+                                         list(inputs.references))
+                fields["accuracy"] = verdict.metrics
+                overflows = None
+                if verdict.passed:
+                    data = (self.outdir / fields["artifact"]).read_bytes()
+                    overflows = self._strict_fp16(data, settings)
+                fields["latency"], fields["base_latency"] = self._measure(runner, route)
+        except Exception as e:  # a crash inside one candidate never stops the search
+            return Outcome("crashed", describe(e), fields)
+        if not verdict.passed:
+            return Outcome("accuracy-failed", verdict.reason, fields)
+        if overflows:
+            return Outcome("accuracy-failed",
+                           "strict FP16 check (this device computes float16 in float32): "
+                           + "; ".join(overflows.values()), fields)
+        notes = list(verdict.notes)
+        if overflows is not None:
+            notes.append("strict FP16 check: no overflow")
+        return Outcome("ok", "; ".join(notes), fields)
+
+    def side_by_side(self, models: Sequence[tuple[str, Mapping[str, Any], str]]
+                     ) -> list[Latency]:
+        """Build engines and time them in one interleaved loop.
+
+        Args:
+            models: Per engine: the candidate model's path relative to the output
+                directory, its full build settings, and its trial fingerprint.
+
+        Returns:
+            One latency per engine (ms), measured under the same machine conditions.
+
+        Raises:
+            BuildError: An engine could not be rebuilt.
+        """
+        runners = []
+        try:
+            for artifact, settings, fingerprint in models:
+                engine = self.backend.build(self.outdir / artifact, settings, self.workdir,
+                                            fingerprint)
+                runners.append(self.backend.open(engine))
+            return measure_side_by_side(runners, self.inputs.feeds, self.inputs.measure)
+        finally:
+            for runner in runners:
+                runner.close()
+
+    def outputs(self, artifact: str, settings: Mapping[str, Any], fingerprint: str
+                ) -> list[dict[str, np.ndarray]] | None:
+        """Build an engine and run it on every input set.
+
+        Returns:
+            One mapping of output name to array per input set; None when this device
+            cannot run the engine.
+        """
+        engine = self.backend.build(self.outdir / artifact, settings, self.workdir, fingerprint)
+        try:
+            runner = self.backend.open(engine)
+        except EngineNotRunnable:
+            return None
+        with runner:
+            return [runner.infer(feed) for feed in self.inputs.feeds]
+
+    def _strict_fp16(self, data: bytes, settings: Mapping[str, Any]) -> dict[str, str] | None:
+        """Overflows a float16 device would show, where this one emulates float16.
+
+        Returns:
+            None when the check does not apply (a device with true float16, or no
+            float16 tensor); else the overflowing nodes (empty: none).
+        """
+        if self.reference is None or not self.backend.emulates("float16", settings):
+            return None
+        model = onnx.load_from_string(data)
+        if not mentions_float16(model):
+            return None
+        reference, feeds = self.reference, list(self.inputs.feeds)
+        return strict_fp16_overflows(model, lambda m: reference.evaluate(m, feeds))
+
+    def _measure(self, runner: Runner, route: Route) -> tuple[Latency, Latency | None]:
+        """Time a candidate in alternating blocks with the base route's engine.
+
+        Returns:
+            The candidate's latency and the base route's, measured side by side (for the
+            base route itself, the same latency twice). Without a base engine, the
+            candidate's alone and None.
+        """
+        feeds, settings = self.inputs.feeds, self.inputs.measure
+        if route.is_base:
+            latency = measure(runner, feeds, settings)
+            return latency, latency
+        base = self._base_runner()
+        if base is None:
+            return measure(runner, feeds, settings), None
+        latency, base_latency = measure_side_by_side([runner, base], feeds, settings)
+        return latency, base_latency
+
+    def _base_runner(self) -> Runner | None:
+        """The base route's engine, opened once and kept for paired measurements."""
+        if self._base is None:
+            path = self.save_model(self.inputs.base_data)
+            try:
+                settings = self.backend.full_settings(self.inputs.base_settings)
+                engine = self.backend.build(path, settings, self.workdir)
+                self._base = self.backend.open(engine)
+            except Exception as e:  # the base trial records the same failure
+                logger.warning("base route cannot be built for paired timing: %s", e)
+                self._base = False
+        return self._base or None
+
+    def close(self) -> None:
+        """Close the base route's engine."""
+        if self._base:
+            self._base.close()
+        self._base = None
+
+    def apply(self, route: Route) -> tuple[bytes, list[dict[str, Any]], dict[str, Any]]:
+        """Apply a route's steps to the base model, from the longest snapshot.
+
+        Returns:
+            The candidate model (serialized), one pass record per step, and the full
+            build settings.
+
+        Raises:
+            SeasoningError: A step raised `ValueError`.
+            PostconditionError: A step broke the model or its signature.
+            BackendError: The settings are not the backend's.
+            SeasoningCrashed: A seasoning raised anything else (a bug: the trial crashed).
+        """
+        stage = {s.name: self.registry.seasoning(s.name).info.stage for s in route}
+        model_steps = [s for s in route if stage[s.name] != "build"]
+        build_steps = [s for s in route if stage[s.name] == "build"]
+        k = max(i for i in range(len(model_steps) + 1) if Route(tuple(model_steps[:i]))
+                in self._snapshots)
+        for longer in range(len(model_steps), k, -1):  # another worker's, from disk
+            shared = self._shared(Route(tuple(model_steps[:longer])))
+            if shared is not None:
+                k = longer
+                self._snapshot(Route(tuple(model_steps[:k])), shared)
+                break
+        prefix = Route(tuple(model_steps[:k]))
+        self._snapshots.move_to_end(prefix)
+        data, passes, lowered = self._snapshots[prefix]
+        passes = list(passes)
+        state = RouteState(gs.import_onnx(onnx.load_from_string(data)) if model_steps[k:] else None,
+                           settings=dict(self.inputs.base_settings), lowered=lowered)
+        signature = self.inputs.model.signature
+        for i in range(k, len(model_steps)):
+            passes.append(self.step(model_steps[i], state, Route(tuple(model_steps[:i]))))
+            exported = gs.export_onnx(state.graph)
+            check_candidate(exported, signature)
+            data = exported.SerializeToString()
+            self._snapshot(Route(tuple(model_steps[: i + 1])), (data, passes, state.lowered))
+            self._share(Route(tuple(model_steps[: i + 1])), (data, passes, state.lowered))
+        for i, step in enumerate(build_steps):
+            passes.append(self.step(step, state, Route(tuple(model_steps + build_steps[:i]))))
+        return data, passes, self.backend.full_settings(state.settings)
+
+    def step(self, step: Step, state: RouteState, applied: Route) -> dict[str, Any]:
+        """Apply one seasoning to `state`; its pass record.
+
+        Raises:
+            SeasoningError: The seasoning raised `ValueError` or a routetune error.
+            SeasoningCrashed: The seasoning raised anything else (a bug).
+        """
+        seasoning = self.registry.seasoning(step.name)(dict(step.params))
+        evaluate = None
+        if self.reference is not None:
+            reference, feeds = self.reference, list(self.inputs.feeds)
+            evaluate = lambda model: reference.evaluate(model, feeds)  # noqa: E731
+        ctx = RouteContext(self.backend, tuple(self.inputs.feeds), str(applied), evaluate)
+        t0 = time.perf_counter_ns()
+        try:
+            result = seasoning(state, ctx)
+        except (PluginError, SeasoningError):
+            raise
+        except (RoutetuneError, ValueError) as e:
+            raise SeasoningError(step.name, str(applied), describe(e)) from e
+        except Exception as e:
+            raise SeasoningCrashed(step.name, str(applied), e) from e
+        ms = (time.perf_counter_ns() - t0) / 1e6
+        return {"step": str(step), "modified": result.modified, "stats": dict(result.stats),
+                "note": result.note, "ms": round(ms, 3)}
+
+    def _snapshot(self, prefix: Route, snapshot: Snapshot) -> None:
+        data, passes, lowered = snapshot
+        self._snapshots[prefix] = (data, list(passes), lowered)
+        while len(self._snapshots) > SNAPSHOTS:
+            oldest = next(iter(self._snapshots))
+            if oldest.is_base:
+                self._snapshots.move_to_end(oldest)
+                oldest = next(iter(self._snapshots))
+            del self._snapshots[oldest]
+
+    def _shared_path(self, prefix: Route) -> Path:
+        """The index entry of a prefix.
+
+        Keyed by everything a graph or precision step may read: the base model, the
+        backend, the profile, the input sets and the routetune version.
+        """
+        if self._salt is None:
+            import routetune
+
+            h = hashlib.sha256(self.inputs.base_data)
+            h.update(f"{self.inputs.backend} {self.inputs.profile} {routetune.__version__}"
+                     .encode())
+            for feed in self.inputs.feeds:
+                for name in sorted(feed):
+                    h.update(name.encode() + str(feed[name].shape).encode())
+                    h.update(np.ascontiguousarray(feed[name]).tobytes())
+            self._salt = h.hexdigest()
+        key = sha256(f"{self._salt} {prefix}".encode())
+        return self.workdir / "prefixes" / f"{key[:32]}.pkl"
+
+    def _share(self, prefix: Route, snapshot: Snapshot) -> None:
+        """Keep a route prefix's model on disk, for the other workers of this search.
+
+        The model goes to ``artifacts/models/`` like a candidate; the index entry,
+        ``artifacts/prefixes/<key>.pkl``, holds its path, the pass records and the
+        precision step's `Lowering` (its graph as ONNX bytes). Written atomically.
+        """
+        path = self._shared_path(prefix)
+        if path.exists():
+            return
+        data, passes, lowered = snapshot
+        model = self.save_model(data).relative_to(self.outdir)
+        packed = None if lowered is None else (
+            lowered.seasoning, gs.export_onnx(lowered.graph).SerializeToString())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
+        tmp.write_bytes(pickle.dumps((str(model), passes, packed)))
+        tmp.replace(path)
+
+    def _shared(self, prefix: Route) -> Snapshot | None:
+        """A route prefix's model that a worker of this search kept (`_share`), or None."""
+        path = self._shared_path(prefix)
+        try:
+            model, passes, packed = pickle.loads(path.read_bytes())
+            data = (self.outdir / model).read_bytes()
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+            return None
+        lowered = None if packed is None else Lowering(
+            packed[0], gs.import_onnx(onnx.load_from_string(packed[1])))
+        return data, passes, lowered
+
+    def save_model(self, data: bytes) -> Path:
+        """Keep a candidate model under ``artifacts/models/<sha256[:16]>.onnx``; its path."""
+        return save_model(self.outdir, data)
+
+
+def save_model(outdir: Path, data: bytes) -> Path:
+    """Keep a model under ``OUTDIR/artifacts/models/<sha256[:16]>.onnx``; its path.
+
+    Written to a temporary name and renamed, so that two workers writing the same
+    model, or a kill midway, never leave a partial file under the final name.
+    """
+    path = outdir / "artifacts" / "models" / f"{sha256(data)[:16]}.onnx"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    return path
+
+
+def with_base_pipeline(registry: Registry, inputs: TrialInputs, backend: Backend,
+                       reference: Backend | None, base: Sequence[Step] = ()
+                       ) -> tuple[Candidate, list[dict[str, Any]]]:
+    """A candidate whose routes start after the backend's base pipeline and `base`.
+
+    Args:
+        registry: The installed plugins.
+        inputs: The trial inputs; their `TrialInputs.base_data` is replaced.
+        backend: The backend, whose `Backend.base_pipeline` goes first.
+        reference: The FP32 reference backend, or None.
+        base: A recipe's base steps, applied after the backend's.
+
+    Returns:
+        The candidate (its ``inputs`` are what workers need), and one pass record per
+        base step.
+
+    Raises:
+        SeasoningError: A step failed; no route can be built.
+        PostconditionError: A step broke the model or its signature.
+    """
+    steps = [Step(name) for name in backend.base_pipeline] + list(base)
+    model = inputs.model
+    if not steps:
+        data, passes = model.data, []
+    else:
+        candidate = Candidate(registry, inputs, backend, reference)
+        state = RouteState(gs.import_onnx(model.proto))
+        passes = []
+        for step in steps:
+            try:
+                record = candidate.step(step, state, Route())
+            except RoutetuneError:
+                raise
+            except Exception as e:
+                raise SeasoningError(step.name, "base", describe(e)) from e
+            passes.append({**record, "base_pipeline": True})
+        exported = gs.export_onnx(state.graph)
+        check_candidate(exported, model.signature)
+        data = exported.SerializeToString()
+    inputs = replace(inputs, base_data=data, base_passes=tuple(passes))
+    return Candidate(registry, inputs, backend, reference), passes
+
+
+def describe(e: BaseException, where: bool = False) -> str:
+    """One line about an exception: its type (unless a routetune error) and message.
+
+    Args:
+        e: The exception.
+        where: Add the innermost traceback frame (file:line in function).
+    """
+    if isinstance(e, (RoutetuneError, SeasoningCrashed)):
+        text = " ".join(str(e).split())
+    elif isinstance(e, MemoryError):
+        text = f"out of memory (MemoryError{': ' if str(e) else ''}{str(e)[:200]})"
+    else:
+        text = f"{type(e).__name__}: {' '.join(str(e).split())}"
+    frames = traceback.extract_tb(e.__traceback__) if where else []
+    if frames:
+        f = frames[-1]
+        text += f" (at {Path(f.filename).name}:{f.lineno} in {f.name})"
+    return text[:600]

@@ -1,0 +1,282 @@
+"""`LocalPool`: the default executor, worker subprocesses on this machine.
+
+Two kinds of workers, each a ``spawn``-started process (`routetune.search.worker`) that
+keeps its plugins, model and base-route engine loaded between trials:
+
+- build workers (``--build-workers N``) apply routes and build engines;
+- measuring workers, one per GPU (``CUDA_VISIBLE_DEVICES`` set to that GPU alone), run,
+  check and time engines; one for the host when engines run on the CPU.
+
+Scheduling: builds start in job order while a build worker is free, except that a job
+whose model steps extend a running build's (``fp16,ort-cuda-nhwc`` while ``fp16``
+builds) waits for it and reuses its model (`Candidate` shares route prefixes on disk);
+up to `LOOKAHEAD` later jobs may start meanwhile. Measurement is
+serialised per device. When engines run on the host CPU, nothing is built while a
+candidate is measured, and measurements go first: a waiting measurement blocks new
+builds until the running ones are done (builds would disturb the timing).
+
+Each phase has a timeout (``--trial-timeout``); a phase that runs past it, or a worker
+that dies (a signal, ``os.abort``, a segfault), becomes the trial's outcome, ``timed-out``
+or ``crashed``, with the exit code or signal and the last lines of the worker's stderr.
+The pool (pebble, https://github.com/noxdafox/pebble) then starts a new worker.
+
+Every phase is appended to ``artifacts/timeline.jsonl`` as one JSON object: ``phase``
+(``build``, ``measure``, or a final ``side_by_side``/``outputs`` call), ``route``,
+``status``, ``start`` and ``end`` (Unix time, s, taken in the worker; for a dead or
+killed worker and for final calls, as the search's process saw them), ``pid`` and
+``gpu`` (the measuring worker's GPU, or null).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pebble
+
+from routetune.errors import UsageError
+from routetune.registry import Registry
+from routetune.search import worker
+from routetune.search.candidate import BUILT, Outcome, TrialInputs, describe
+from routetune.search.executor import AfterBuild, Executor, Job
+
+DEFAULT_TIMEOUT_S = 1800.0
+"""Default per-phase timeout in seconds: a large TensorRT build at optimisation level 5
+can take many minutes; a hang still ends."""
+
+TIMELINE = "timeline.jsonl"
+"""The phase log under ``OUTDIR/artifacts/`` (see the module docstring)."""
+
+LOOKAHEAD = 16
+"""Jobs pulled ahead at most, to find one that does not wait for a running build."""
+
+TAIL_LINES = 6
+"""Lines of a dead worker's stderr kept in the trial's reason."""
+
+
+class LocalPool(Executor):
+    """Build and measuring workers on this machine.
+
+    Args:
+        build_workers: Builds run at once (processes).
+        gpus: One ``CUDA_VISIBLE_DEVICES`` value per measuring worker; empty when
+            engines run on the host CPU (one measuring worker, never alongside a build).
+        timeout_s: Seconds each phase of a trial may run, counted from when it is handed
+            to a worker (a worker started after a crash loads its libraries, about 2 s,
+            within that time).
+        memory_mb: An address-space limit per worker in MiB (``RLIMIT_AS``), or None.
+            GPU runtimes reserve much address space; leave it unset for GPU backends.
+    """
+
+    def __init__(self, build_workers: int = 1, gpus: Sequence[str] = (),
+                 timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int | None = None) -> None:
+        self.build_workers = build_workers
+        self.gpus = tuple(gpus)
+        self.exclusive = not self.gpus
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self._inputs: TrialInputs | None = None
+        self._file: Path | None = None  # the pickled inputs the workers load
+        self._builders: pebble.ProcessPool | None = None
+        self._measurers: list[pebble.ProcessPool] = []
+        self._running: dict[concurrent.futures.Future[Any], Job] = {}
+        self._scheduled: dict[concurrent.futures.Future[Any], float] = {}
+
+    def warm_up(self, outdir: Path) -> None:
+        """Start the workers now; they load their libraries and wait for `start`."""
+        self._file = outdir / "artifacts" / f"inputs-{os.getpid()}-{time.time_ns()}.pkl"
+        self._file.parent.mkdir(parents=True, exist_ok=True)
+        self._spawn()
+
+    def start(self, registry: Registry, inputs: TrialInputs) -> None:
+        """Hand the workers their inputs (starting them, unless `warm_up` did)."""
+        added = registry.added()
+        if added:
+            raise UsageError(
+                f"plugins registered in this process only ({', '.join(added)}) cannot be "
+                "loaded by worker processes; install them as a package with a 'routetune' "
+                "entry point, or run trials in this process (--in-process)")
+        self._inputs = inputs
+        if self._file is None:
+            self.warm_up(inputs.outdir)
+        tmp = self._file.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL))
+        tmp.replace(self._file)
+
+    def _spawn(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        inputs = self._file
+        self._builders = pebble.ProcessPool(self.build_workers, initializer=worker.init,
+                                            initargs=(inputs, None, self.memory_mb),
+                                            context=context)
+        self._measurers = [
+            pebble.ProcessPool(1, initializer=worker.init,
+                               initargs=(inputs, gpu, None if gpu else self.memory_mb),
+                               context=context)
+            for gpu in self.gpus or (None,)
+        ]
+
+    def run(self, jobs: Iterator[Job], after_build: AfterBuild) -> Iterator[tuple[Job, Outcome]]:
+        """Schedule builds and measurements as described in the module docstring."""
+        builds: dict[concurrent.futures.Future[Any], Job] = {}
+        measuring: dict[concurrent.futures.Future[Any], tuple[Job, Outcome, int]] = {}
+        waiting: deque[tuple[Job, Outcome]] = deque()
+        free = list(range(len(self._measurers)))
+        pending: list[Job] = []  # pulled, held while a running build makes their model
+        more = True
+        while True:
+            while waiting and free and not (self.exclusive and builds):
+                job, built = waiting.popleft()
+                slot = free.pop(0)
+                future = self._measurers[slot].schedule(
+                    worker.measure, (job.route, job.fingerprint, built.fields, self._log(job)),
+                    timeout=self.timeout_s)
+                measuring[future] = (job, built, slot)
+                self._running[future] = job
+                self._scheduled[future] = time.time()
+            while (more or pending) and len(builds) < self.build_workers and not (
+                    self.exclusive and (measuring or waiting)):
+                job = next((j for j in pending
+                            if not any(j.extends(b) for b in builds.values())), None)
+                if job is None:
+                    if not more or len(pending) >= LOOKAHEAD:
+                        break
+                    job = next(jobs, None)
+                    if job is None:
+                        more = False
+                    else:
+                        pending.append(job)
+                    continue
+                pending.remove(job)
+                future = self._builders.schedule(
+                    worker.build, (job.route, job.fingerprint, self._log(job)),
+                    timeout=self.timeout_s)
+                builds[future] = job
+                self._running[future] = job
+                self._scheduled[future] = time.time()
+            if not builds and not measuring:
+                if waiting or pending:
+                    continue
+                return
+            done, _ = concurrent.futures.wait([*builds, *measuring],
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: self._running[f].fingerprint):
+                job = self._running.pop(future)
+                if future in builds:
+                    del builds[future]
+                    outcome = self._outcome(future, job, "build", {}, None)
+                    if outcome.status == BUILT:
+                        final = after_build(job, outcome)
+                        if final is None:
+                            waiting.append((job, outcome))
+                            continue
+                        outcome = final
+                else:
+                    _, built, slot = measuring.pop(future)
+                    free.append(slot)
+                    outcome = self._outcome(future, job, "measure", built.fields,
+                                            (self.gpus or (None,))[slot])
+                yield job, outcome
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Run the `Candidate` method on the first measuring worker."""
+        if self._builders is None:
+            self._spawn()
+        log = self._inputs.outdir / "artifacts" / "logs" / f"{method}.log"
+        start = time.time()
+        future = self._measurers[0].schedule(worker.call, (method, args, log),
+                                             timeout=self.timeout_s)
+        try:
+            return future.result()
+        finally:
+            self._event({"phase": method, "route": None, "status": None, "start": start,
+                         "end": time.time(), "pid": None, "gpu": (self.gpus or (None,))[0]})
+
+    def in_flight(self) -> list[Job]:
+        """The jobs whose phase is running on a worker."""
+        return sorted(self._running.values(), key=lambda j: str(j.route))
+
+    def cancel(self) -> None:
+        """Kill every worker (in-flight jobs are dropped); `call` starts new ones."""
+        for pool in [self._builders, *self._measurers]:
+            if pool is not None:
+                pool.stop()
+                pool.join()
+        self._builders, self._measurers = None, []
+        self._running.clear()
+
+    def close(self) -> None:
+        """Stop and join every worker, and delete the inputs file."""
+        self.cancel()
+        if self._file is not None:
+            self._file.unlink(missing_ok=True)
+
+    def _log(self, job: Job) -> Path:
+        return self._inputs.outdir / "artifacts" / "logs" / f"{job.fingerprint[:16]}.log"
+
+    def _outcome(self, future: concurrent.futures.Future[Any], job: Job, phase: str,
+                 fields: Mapping[str, Any], gpu: str | None) -> Outcome:
+        """The phase's outcome, or the trial's ``crashed``/``timed-out`` record."""
+        start, end, pid = self._scheduled.pop(future), time.time(), None
+        try:
+            outcome, start, end, pid = future.result()
+        except concurrent.futures.TimeoutError:
+            outcome = Outcome("timed-out", f"{phase} ran past --trial-timeout "
+                              f"{self.timeout_s:g} s; the worker was killed{self._tail(job)}",
+                              fields)
+        except pebble.ProcessExpired as e:
+            outcome = Outcome("crashed", f"the {phase} worker died: {exit_text(e.exitcode)}"
+                              f"{self._tail(job)}", fields)
+        except Exception as e:  # the task itself raised (the worker could not start)
+            outcome = Outcome("crashed", f"{phase}: {describe(e)}", fields)
+        self._event({"phase": phase, "route": str(job.route), "status": outcome.status,
+                     "start": start, "end": end, "pid": pid, "gpu": gpu})
+        return outcome
+
+    def _event(self, event: dict[str, Any]) -> None:
+        """Append one phase to the timeline."""
+        event.update(start=round(event["start"], 4), end=round(event["end"], 4))
+        with open(self._inputs.outdir / "artifacts" / TIMELINE, "a") as f:
+            f.write(json.dumps(event) + "\n")
+
+    def _tail(self, job: Job) -> str:
+        """What the worker wrote to the trial's log in its last phase, shortened.
+
+        After a fatal signal, `faulthandler`'s first line and innermost frames (it
+        prints the most recent call first); otherwise the last `TAIL_LINES` lines.
+        """
+        log = self._log(job)
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            return ""
+        lines = [line.strip() for line in text.rsplit("\n== ", 1)[-1].splitlines()[1:]]
+        lines = [line for line in lines if line]
+        fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+        if fatal:
+            frames = [line for line in lines[fatal[-1] + 1:] if line.startswith("File ")]
+            lines = [lines[fatal[-1]], *frames[:2]]
+        lines = lines[-TAIL_LINES:]
+        where = f"log artifacts/logs/{log.name}"
+        if not lines:
+            return f"; stderr empty ({where})"
+        return f"; stderr: {' | '.join(lines)[-500:]} ({where})"
+
+
+def exit_text(code: int | None) -> str:
+    """A worker's exit: ``signal SIGSEGV (exit code -11)`` or ``exit code 3``."""
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name} (exit code {code})"
+        except ValueError:
+            pass
+    return f"exit code {code}"

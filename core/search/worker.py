@@ -1,0 +1,130 @@
+"""What runs inside a worker subprocess of `routetune.search.local_pool.LocalPool`.
+
+Workers are started with ``spawn``, never ``fork``: CUDA contexts and ONNX Runtime
+thread pools must not be inherited. `init` runs once per worker; each task then runs one
+phase of one trial on the worker's `Candidate`, with the worker's stdout and stderr (file
+descriptors 1 and 2, so C libraries' output too) appended to the trial's log,
+``artifacts/logs/<fingerprint[:16]>.log``. `faulthandler` writes a Python traceback
+there when the worker dies of a signal, and the pool reads the log's tail into the
+trial's reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import logging
+import os
+import pickle
+import resource
+import signal
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from routetune.route import Route
+from routetune.search.candidate import Candidate, Outcome
+
+_candidate: Candidate | None = None
+_failed: BaseException | None = None
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal a process gets when its parent dies (Linux)."""
+
+
+def init(inputs: Path, gpu: str | None, memory_mb: int | None) -> None:
+    """Set up a worker: signals, device, plugins, then the model, then the memory limit.
+
+    Workers start before the search's process has its inputs ready (the FP32 reference
+    outputs, the base pipeline), so that both load their libraries at once: a worker
+    waits for the pickled `TrialInputs` file to appear.
+
+    Args:
+        inputs: The file the search writes its pickled `TrialInputs` to.
+        gpu: The value of ``CUDA_VISIBLE_DEVICES`` for this worker (one GPU), or None.
+        memory_mb: An address-space limit (``RLIMIT_AS``) in MiB, set after start-up,
+            so that a runaway allocation raises `MemoryError` instead of taking the
+            machine; None for none.
+    """
+    global _candidate, _failed
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
+    _die_with_parent()
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    faulthandler.enable()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        from routetune.plugin_manager import load_registry
+
+        registry = load_registry()
+        while not inputs.exists():  # the parent kills its workers if it never writes it
+            time.sleep(0.01)
+        _candidate = Candidate(registry, pickle.loads(inputs.read_bytes()))
+    except BaseException as e:  # told with every task: the pool reports it per trial
+        _failed = e
+    if memory_mb is not None:
+        limit = memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+Timed = tuple[Outcome, float, float, int]
+"""A phase's outcome, its start and end (Unix time, s) and the worker's pid."""
+
+
+def build(route: Route, fingerprint: str, log: Path) -> Timed:
+    """The build phase of one trial (`Candidate.build`)."""
+    with _logged(log, f"build {route}"):
+        t0 = time.time()
+        outcome = _live().build(route, fingerprint)
+        return outcome, t0, time.time(), os.getpid()
+
+
+def measure(route: Route, fingerprint: str, built: Mapping[str, Any], log: Path) -> Timed:
+    """The measure phase of one trial (`Candidate.measure`)."""
+    with _logged(log, f"measure {route}"):
+        t0 = time.time()
+        outcome = _live().measure(route, fingerprint, built)
+        return outcome, t0, time.time(), os.getpid()
+
+
+def call(method: str, args: tuple[Any, ...], log: Path) -> Any:
+    """Run a `Candidate` method (``side_by_side``, ``outputs``)."""
+    with _logged(log, method):
+        return getattr(_live(), method)(*args)
+
+
+def _live() -> Candidate:
+    if _candidate is None:
+        raise RuntimeError(f"the worker could not start: {type(_failed).__name__}: {_failed}")
+    return _candidate
+
+
+@contextmanager
+def _logged(log: Path, what: str) -> Iterator[None]:
+    """Send file descriptors 1 and 2 to `log` (appended) while a task runs."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as f:
+        f.write(f"== {time.strftime('%H:%M:%S')} pid {os.getpid()}: {what}\n".encode())
+        f.flush()
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the search process dies (kill -9 included)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before the line above
+            os._exit(1)

@@ -1,0 +1,117 @@
+"""Worker isolation with real subprocesses: seasonings that crash, hang and hog memory.
+
+The routetune-chaos package (tests/thirdparty/routetune-chaos) is pip-installed, so the
+spawned workers load it from its entry point like any third-party plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from graphs import wasteful
+from plugin_packages import installed, routetune
+
+from routetune.search.local_pool import exit_text
+from routetune.store import TrialStore
+
+CHAOS = "chaos-abort,chaos-segfault,chaos-hang,chaos-oom,chaos-flaky,chaos-drop-waste"
+TIMEOUT_S = 6
+
+
+@pytest.fixture(scope="module")
+def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The chaos package installed, and the `wasteful` model it is made for."""
+    with installed("routetune-chaos", tmp_path_factory.mktemp("chaos")):
+        yield wasteful(tmp_path_factory.mktemp("model") / "w.onnx")
+
+
+def chaos_search(model: Path, out: Path, *flags: str) -> tuple[str, dict[str, object]]:
+    done = routetune("tune", str(model), "--output", str(out), "--seasonings", CHAOS,
+                     "--search", "exhaustive", "--max-depth", "1", "--trial-timeout",
+                     str(TIMEOUT_S), "--worker-memory", "3000", "--min-runs", "5",
+                     "--min-time", "0.05", *flags, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    store = TrialStore.open(out / "trials.sqlite")
+    try:
+        trials = {t.route: t for t in store.trials()}
+    finally:
+        store.close()
+    winner = json.loads((out / "winner.json").read_text())["route"]
+    return winner, trials
+
+
+@pytest.mark.parametrize("build_workers", [1, 2])
+def test_each_misbehaving_candidate_is_one_recorded_trial(chaos: Path, tmp_path: Path,
+                                                          build_workers: int) -> None:
+    winner, trials = chaos_search(chaos, tmp_path / "out", "--build-workers",
+                                  str(build_workers))
+    expected = {
+        "base": "ok", "chaos-drop-waste": "ok", "chaos-flaky": "ok",
+        "chaos-flaky{variant=c}": "ok", "chaos-abort": "crashed", "chaos-segfault": "crashed",
+        "chaos-oom": "crashed", "chaos-flaky{variant=b}": "crashed", "chaos-hang": "timed-out",
+    }
+    assert {route: t.status for route, t in trials.items()} == expected
+    reasons = {route: t.reason for route, t in trials.items()}
+    assert "signal SIGABRT (exit code -6)" in reasons["chaos-abort"]
+    assert "Fatal Python error: Aborted" in reasons["chaos-abort"]
+    assert "signal SIGSEGV (exit code -11)" in reasons["chaos-segfault"]
+    assert "Fatal Python error: Segmentation fault" in reasons["chaos-segfault"]
+    assert "routetune_chaos" in reasons["chaos-segfault"]  # the innermost frame
+    assert "out of memory (MemoryError" in reasons["chaos-oom"]
+    assert "RuntimeError: chaos-flaky: variant b is broken" in reasons["chaos-flaky{variant=b}"]
+    assert f"--trial-timeout {TIMEOUT_S} s" in reasons["chaos-hang"]
+    assert winner == "chaos-drop-waste"
+    timeline = [json.loads(line) for line in
+                (tmp_path / "out" / "artifacts" / "timeline.jsonl").read_text().splitlines()]
+    hang = next(e for e in timeline if e["route"] == "chaos-hang")
+    assert TIMEOUT_S <= hang["end"] - hang["start"] < TIMEOUT_S + 10
+
+
+def test_a_resumed_chaos_search_redoes_nothing(chaos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _, first = chaos_search(chaos, out)
+    timeline = out / "artifacts" / "timeline.jsonl"
+
+    def trial_phases() -> int:
+        return sum(json.loads(line)["phase"] in ("build", "measure")
+                   for line in timeline.read_text().splitlines())
+
+    phases = trial_phases()
+    winner, again = chaos_search(chaos, out)
+    assert winner == "chaos-drop-waste"
+    assert {r: t.status for r, t in again.items()} == {r: t.status for r, t in first.items()}
+    assert trial_phases() == phases  # no trial ran again (only the final side-by-side)
+    with sqlite3.connect(out / "trials.sqlite") as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_plugins_registered_in_process_are_refused_by_workers(tmp_path: Path) -> None:
+    from graphs import conv_bn
+
+    from routetune.errors import UsageError
+    from routetune.plugin_manager import load_registry
+    from routetune.seasoning import PassResult, Seasoning, SeasoningInfo
+    from routetune.tune import TuneOptions, tune
+
+    class Local(Seasoning):
+        info = SeasoningInfo(name="local-only", stage="graph", summary="registered in-process")
+
+        def apply(self, state, ctx) -> PassResult:  # noqa: ANN001
+            return PassResult(False)
+
+    registry = load_registry()
+    registry.add_seasoning(Local)
+    opts = TuneOptions(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
+                       shapes="x:1x3x32x32", seasonings=("local-only",))
+    with pytest.raises(UsageError, match="local-only.*--in-process"):
+        tune(opts, registry)
+
+
+def test_exit_text_names_the_signal() -> None:
+    assert exit_text(-11) == "signal SIGSEGV (exit code -11)"
+    assert exit_text(3) == "exit code 3"
+    assert exit_text(-200) == "exit code -200"
