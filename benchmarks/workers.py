@@ -3,7 +3,7 @@
 Usage:
 
     python benchmarks/workers.py overhead [--out DIR] [--trials 50]
-    python benchmarks/workers.py build-workers [--out DIR] [--repeats 2]
+    python benchmarks/workers.py build-workers [--out DIR] [--repeats 2] [--trials 24]
     python benchmarks/workers.py gpus [--out DIR] [--repeats 2]     # 2+ GPUs, onnxruntime-gpu
 
 Each runs the real ``routetune tune`` command in a subprocess, with a fresh output
@@ -53,12 +53,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("workers-bench"))
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--min-time", type=float, default=1.0,
+                        help="gpus: seconds of timing per candidate (routetune's default: 1)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"overhead": overhead, "build-workers": build_workers, "gpus": gpus}[
         args.command](args)
     result["machine"] = machine()
-    path = args.out / f"{args.command}.json"
+    path = args.out / (f"{args.command}.json" if args.command != "gpus"
+                       else f"gpus-{args.min_time:g}s.json")
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
 
@@ -132,8 +135,8 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
 def build_workers(args: argparse.Namespace) -> dict[str, Any]:
     flags = ["--example", "ppocr-rec", "--seasonings",
              "int8-qdq,fp16,fold-constants,fuse-bn-into-conv,eliminate-noops",
-             "--search", "exhaustive", "--max-depth", "2", "--min-time", "0.2",
-             "--min-runs", "10"]
+             "--search", "exhaustive", "--max-depth", "2", "--max-trials", str(args.trials),
+             "--min-time", "0.2", "--min-runs", "10"]
     runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
     for i in range(args.repeats):
         for n in (1, 2):
@@ -170,12 +173,12 @@ def gpus(args: argparse.Namespace) -> dict[str, Any]:
     all_gpus = ",".join(str(i) for i in range(count))
     flags = [str(model), "--inputs", str(inputs), "--backend", "onnxruntime-cuda",
              "--seasonings", GPU_SEASONINGS, "--search", "exhaustive", "--max-depth", "4",
-             "--max-trials", "16", "--build-workers", "4",
+             "--max-trials", "16", "--build-workers", "4", "--min-time", str(args.min_time),
              "--accuracy", "cos>=0.9999,rel_l2<=0.01"]
     runs: dict[str, list[dict[str, Any]]] = {"0": [], all_gpus: []}
     for i in range(args.repeats):
         for visible in runs:
-            run = tune(args.out / f"gpus-{visible.replace(',', '')}-{i}", *flags,
+            run = tune(args.out / f"gpus-{visible.replace(',', '')}-{args.min_time:g}s-{i}", *flags,
                        env={"CUDA_VISIBLE_DEVICES": visible})
             runs[visible].append(run)
             by_gpu = {}
@@ -189,7 +192,7 @@ def gpus(args: argparse.Namespace) -> dict[str, Any]:
     one, many = runs["0"], runs[all_gpus]
     pairs = [many[i]["wall_s"] / one[i]["wall_s"] for i in range(args.repeats)]
     result = {
-        "gpus": count,
+        "gpus": count, "min_time_s": args.min_time,
         "wall_s": {k: [round(r["wall_s"], 2) for r in v] for k, v in runs.items()},
         "ratio_many_over_one": [round(p, 3) for p in pairs],
         "winners": {k: [r["winner"] for r in v] for k, v in runs.items()},

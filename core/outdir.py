@@ -77,6 +77,8 @@ def locked(outdir: Path) -> Iterator[None]:
 def move_aside(store: Path) -> Path | None:
     """Rename a trial store (and its WAL files) to a free ``trials.<time>[-n].sqlite``.
 
+    Any other file of a run (the phase timeline) is renamed the same way.
+
     Returns:
         The new path, or None when there was no store.
     """

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from routetune import examples, runinfo
+from routetune import examples, report_html, runinfo
 from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
 from routetune.backend import Backend
 from routetune.composer import RouteSpace, resolve_route
@@ -31,7 +32,7 @@ from routetune.registry import Registry
 from routetune.report import write_reports
 from routetune.route import Route, Step, parse_route
 from routetune.search.executor import Executor, InlineExecutor
-from routetune.search.local_pool import DEFAULT_TIMEOUT_S, LocalPool
+from routetune.search.local_pool import DEFAULT_TIMEOUT_S, TIMELINE, LocalPool
 from routetune.search.loop import Budget, SearchLoop
 from routetune.search.repair import REPAIR
 from routetune.search.strategy import SearchConfig, rank_key
@@ -357,11 +358,14 @@ def _tune_locked(
         run.registry, "onnxruntime")
     executor = make_executor(run, opts)
     executor.warm_up(run.outdir)  # workers load their libraries during the reference run
+    charts = threading.Thread(target=report_html.warm_up, daemon=True)
+    charts.start()  # joined before any trial runs: nothing may disturb the timing
     loop = None
     try:
         references = _references(reference, run)
         if opts.fresh:
             move_aside(store_path)
+            move_aside(run.outdir / "artifacts" / TIMELINE)
         store = TrialStore.open(store_path)
     except BaseException:
         executor.close()
@@ -372,6 +376,7 @@ def _tune_locked(
                           reference, run.repair, base=run.base,
                           base_settings=run.backend_options, executor=executor)
         run.base_passes = loop.base_passes
+        charts.join()
         record = runinfo.start_record(run, opts, loop.versions)
         runinfo.write(run.outdir, record)
         strategy = run.registry.strategy(opts.search)(

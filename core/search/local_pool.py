@@ -124,6 +124,8 @@ class LocalPool(Executor):
                                context=context)
             for gpu in self.gpus or (None,)
         ]
+        for pool in [self._builders, *self._measurers]:  # pebble starts a pool lazily
+            pool.schedule(worker.ping)
 
     def run(self, jobs: Iterator[Job], after_build: AfterBuild) -> Iterator[tuple[Job, Outcome]]:
         """Schedule builds and measurements as described in the module docstring."""

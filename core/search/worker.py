@@ -75,6 +75,10 @@ Timed = tuple[Outcome, float, float, int]
 """A phase's outcome, its start and end (Unix time, s) and the worker's pid."""
 
 
+def ping() -> None:
+    """Nothing: scheduled once per pool so that its workers start at once."""
+
+
 def build(route: Route, fingerprint: str, log: Path) -> Timed:
     """The build phase of one trial (`Candidate.build`)."""
     with _logged(log, f"build {route}"):

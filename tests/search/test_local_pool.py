@@ -69,6 +69,14 @@ def test_each_misbehaving_candidate_is_one_recorded_trial(chaos: Path, tmp_path:
                 (tmp_path / "out" / "artifacts" / "timeline.jsonl").read_text().splitlines()]
     hang = next(e for e in timeline if e["route"] == "chaos-hang")
     assert TIMEOUT_S <= hang["end"] - hang["start"] < TIMEOUT_S + 10
+    builds = [e for e in timeline if e["phase"] == "build"]
+    measures = [e for e in timeline if e["phase"] == "measure"]
+    # on the CPU, no candidate is timed while anything builds
+    assert not [(b["route"], m["route"]) for b in builds for m in measures
+                if b["start"] < m["end"] and m["start"] < b["end"]]
+    overlapping = [(a["route"], b["route"]) for a in builds for b in builds
+                   if a is not b and a["start"] < b["end"] and b["start"] < a["end"]]
+    assert bool(overlapping) == (build_workers == 2)  # the hang leaves time to overlap
 
 
 def test_a_resumed_chaos_search_redoes_nothing(chaos: Path, tmp_path: Path) -> None:
@@ -115,3 +123,28 @@ def test_exit_text_names_the_signal() -> None:
     assert exit_text(-11) == "signal SIGSEGV (exit code -11)"
     assert exit_text(3) == "exit code 3"
     assert exit_text(-200) == "exit code -200"
+
+
+def test_a_route_waits_for_the_build_of_its_prefix_and_reuses_its_model(tmp_path: Path) -> None:
+    from graphs import conv_bn
+
+    out = tmp_path / "out"
+    done = routetune("tune", str(conv_bn(tmp_path / "m.onnx")), "--shapes", "x:1x3x32x32",
+                     "--output", str(out), "--seasonings", "fp16,fold-constants,ort-threads",
+                     "--search", "exhaustive", "--max-depth", "2", "--build-workers", "2",
+                     "--min-runs", "3", "--min-time", "0.01", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    timeline = [json.loads(line) for line in
+                (out / "artifacts" / "timeline.jsonl").read_text().splitlines()]
+    builds = {e["route"]: e for e in timeline if e["phase"] == "build"}
+    for route, e in builds.items():
+        if route.startswith("fp16,"):  # fp16's model steps are a prefix of these
+            assert e["start"] >= builds["fp16"]["end"], route
+    assert list((out / "artifacts" / "prefixes").glob("*.pkl"))
+    store = TrialStore.open(out / "trials.sqlite")
+    try:
+        trials = {t.route: t for t in store.trials()}
+    finally:
+        store.close()
+    # the extending route starts from the shared model: the same fp16 pass record
+    assert trials["fp16,ort-threads"].passes[0] == trials["fp16"].passes[0]
