@@ -185,6 +185,15 @@ class TuneResult:
         return write_reports(self.outdir, Path(path) if path is not None else None)
 
     @property
+    def fallback(self) -> bool:
+        """Whether the base route stands because no other route was accurate and faster.
+
+        The reason is `winner_reason`; the winner may itself have failed (when even
+        the base route did not build, run or meet the constraint).
+        """
+        return self.winner is self.base
+
+    @property
     def winner_speedup(self) -> float:
         """The winner's speed-up over the base route, from the side-by-side measurement."""
         if self.side_by_side is None or self.winner is self.base:

@@ -431,9 +431,14 @@ class Candidate:
         model = self.save_model(data).relative_to(self.outdir)
         packed = None if lowered is None else (
             lowered.seasoning, gs.export_onnx(lowered.graph).SerializeToString())
+        try:
+            entry = pickle.dumps((str(model), passes, packed))
+        except (pickle.PicklingError, AttributeError, TypeError) as e:  # a local class
+            logger.debug("route prefix '%s' not shared: %s", prefix, e)
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
-        tmp.write_bytes(pickle.dumps((str(model), passes, packed)))
+        tmp.write_bytes(entry)
         tmp.replace(path)
 
     def _shared(self, prefix: Route) -> Snapshot | None:
