@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from routetune import signals
 from routetune.accuracy import DEFAULT_ACCURACY
 from routetune.display import components_table, seasonings_table, trials_table
 from routetune.errors import RoutetuneError, UsageError
@@ -130,7 +131,7 @@ def tune_command(
         )
     console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {result.outdir}")
     if result.stopped and result.stopped.startswith("interrupted"):
-        raise typer.Exit(130)  # the shell's code for SIGINT, after the results are written
+        raise typer.Exit(signals.exit_code())  # 130 or 143, after the results are written
     if result.winner.status in ("build-failed", "crashed", "timed-out"):
         raise typer.Exit(1)  # nothing usable came out: scripts must notice
 
@@ -217,15 +218,16 @@ def main(argv: list[str] | None = None) -> None:
     framework; they are printed as one line too, with a pointer to ``--help``.
     """
     command = typer.main.get_command(app)
+    signals.handle_sigterm()
     try:
         code = command.main(args=argv, prog_name="routetune", standalone_mode=False)
     except RoutetuneError as e:
         print(f"routetune: error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
-        print("routetune: interrupted; every trial stored so far is kept (run the same "
-              "command again to resume)", file=sys.stderr)
-        sys.exit(130)
+        print(f"routetune: interrupted ({signals.interrupted()}); every trial stored so far "
+              "is kept (run the same command again to resume)", file=sys.stderr)
+        sys.exit(signals.exit_code())
     except Exception as e:  # the framework's usage errors: ClickException and subclasses
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
             raise

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -252,13 +254,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     if opts.shapes and opts.opt_shapes:
         raise UsageError("--shapes with --opt-shapes: --shapes sets min, opt and max at once; "
                          "give --opt-shapes with --min-shapes/--max-shapes instead")
-    if opts.build_workers < 1:
-        raise UsageError(f"--build-workers {opts.build_workers}: must be 1 or more")
-    if opts.trial_timeout_s <= 0:
-        raise UsageError(f"--trial-timeout {opts.trial_timeout_s:g}: must be positive (seconds)")
-    if opts.worker_memory_mb is not None and opts.worker_memory_mb < 256:
-        raise UsageError(f"--worker-memory {opts.worker_memory_mb}: give at least 256 (MiB); "
-                         "a worker needs that much to load its libraries")
+    _check_workers(opts)
     if opts.time_budget_s is not None and opts.time_budget_s <= 0:
         raise UsageError(f"--time-budget {opts.time_budget_s}: must be positive (seconds)")
     backend = _backend(registry, opts.backend)
@@ -538,6 +534,38 @@ def _write_winner(run: Prepared, result: TuneResult, opts: TuneOptions) -> dict[
     settings_path.write_text(json.dumps(settings, indent=2) + "\n")
     recipe = write_winner_recipe(run.outdir / "winner.toml", run, result, opts)
     return {"model": model_path, "settings": settings_path, "recipe": recipe}
+
+
+MIN_WORKER_MEMORY_MB = 512
+"""The smallest ``--worker-memory``: a worker maps about 400 MiB of libraries."""
+
+
+def _check_workers(opts: TuneOptions) -> None:
+    """Refuse worker settings that cannot work.
+
+    Raises:
+        UsageError: No build worker or more than CPU cores, a timeout that is not a
+            positive finite number, too little memory, or worker settings with
+            ``--in-process``.
+    """
+    cores = os.cpu_count() or 1
+    if not 1 <= opts.build_workers <= cores:
+        raise UsageError(f"--build-workers {opts.build_workers}: give 1 to {cores} (this "
+                         f"machine's CPU cores; each build worker is a process)")
+    if not (math.isfinite(opts.trial_timeout_s) and opts.trial_timeout_s > 0):
+        raise UsageError(f"--trial-timeout {opts.trial_timeout_s}: give a positive number of "
+                         "seconds")
+    memory = opts.worker_memory_mb
+    if memory is not None and memory < MIN_WORKER_MEMORY_MB:
+        raise UsageError(f"--worker-memory {memory}: give at least {MIN_WORKER_MEMORY_MB} "
+                         "(MiB); a worker maps about 400 MiB of libraries before any trial")
+    changed = [flag for flag, used in (
+        ("--build-workers", opts.build_workers != 1),
+        ("--trial-timeout", opts.trial_timeout_s != DEFAULT_TIMEOUT_S),
+        ("--worker-memory", memory is not None)) if used]
+    if opts.in_process and changed:
+        raise UsageError(f"--in-process with {', '.join(changed)}: trials in this process "
+                         "have no workers, timeouts or memory limits; drop one or the other")
 
 
 def _backend(registry: Registry, name: str) -> Backend:

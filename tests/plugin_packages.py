@@ -22,7 +22,8 @@ def pip(*args: str) -> subprocess.CompletedProcess[str]:
 def installed(name: str, workdir: Path) -> Iterator[None]:
     """Install tests/thirdparty/`name` (no deps, no index), and uninstall it afterwards."""
     source = workdir / name  # builds leave files behind: build a copy
-    shutil.copytree(THIRDPARTY / name, source, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(THIRDPARTY / name, source,
+                    ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
     done = pip("install", "--no-deps", "--no-build-isolation", "--no-index", str(source))
     assert done.returncode == 0, done.stderr
     try:

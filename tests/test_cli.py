@@ -50,6 +50,15 @@ def _npz(path: Path, **arrays: np.ndarray) -> Path:
 
 BAD = {
     "missing file": (lambda d, m: ["tune", str(d / "nope.onnx")], "nope.onnx: no such file"),
+    "too many build workers": (lambda d, m: ["tune", str(m), "--build-workers", "100000"],
+                               "--build-workers 100000: give 1 to"),
+    "timeout nan": (lambda d, m: ["tune", str(m), "--trial-timeout", "nan"],
+                    "--trial-timeout nan: give a positive number of seconds"),
+    "too little worker memory": (lambda d, m: ["tune", str(m), "--worker-memory", "300"],
+                                 "--worker-memory 300: give at least 512"),
+    "in-process with workers": (lambda d, m: ["tune", str(m), "--in-process",
+                                              "--build-workers", "2"],
+                                "--in-process with --build-workers"),
     "not onnx": (lambda d, m: ["tune", str(_text(d / "t.onnx", "hello"))], "not a"),
     "truncated": (lambda d, m: ["tune", str(_trunc(m, d / "cut.onnx"))], "not a valid ONNX"),
     "unknown seasoning": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",

@@ -61,7 +61,10 @@ def test_ctrl_c_writes_the_best_so_far_and_the_same_command_resumes(model: Path,
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     text = " ".join(stdout.split())
-    assert "stopped early: interrupted (Ctrl-C): no new trials; the best so far stands" in text
+    assert "stopped early: interrupted (Ctrl-C): no new trials" in text
+    assert "the best so far stands" in text
+    shown = int(text.split(" trials, winner first")[0].split()[-1])
+    assert shown >= 3  # every trial stored before the Ctrl-C, from the batch in flight too
     assert "winner: " in text and "Traceback" not in stderr
     assert (out / "winner.json").exists() and (out / "report.html").exists()
     before = stored(out)
@@ -71,6 +74,18 @@ def test_ctrl_c_writes_the_best_so_far_and_the_same_command_resumes(model: Path,
     after = sqlite3.connect(out / "trials.sqlite").execute(
         "SELECT count(*), count(DISTINCT fingerprint) FROM trials").fetchone()
     assert after[0] == after[1] > before  # nothing redone twice, the rest added
+
+
+def test_sigterm_stops_like_ctrl_c_with_exit_143(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = start(model, out)
+    wait_for(out, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "interrupted (SIGTERM): no new trials" in " ".join(stdout.split())
+    assert (out / "report.html").exists() and "Traceback" not in stderr
+    assert not list((out / "artifacts").glob("inputs-*"))  # the workers' input file
 
 
 def test_a_second_ctrl_c_stops_at_once_and_the_store_stays_consistent(model: Path,

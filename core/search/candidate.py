@@ -381,7 +381,7 @@ class Candidate:
             raise
         except (RoutetuneError, ValueError) as e:
             raise SeasoningError(step.name, str(applied), describe(e)) from e
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # sys.exit() in a plugin is a crash too
             raise SeasoningCrashed(step.name, str(applied), e) from e
         ms = (time.perf_counter_ns() - t0) / 1e6
         return {"step": str(step), "modified": result.modified, "stats": dict(result.stats),
@@ -532,5 +532,6 @@ def describe(e: BaseException, where: bool = False) -> str:
     frames = traceback.extract_tb(e.__traceback__) if where else []
     if frames:
         f = frames[-1]
-        text += f" (at {Path(f.filename).name}:{f.lineno} in {f.name})"
+        where = Path(f.filename)
+        text += f" (at {where.parent.name}/{where.name}:{f.lineno} in {f.name})"
     return text[:600]

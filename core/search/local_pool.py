@@ -95,6 +95,8 @@ class LocalPool(Executor):
         """Start the workers now; they load their libraries and wait for `start`."""
         self._file = outdir / "artifacts" / f"inputs-{os.getpid()}-{time.time_ns()}.pkl"
         self._file.parent.mkdir(parents=True, exist_ok=True)
+        for stale in self._file.parent.glob("inputs-*"):  # a killed run's (we hold
+            stale.unlink(missing_ok=True)                      # the output directory)
         self._spawn()
 
     def start(self, registry: Registry, inputs: TrialInputs) -> None:
@@ -116,11 +118,13 @@ class LocalPool(Executor):
         context = multiprocessing.get_context("spawn")
         inputs = self._file
         self._builders = pebble.ProcessPool(self.build_workers, initializer=worker.init,
-                                            initargs=(inputs, None, self.memory_mb),
+                                            initargs=(inputs, None, self.memory_mb,
+                                                      self.timeout_s),
                                             context=context)
         self._measurers = [
             pebble.ProcessPool(1, initializer=worker.init,
-                               initargs=(inputs, gpu, None if gpu else self.memory_mb),
+                               initargs=(inputs, gpu, None if gpu else self.memory_mb,
+                                         self.timeout_s),
                                context=context)
             for gpu in self.gpus or (None,)
         ]
@@ -232,10 +236,12 @@ class LocalPool(Executor):
         try:
             outcome, start, end, pid = future.result()
         except concurrent.futures.TimeoutError:
+            pid = self._pid(job)
             outcome = Outcome("timed-out", f"{phase} ran past --trial-timeout "
                               f"{self.timeout_s:g} s; the worker was killed{self._tail(job)}",
                               fields)
         except pebble.ProcessExpired as e:
+            pid = e.pid or self._pid(job)
             outcome = Outcome("crashed", f"the {phase} worker died: {exit_text(e.exitcode)}"
                               f"{self._tail(job)}", fields)
         except Exception as e:  # the task itself raised (the worker could not start)
@@ -250,11 +256,20 @@ class LocalPool(Executor):
         with open(self._inputs.outdir / "artifacts" / TIMELINE, "a") as f:
             f.write(json.dumps(event) + "\n")
 
+    def _pid(self, job: Job) -> int | None:
+        """The pid in the trial log's last header line (``== 12:00:00 pid 123: …``)."""
+        try:
+            header = self._log(job).read_text(errors="replace").rsplit("\n== ", 1)[-1]
+            return int(header.split(" pid ", 1)[1].split(":", 1)[0])
+        except (OSError, IndexError, ValueError):
+            return None
+
     def _tail(self, job: Job) -> str:
         """What the worker wrote to the trial's log in its last phase, shortened.
 
-        After a fatal signal, `faulthandler`'s first line and innermost frames (it
-        prints the most recent call first); otherwise the last `TAIL_LINES` lines.
+        After a fatal signal, or the stack dump a worker writes just before its timeout,
+        `faulthandler`'s first line and the innermost frames (it prints the most recent
+        call first); otherwise the last `TAIL_LINES` lines.
         """
         log = self._log(job)
         try:
@@ -263,7 +278,8 @@ class LocalPool(Executor):
             return ""
         lines = [line.strip() for line in text.rsplit("\n== ", 1)[-1].splitlines()[1:]]
         lines = [line for line in lines if line]
-        fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+        fatal = [i for i, line in enumerate(lines)
+                 if line.startswith(("Fatal Python error", "Timeout ("))]
         if fatal:
             frames = [line for line in lines[fatal[-1] + 1:] if line.startswith("File ")]
             lines = [lines[fatal[-1]], *frames[:2]]

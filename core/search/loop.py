@@ -35,6 +35,7 @@ from routetune.search.candidate import Outcome, TrialInputs, with_base_pipeline
 from routetune.search.executor import Executor, InlineExecutor, Job
 from routetune.search.repair import bisect_repair, repair_route, repairs
 from routetune.search.strategy import Strategy
+from routetune.signals import interrupted
 from routetune.store import Trial, TrialStore
 
 logger = logging.getLogger(__name__)
@@ -168,33 +169,42 @@ class SearchLoop:
         seen: set[str] = set()
         self.stopped = None
 
+        running = [0]  # trials admitted and not yet done
+
         def admit() -> bool:
             """Whether one more trial may start now; says why not in `stopped`."""
-            if budget.max_trials is not None and len(trials) + admitted[0] >= budget.max_trials:
+            if budget.max_trials is not None and len(trials) + running[0] >= budget.max_trials:
                 self.stopped = f"--max-trials {budget.max_trials} reached"
             elif budget.time_s is not None and time.monotonic() - started >= budget.time_s:
                 self.stopped = f"--time-budget {budget.time_s:g} s reached"
             else:
-                admitted[0] += 1
+                running[0] += 1
                 return True
             return False
 
-        admitted = [0]  # trials admitted in the current batch, not yet in `trials`
+        def done(trial: Trial, cached: bool) -> None:
+            """Keep a trial as soon as it is known: a Ctrl-C mid-batch loses none."""
+            running[0] -= 1
+            if trial.fingerprint not in seen:  # a pinned route the strategy asks again
+                seen.add(trial.fingerprint)
+                trials.append(trial)
+            on_trial(trial, cached)
 
         def visit(routes: Sequence[Route], tell: bool = True) -> list[Trial]:
-            """Run routes (in parallel where the executor can); their trials in order."""
-            admitted[0] = 0
-            done = self.evaluate(routes, admit, on_trial)
+            """Run routes (in parallel where the executor can); their trials in order.
+
+            The strategy is told them in the batch's order once the batch is done.
+            """
+            running[0] = 0
+            finished = self.evaluate(routes, admit, done)
+            ordered = []
             for route in routes:
-                if route not in done:
+                if route not in finished:
                     break
-                trial = done[route]
-                if trial.fingerprint not in seen:  # a pinned route the strategy asks again
-                    seen.add(trial.fingerprint)
-                    trials.append(trial)
+                ordered.append(finished[route])
                 if tell:
-                    strategy.tell(route, trial)
-            return [done[route] for route in routes if route in done]
+                    strategy.tell(route, finished[route])
+            return ordered
 
         try:
             self._search(strategy, visit, trials, pinned)
@@ -203,7 +213,7 @@ class SearchLoop:
             self.executor.cancel()
             if not trials:  # not even the base route: nothing to stand on
                 raise
-            self.stopped = "interrupted (Ctrl-C): no new trials; the best so far stands"
+            self.stopped = f"interrupted ({interrupted()}): no new trials"
             if cancelled:
                 self.stopped += (f"; cancelled {len(cancelled)} in flight (redone on resume): "
                                  + ", ".join(str(j.route) for j in cancelled))

@@ -20,22 +20,26 @@ import resource
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from routetune.route import Route
-from routetune.search.candidate import Candidate, Outcome
+from routetune.search.candidate import Candidate, Outcome, describe
 
 _candidate: Candidate | None = None
 _failed: BaseException | None = None
+_memory_mb: int | None = None
+_timeout_s: float | None = None
 
 PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal a process gets when its parent dies (Linux)."""
 
 
-def init(inputs: Path, gpu: str | None, memory_mb: int | None) -> None:
+def init(inputs: Path, gpu: str | None, memory_mb: int | None,
+         timeout_s: float | None = None) -> None:
     """Set up a worker: signals, device, plugins, then the model, then the memory limit.
 
     Workers start before the search's process has its inputs ready (the FP32 reference
@@ -48,8 +52,11 @@ def init(inputs: Path, gpu: str | None, memory_mb: int | None) -> None:
         memory_mb: An address-space limit (``RLIMIT_AS``) in MiB, set after start-up,
             so that a runaway allocation raises `MemoryError` instead of taking the
             machine; None for none.
+        timeout_s: The pool's per-phase timeout; half a second before it, the worker
+            writes every thread's Python stack to the trial's log.
     """
-    global _candidate, _failed
+    global _candidate, _failed, _memory_mb, _timeout_s
+    _memory_mb, _timeout_s = memory_mb, timeout_s
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     _die_with_parent()
     if gpu is not None:
@@ -81,17 +88,35 @@ def ping() -> None:
 
 def build(route: Route, fingerprint: str, log: Path) -> Timed:
     """The build phase of one trial (`Candidate.build`)."""
-    with _logged(log, f"build {route}"):
-        t0 = time.time()
-        outcome = _live().build(route, fingerprint)
-        return outcome, t0, time.time(), os.getpid()
+    return _phase(log, f"build {route}", {}, lambda: _live().build(route, fingerprint))
 
 
 def measure(route: Route, fingerprint: str, built: Mapping[str, Any], log: Path) -> Timed:
     """The measure phase of one trial (`Candidate.measure`)."""
-    with _logged(log, f"measure {route}"):
+    return _phase(log, f"measure {route}", built,
+                  lambda: _live().measure(route, fingerprint, built))
+
+
+def _phase(log: Path, what: str, fields: Mapping[str, Any], run: Callable[[], Outcome]
+           ) -> Timed:
+    """Run a phase with its output in `log`; a Python stack dump there before a timeout.
+
+    Whatever the phase raises, even `SystemExit` or `KeyboardInterrupt` from plugin
+    code (this worker ignores Ctrl-C), becomes a ``crashed`` outcome.
+    """
+    with _logged(log, what):
         t0 = time.time()
-        outcome = _live().measure(route, fingerprint, built)
+        if _timeout_s is not None and _timeout_s > 1:  # where it hung, for the reason
+            faulthandler.dump_traceback_later(_timeout_s - 0.5)
+        try:
+            outcome = run()
+        except BaseException as e:
+            outcome = Outcome("crashed", describe(e, where=True), fields)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        if _memory_mb is not None and "out of memory" in outcome.reason:
+            outcome = replace(outcome, reason=f"{outcome.reason} (limit: --worker-memory "
+                                              f"{_memory_mb} MiB; raise it)")
         return outcome, t0, time.time(), os.getpid()
 
 

@@ -18,7 +18,8 @@ from plugin_packages import installed, routetune
 from routetune.search.local_pool import exit_text
 from routetune.store import TrialStore
 
-CHAOS = "chaos-abort,chaos-segfault,chaos-hang,chaos-oom,chaos-flaky,chaos-drop-waste"
+CHAOS = ("chaos-abort,chaos-segfault,chaos-hang,chaos-oom,chaos-exit,chaos-flaky,"
+         "chaos-drop-waste")
 TIMEOUT_S = 6
 
 
@@ -53,6 +54,7 @@ def test_each_misbehaving_candidate_is_one_recorded_trial(chaos: Path, tmp_path:
         "base": "ok", "chaos-drop-waste": "ok", "chaos-flaky": "ok",
         "chaos-flaky{variant=c}": "ok", "chaos-abort": "crashed", "chaos-segfault": "crashed",
         "chaos-oom": "crashed", "chaos-flaky{variant=b}": "crashed", "chaos-hang": "timed-out",
+        "chaos-exit": "crashed",
     }
     assert {route: t.status for route, t in trials.items()} == expected
     reasons = {route: t.reason for route, t in trials.items()}
@@ -62,13 +64,19 @@ def test_each_misbehaving_candidate_is_one_recorded_trial(chaos: Path, tmp_path:
     assert "Fatal Python error: Segmentation fault" in reasons["chaos-segfault"]
     assert "routetune_chaos" in reasons["chaos-segfault"]  # the innermost frame
     assert "out of memory (MemoryError" in reasons["chaos-oom"]
-    assert "RuntimeError: chaos-flaky: variant b is broken" in reasons["chaos-flaky{variant=b}"]
+    assert "(limit: --worker-memory 3000 MiB; raise it)" in reasons["chaos-oom"]
+    assert "SystemExit: 3" in reasons["chaos-exit"]
+    # the stack the worker dumped before its timeout says where it hung
+    assert "Timeout (" in reasons["chaos-hang"] and "in apply" in reasons["chaos-hang"]
+    assert "RuntimeError: chaos-flaky: variant b is broken (at routetune_chaos/__init__.py:" \
+        in reasons["chaos-flaky{variant=b}"]
     assert f"--trial-timeout {TIMEOUT_S} s" in reasons["chaos-hang"]
     assert winner == "chaos-drop-waste"
     timeline = [json.loads(line) for line in
                 (tmp_path / "out" / "artifacts" / "timeline.jsonl").read_text().splitlines()]
     hang = next(e for e in timeline if e["route"] == "chaos-hang")
     assert TIMEOUT_S <= hang["end"] - hang["start"] < TIMEOUT_S + 10
+    assert all(e["pid"] for e in timeline if e["phase"] in ("build", "measure"))
     builds = [e for e in timeline if e["phase"] == "build"]
     measures = [e for e in timeline if e["phase"] == "measure"]
     # on the CPU, no candidate is timed while anything builds

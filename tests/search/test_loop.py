@@ -123,7 +123,7 @@ def test_a_seasoning_that_raises_is_recorded_and_the_search_goes_on(
     # an unexpected exception is a bug in the plugin: crashed, with where it was raised
     assert trials["explode"].status == "crashed"
     assert trials["explode"].reason.startswith(
-        "seasoning 'explode' crashed after 'base': RuntimeError: boom (at test_loop.py:")
+        "seasoning 'explode' crashed after 'base': RuntimeError: boom (at search/test_loop.py:")
     assert trials["explode"].reason.endswith(" in apply)")
     # ValueError is how a seasoning refuses a route: build-failed
     assert trials["refuse"].status == "build-failed"

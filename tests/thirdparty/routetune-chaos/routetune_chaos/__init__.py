@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import sys
 import time
 
 import numpy
@@ -81,6 +82,16 @@ class Hog(Seasoning):
             blocks.append(numpy.empty(2**28, numpy.uint8))
 
 
+class Exit(Seasoning):
+    """Calls ``sys.exit(3)``: plugin code that ends the process the polite way."""
+
+    info = _info("chaos-exit", "sys.exit(3)")
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Exit."""
+        sys.exit(3)
+
+
 class Flaky(Seasoning):
     """Renames the first node after the variant, except with ``variant=b``: it raises."""
 
@@ -111,5 +122,5 @@ class DropWaste(Seasoning):
 @hookimpl
 def routetune_register_seasonings(registry) -> None:  # noqa: ANN001
     """Register the chaos seasonings."""
-    for cls in (Abort, Segfault, Hang, Hog, Flaky, DropWaste):
+    for cls in (Abort, Segfault, Hang, Hog, Exit, Flaky, DropWaste):
         registry.add_seasoning(cls)
