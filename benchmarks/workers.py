@@ -2,7 +2,7 @@
 
 Usage:
 
-    python benchmarks/workers.py overhead [--out DIR] [--trials 50]
+    python benchmarks/workers.py overhead [--out DIR] [--trials 50] [--example ppocr-cls]
     python benchmarks/workers.py build-workers [--out DIR] [--repeats 2] [--trials 24]
     python benchmarks/workers.py gpus [--out DIR] [--repeats 2]     # 2+ GPUs, onnxruntime-gpu
 
@@ -11,12 +11,12 @@ directory per run, and reads back what it wrote: the trial store and the phase t
 (``artifacts/timeline.jsonl``: every build and measure phase with its start and end as
 the worker saw them). Results are printed and written to ``DIR/<command>.json``.
 
-- ``overhead``: a beam search of `--trials` trials of the PP-OCR direction classifier
-  on this CPU, default measurement settings. Overhead = wall time of the command minus
-  the time some worker spent in a build, measure or final-timing phase (the union of
-  the timeline's intervals). It includes Python start-up, model preparation, the FP32
-  reference outputs, worker start-up, scheduling and the reports: everything but
-  building, measuring and checking.
+- ``overhead``: a beam search of `--trials` trials of a bundled example (default: the
+  PP-OCR direction classifier, the smallest) on this CPU, default measurement
+  settings. Overhead = wall time of the command minus the time some worker spent in a
+  build, measure or final-timing phase (the union of the timeline's intervals). It
+  includes Python start-up, model preparation, the FP32 reference outputs, worker
+  start-up, scheduling and the reports: everything but building, measuring and checking.
 - ``build-workers``: a search whose builds dominate (INT8 Q/DQ with calibration, FP16
   conversion and graph rewrites of the PP-OCR recognizer, 0.2 s of timing per
   candidate), with ``--build-workers 1`` and ``2`` in alternation (1, 2, 1, 2 …). It
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("command", choices=["overhead", "build-workers", "gpus"])
     parser.add_argument("--out", type=Path, default=Path("workers-bench"))
     parser.add_argument("--trials", type=int, default=50)
+    parser.add_argument("--example", default="ppocr-cls", help="overhead: the model")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--min-time", type=float, default=1.0,
                         help="gpus: seconds of timing per candidate (routetune's default: 1)")
@@ -60,19 +61,20 @@ def main() -> None:
     result = {"overhead": overhead, "build-workers": build_workers, "gpus": gpus}[
         args.command](args)
     result["machine"] = machine()
-    path = args.out / (f"{args.command}.json" if args.command != "gpus"
-                       else f"gpus-{args.min_time:g}s.json")
+    path = args.out / {"gpus": f"gpus-{args.min_time:g}s.json",
+                       "overhead": f"overhead-{args.example}.json"}.get(
+        args.command, f"{args.command}.json")
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
 
 
 def tune(out: Path, *flags: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``routetune tune`` into a fresh `out`; its wall time, trials and timeline."""
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     done = subprocess.run([sys.executable, "-m", "routetune", "tune", "--output", str(out),
                            "--fresh", *flags], capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
-    wall = time.perf_counter() - started
+    wall, ended_at = time.perf_counter() - started, time.time()
     if done.returncode != 0:
         raise SystemExit(f"routetune tune failed ({done.returncode}): {done.stderr[-2000:]}")
     timeline = [json.loads(line) for line in
@@ -82,7 +84,8 @@ def tune(out: Path, *flags: str, env: dict[str, str] | None = None) -> dict[str,
     trials = [{"route": r, "status": s, "latency": json.loads(lat) if lat else None,
                "base_latency": json.loads(base) if base else None} for r, s, lat, base in rows]
     winner = json.loads((out / "winner.json").read_text())["route"]
-    return {"wall_s": wall, "timeline": timeline, "trials": trials, "winner": winner}
+    return {"wall_s": wall, "timeline": timeline, "trials": trials, "winner": winner,
+            "started_at": started_at, "ended_at": ended_at}
 
 
 def busy_s(timeline: list[dict[str, Any]]) -> float:
@@ -114,8 +117,8 @@ def ci_widths(trials: list[dict[str, Any]]) -> list[float]:
 
 
 def overhead(args: argparse.Namespace) -> dict[str, Any]:
-    run = tune(args.out / "overhead", "--example", "ppocr-cls", "--search", "beam",
-               "--max-trials", str(args.trials))
+    run = tune(args.out / f"overhead-{args.example}", "--example", args.example, "--search",
+               "beam", "--max-trials", str(args.trials))
     busy = busy_s(run["timeline"])
     first = min(e["start"] for e in run["timeline"])
     last = max(e["end"] for e in run["timeline"])
@@ -125,6 +128,8 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
         "in_phases_s": round(busy, 2), "overhead_s": round(run["wall_s"] - busy, 2),
         "overhead_share": round((run["wall_s"] - busy) / run["wall_s"], 4),
         "gaps_between_phases_s": round((last - first) - busy, 2),
+        "before_first_phase_s": round(first - run["started_at"], 2),
+        "after_last_phase_s": round(run["ended_at"] - last, 2), "model": args.example,
         "phases": len(phases), "median_phase_s": round(statistics.median(phases), 3),
         "winner": run["winner"],
     }

@@ -33,7 +33,19 @@ __version__ = "0.1.0"
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Marker for hook implementations: ``@routetune.hookimpl``."""
 
-from routetune.api import tune  # noqa: E402 - last: it imports the whole tuner
+
+
+def __getattr__(name: str) -> object:
+    """`routetune.tune`, imported on first use (PEP 562).
+
+    It imports the whole tuner, which plugins and worker processes do not need.
+    """
+    if name == "tune":
+        from routetune.api import tune
+
+        return tune
+    raise AttributeError(f"module 'routetune' has no attribute '{name}'")
+
 
 __all__ = [
     "Backend",

@@ -59,14 +59,6 @@ if (location.hash === '#selftest') {
 """
 
 
-def warm_up() -> None:
-    """Import matplotlib and draw an empty chart once (fonts, text layout).
-
-    About 1.5 s that `tune` spends while its workers start, instead of after the search.
-    """
-    pareto_svg({"trials": [], "winner": None})
-
-
 def pareto_svg(data: dict[str, Any]) -> str:
     """The Pareto chart as inline SVG: latency relative to the base route against error.
 

@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import shutil
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from routetune import examples, report_html, runinfo
+from routetune import examples, runinfo
 from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
 from routetune.backend import Backend
 from routetune.composer import RouteSpace, resolve_route
@@ -363,8 +362,6 @@ def _tune_locked(
         run.registry, "onnxruntime")
     executor = make_executor(run, opts)
     executor.warm_up(run.outdir)  # workers load their libraries during the reference run
-    charts = threading.Thread(target=report_html.warm_up, daemon=True)
-    charts.start()  # joined before any trial runs: nothing may disturb the timing
     loop = None
     try:
         references = _references(reference, run)
@@ -381,7 +378,6 @@ def _tune_locked(
                           reference, run.repair, base=run.base,
                           base_settings=run.backend_options, executor=executor)
         run.base_passes = loop.base_passes
-        charts.join()
         record = runinfo.start_record(run, opts, loop.versions)
         runinfo.write(run.outdir, record)
         strategy = run.registry.strategy(opts.search)(
