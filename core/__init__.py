@@ -33,19 +33,7 @@ __version__ = "0.1.0"
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Marker for hook implementations: ``@routetune.hookimpl``."""
 
-
-
-def __getattr__(name: str) -> object:
-    """`routetune.tune`, imported on first use (PEP 562).
-
-    It imports the whole tuner, which plugins and worker processes do not need.
-    """
-    if name == "tune":
-        from routetune.api import tune
-
-        return tune
-    raise AttributeError(f"module 'routetune' has no attribute '{name}'")
-
+from routetune.api import tune  # noqa: E402 - last: it imports the whole tuner
 
 __all__ = [
     "Backend",
