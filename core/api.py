@@ -22,6 +22,7 @@ TYPES: dict[str, tuple[type, ...]] = {
     "routes": (tuple, list, str), "base": (tuple, list, str), "space": (dict,),
     "backend_options": (dict,), "fresh": (bool,), "build_workers": (int,),
     "trial_timeout_s": (int, float), "worker_memory_mb": (int,), "in_process": (bool,),
+    "min_speedup": (int, float), "busy_machine": (str,),
 }
 """The types `tune`'s keyword options take (anything else is refused up front)."""
 
@@ -65,7 +66,8 @@ def tune(
             ``beam_width``, ``max_depth``, ``max_trials``, ``time_budget_s`` (seconds),
             ``space``, ``routes``, ``base``, ``backend_options``, ``fresh``,
             ``build_workers``, ``trial_timeout_s``, ``worker_memory_mb``, ``in_process``,
-            and ``min_runs`` / ``min_time`` (s) for the measurement.
+            ``min_speedup``, ``busy_machine`` (``wait``, ``warn``, ``ignore``), and
+            ``min_runs`` / ``min_time`` (s) for the measurement.
 
     Returns:
         The `TuneResult`: ``winner``, ``trials`` (winner first), ``to_dataframe()``,

@@ -14,14 +14,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from routetune import signals
 from routetune.accuracy import DEFAULT_ACCURACY
-from routetune.display import components_table, seasonings_table, trials_table
+from routetune.display import (
+    components_table,
+    conditions_lines,
+    seasonings_table,
+    trials_table,
+)
 from routetune.errors import RoutetuneError, UsageError
 from routetune.measure import MeasureSettings
 from routetune.options import blame_recipe, tune_options
 from routetune.plugin_manager import load_registry
 from routetune.search.local_pool import DEFAULT_TIMEOUT_S
 from routetune.space import parse_space
-from routetune.tune import Prepared, tune
+from routetune.tune import DEFAULT_MIN_SPEEDUP, Prepared, tune
 
 app = typer.Typer(
     add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -59,6 +64,8 @@ def tune_command(
     trial_timeout: Annotated[float, typer.Option(help="Seconds each trial phase (build; run, check and time) may take before its worker is killed (status timed-out).")] = DEFAULT_TIMEOUT_S,
     worker_memory: Annotated[int | None, typer.Option(help="Address-space limit per worker process in MiB (RLIMIT_AS); a trial over it is crashed. Not for GPU backends.")] = None,
     in_process: Annotated[bool, typer.Option("--in-process", help="Run trials in this process, one at a time, without isolation or timeouts (for debugging plugins).")] = False,
+    min_speedup: Annotated[float, typer.Option(help="A route wins only if the lower end of its confirmed speed-up's 95% interval is above this.")] = DEFAULT_MIN_SPEEDUP,
+    busy_machine: Annotated[str, typer.Option(help="While other processes load the machine: wait (for quiet, then measure), warn (measure, mark noisy) or ignore (noisy trials may win).")] = "wait",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each trial.")] = False,
 ) -> None:
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
@@ -75,7 +82,7 @@ def tune_command(
         "fresh": fresh, "max_trials": max_trials, "time_budget_s": time_budget,
         "min_runs": min_runs, "min_time": min_time, "build_workers": build_workers,
         "trial_timeout_s": trial_timeout, "worker_memory_mb": worker_memory,
-        "in_process": in_process,
+        "in_process": in_process, "min_speedup": min_speedup, "busy_machine": busy_machine,
     }
     opts = tune_options(flags, recipe, registry,
                         given=lambda name: _given(ctx, name))
@@ -103,14 +110,18 @@ def tune_command(
         progress.start()
         started = True
 
+    def on_status(text: str) -> None:
+        progress.update(task, description=text[:100])
+
     def on_trial(trial, cached: bool) -> None:  # noqa: ANN001
         total = progress.tasks[0].total
         if total is not None and progress.tasks[0].completed + 1 > total:
             progress.update(task, total=total + 1)  # repair trials come on top of the plan
-        progress.update(task, advance=1, description=f"{'stored ' if cached else ''}{trial.route}"[:60])
+        noisy = " (noisy: machine busy)" if trial.noisy else ""
+        progress.update(task, advance=1, description=f"{'stored ' if cached else ''}{trial.route}"[:60] + noisy)
 
     try:
-        result = tune(opts, registry, on_start, on_trial)
+        result = tune(opts, registry, on_start, on_trial, on_status)
     except UsageError as e:
         raise blame_recipe(e, recipe, lambda name: _given(ctx, name)) if recipe else e from e
     finally:
@@ -122,14 +133,13 @@ def tune_command(
     if result.stopped:
         console.print(f"[yellow]stopped early: {result.stopped}; the best so far stands[/]")
     console.print(f"winner: [bold]{escape(w.route)}[/bold] ({escape(result.winner_reason)})")
-    if result.side_by_side:
-        base, win = result.side_by_side
-        console.print(
-            f"side by side: base route p50 {base.p50:.3f} ms [{base.ci_low:.3f}, "
-            f"{base.ci_high:.3f}], best route p50 {win.p50:.3f} ms [{win.ci_low:.3f}, "
-            f"{win.ci_high:.3f}]: {base.p50 / win.p50:.2f}x"
-        )
-    console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {result.outdir}")
+    for line in conditions_lines(result):
+        console.print(line)
+    records = result.files["run"].parent
+    console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {records}")
+    if records != result.outdir:
+        console.print(f"({result.outdir} holds another run's records, left as they were; the "
+                      "trial store is shared)")
     if result.stopped and result.stopped.startswith("interrupted"):
         raise typer.Exit(signals.exit_code())  # 130 or 143, after the results are written
     if result.winner.status in ("build-failed", "crashed", "timed-out"):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.markup import escape
 from rich.table import Table
 
 from routetune.registry import Registry
 from routetune.store import Trial
+
+if TYPE_CHECKING:
+    from routetune.tune import TuneResult
 
 STATUS_STYLE = {
     "ok": "green", "accuracy-failed": "yellow", "build-failed": "red",
@@ -39,10 +44,12 @@ def trials_table(
 ) -> Table:
     """A table of trials in the given order: route, status and reason, latency, accuracy.
 
-    Latency columns are in ms: p50, p90, and ``±`` the half-width of the median's 95%
-    confidence interval. "base p50" is the base route's p50 measured in alternating
-    blocks with the trial, and speed-up is that over the trial's p50: the machine's
-    speed drifts, so p50s of different trials are not compared directly.
+    Latency columns are in ms: p50 and p90 of all timed runs, and ``±`` the half-width
+    of the 95% interval of the median of the block medians. "base p50" is the base
+    route's p50 measured in alternating blocks with the trial. Speed-up is the paired
+    estimate (`routetune.measure.paired_speedup`) with its 95% interval over blocks: the
+    machine's speed drifts, so p50s of different trials are not compared directly. A
+    trial timed while the machine was busy is marked "noisy" in its status.
     """
     table = Table(title=title, show_lines=False, expand=False)
     for col, justify in (("#", "right"), ("route", "left"), ("status", "left"),
@@ -53,8 +60,12 @@ def trials_table(
     for i, t in enumerate(trials, 1):
         lat = t.latency
         speed = f"{t.speedup:.2f}x" if t.speedup else ""
+        if t.paired is not None:
+            speed += f" [{t.paired.ci_low:.2f}, {t.paired.ci_high:.2f}]"
         route = f"[bold]{escape(t.route)}[/bold]" if t is winner else escape(t.route)
         status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
+        if t.noisy:
+            status += " [magenta]noisy[/]"
         table.add_row(
             str(i), route, status,
             f"{lat.p50:.3f}" if lat else "", f"{lat.p90:.3f}" if lat else "",
@@ -138,3 +149,29 @@ def components_table(registry: Registry) -> Table:
     for name, entry in sorted(registry.metrics.items()):
         table.add_row("metric", name, entry.plugin, entry.item.help)
     return table
+
+
+def conditions_lines(result: TuneResult) -> list[str]:
+    """What the verdict rests on: the confirmation, and how busy the machine was."""
+    lines = []
+    for c in result.confirmations:
+        p = c.paired
+        held = "held" if result.confirmed is c else "did not hold"
+        lines.append(
+            f"confirmation of {escape(c.route)} ({held}; fresh process, paired blocks): "
+            f"{p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] over the base route, p50 "
+            f"{c.latency.p50:.3f} ms vs {c.base_latency.p50:.3f} ms, {p.pairs} block pairs, "
+            f"base drift ±{p.drift:.1%}")
+    measured = [t for t in result.trials if t.latency is not None]
+    noisy = result.noisy
+    text = (f"machine: {len(noisy)} of {len(measured)} measured trials noisy "
+            f"(--busy-machine {result.busy_machine})")
+    if result.waited_s >= 0.5:
+        text += f"; waited {result.waited_s:.0f} s in all for a quiet machine"
+    if noisy:
+        text += "; busy: " + escape(noisy[0].noisy)
+        colour = "yellow"
+    else:
+        colour = "dim"
+    lines.append(f"[{colour}]{text}[/]")
+    return lines

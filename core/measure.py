@@ -1,9 +1,25 @@
-"""Latency measurement, the same for every backend.
+"""Latency measurement and paired speed-ups, the same for every backend.
 
-Warm-up runs first, then timed runs until both a minimum count and a minimum duration
-are reached (or a cap). Each run is timed with `time.perf_counter_ns` around the
-prepared call and the runner's `synchronize`. The runs rotate over the validation input
-sets, so repeated runs do not measure one input's cache state.
+Warm-up runs first, then timed runs in blocks until a minimum count, a minimum duration
+and a minimum number of blocks are reached (or a cap). Each run is timed by the runner
+(`Runner.timed`: wall clock around the call and `synchronize`, or device events). The
+runs rotate over the validation input sets, so repeated runs do not measure one input's
+cache state.
+
+Two engines are compared in paired blocks (`measure_blocks`, `paired_speedup`): runs
+inside one block share the machine's state of that moment and are not independent, so
+the unit of evidence is the block, not the run. The block order is ABBA (candidate,
+base, base, candidate, …), so that a linear trend favours neither side. A candidate
+block's speed-up is the mean of its neighbouring base blocks' medians over its own
+median; the speed-up is the median of those ratios, with a distribution-free 95%
+interval over blocks (`median_ci`).
+
+Which figure is which:
+
+- ``Latency.p50/p90/p99/mean``: percentiles of all timed runs pooled (ms), for tables;
+- ``Latency.ci_low/ci_high``: the 95% interval of the median of the *block medians*
+  (ms), honest about drift between blocks;
+- ``Speedup.value`` and its interval: the paired estimate that verdicts use.
 """
 
 from __future__ import annotations
@@ -28,8 +44,11 @@ class MeasureSettings:
         warmup: Untimed runs before timing, per input set.
         min_runs: Timed runs at least.
         min_time_s: Seconds of timed runs at least.
-        max_runs: Timed runs at most.
+        max_runs: Timed runs at most, once `min_blocks` blocks are done: a block has
+            ``max_runs // min_blocks`` runs at most (3 at least).
         max_time_s: Seconds of timed runs at most (wins over `min_runs`).
+        min_blocks: Blocks per engine at least (the independent units of a paired
+            comparison; 6 is the fewest for which a 95% interval of a median exists).
     """
 
     warmup: int = 3
@@ -37,6 +56,15 @@ class MeasureSettings:
     min_time_s: float = 1.0
     max_runs: int = 5000
     max_time_s: float = 20.0
+    min_blocks: int = 10
+
+    @property
+    def block_s(self) -> float:
+        """Seconds per block: `BLOCK_S`, or less so that `min_time_s` spans `min_blocks`.
+
+        Each block has 3 runs at least, whatever its length.
+        """
+        return min(BLOCK_S, self.min_time_s / max(self.min_blocks, 1))
 
 
 @dataclass(frozen=True)
@@ -49,8 +77,10 @@ class Latency:
         p90: 90th percentile.
         p99: 99th percentile.
         mean: Mean.
-        ci_low: Lower end of the 95% confidence interval of the median.
+        ci_low: Lower end of the 95% confidence interval of the median, over block
+            medians when there are blocks (runs within a block are not independent).
         ci_high: Upper end of that interval.
+        blocks: The median of each block of runs, in time order (ms).
     """
 
     n: int
@@ -60,6 +90,7 @@ class Latency:
     mean: float
     ci_low: float
     ci_high: float
+    blocks: tuple[float, ...] = ()
 
     @property
     def spread(self) -> float:
@@ -69,12 +100,16 @@ class Latency:
     def scaled(self, factor: float) -> Latency:
         """Every statistic multiplied by `factor` (``n`` unchanged)."""
         return Latency(self.n, self.p50 * factor, self.p90 * factor, self.p99 * factor,
-                       self.mean * factor, self.ci_low * factor, self.ci_high * factor)
+                       self.mean * factor, self.ci_low * factor, self.ci_high * factor,
+                       tuple(b * factor for b in self.blocks))
 
     def ties(self, other: Latency) -> bool:
         """Whether the two medians' confidence intervals overlap (a tie)."""
         return self.ci_low <= other.ci_high and other.ci_low <= self.ci_high
 
+
+BLOCK_S = 0.1
+"""Seconds per block of runs at the default settings."""
 
 EXACT_UP_TO = 300
 """Sample counts up to which `median_ci` sums exact binomial terms (cheap below this)."""
@@ -115,8 +150,13 @@ def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float
     return xs[j - 1], xs[n - j]
 
 
-def latency_stats(samples_ms: Sequence[float]) -> Latency:
+def latency_stats(samples_ms: Sequence[float], blocks: Sequence[float] = ()) -> Latency:
     """Summarise timed runs (ms) into a `Latency`.
+
+    Args:
+        samples_ms: Every timed run, in ms.
+        blocks: The median of each block of runs (ms), in time order; the median's
+            interval is taken over them when given, else over the runs.
 
     Raises:
         ValueError: `samples_ms` is empty.
@@ -125,17 +165,105 @@ def latency_stats(samples_ms: Sequence[float]) -> Latency:
         raise ValueError("no timed runs")
     arr = np.asarray(samples_ms, dtype=np.float64)
     p50, p90, p99 = np.percentile(arr, [50, 90, 99])
-    lo, hi = median_ci(samples_ms)
-    return Latency(len(arr), float(p50), float(p90), float(p99), float(arr.mean()), lo, hi)
+    lo, hi = median_ci(blocks or samples_ms)
+    return Latency(len(arr), float(p50), float(p90), float(p99), float(arr.mean()), lo, hi,
+                   tuple(float(b) for b in blocks))
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of consecutive runs of one engine.
+
+    Args:
+        runner: Index of the engine in the list given to `measure_blocks`.
+        median_ms: The median of the block's timed runs (ms).
+        runs: Timed runs in the block.
+    """
+
+    runner: int
+    median_ms: float
+    runs: int
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A candidate's speed-up over the base route from paired blocks (unitless).
+
+    Greater than 1 means faster. See the module docstring for how it is estimated.
+
+    Args:
+        value: The median of the block speed-ups.
+        ci_low: Lower end of its distribution-free 95% interval (over blocks).
+        ci_high: Upper end of that interval.
+        pairs: Candidate blocks with a neighbouring base block: the sample size.
+        drift: Half the spread (10th to 90th percentile) of the base route's block
+            medians, relative to their median: how much the machine's speed moved
+            during the comparison.
+    """
+
+    value: float
+    ci_low: float
+    ci_high: float
+    pairs: int
+    drift: float
+
+    def clears(self, min_speedup: float) -> str | None:
+        """Why this is not a clear win at `min_speedup`, or None when it is one.
+
+        A clear win needs the interval's lower end above `min_speedup`, and a drift of
+        the base route smaller than the effect claimed (``value - 1``).
+        """
+        if self.ci_low <= min_speedup:
+            return (f"{self.value:.3f}x [{self.ci_low:.3f}, {self.ci_high:.3f}] is not "
+                    f"above --min-speedup {min_speedup:g} beyond its 95% interval")
+        if self.drift > self.value - 1:
+            return (f"the base route's own speed drifted by ±{self.drift:.1%} during the "
+                    f"comparison, more than the {self.value - 1:.1%} effect claimed")
+        return None
+
+    def ties(self, other: Speedup) -> bool:
+        """Whether the two intervals overlap."""
+        return self.ci_low <= other.ci_high and other.ci_low <= self.ci_high
+
+
+def paired_speedup(blocks: Sequence[Block], candidate: int = 0, base: int = 1,
+                   confidence: float = 0.95) -> Speedup:
+    """The candidate's speed-up over the base engine from blocks in time order.
+
+    Each candidate block is paired with the base blocks right before and after it in
+    time (one or two); its ratio is their mean median over its own. The estimate is the
+    median of the ratios, with the order-statistics interval of `median_ci`.
+
+    Args:
+        blocks: Blocks of both engines in the order they ran (`measure_blocks`).
+        candidate: The candidate engine's index.
+        base: The base engine's index.
+        confidence: Coverage of the interval.
+
+    Raises:
+        ValueError: No candidate block has a base block next to it.
+    """
+    ours = [(i, b) for i, b in enumerate(blocks) if b.runner in (candidate, base)]
+    ratios = []
+    for k, (_, block) in enumerate(ours):
+        if block.runner != candidate:
+            continue
+        before = next((b for _, b in reversed(ours[:k]) if b.runner == base), None)
+        after = next((b for _, b in ours[k + 1:] if b.runner == base), None)
+        near = [b.median_ms for b in (before, after) if b is not None]
+        if near and block.median_ms > 0:
+            ratios.append(sum(near) / len(near) / block.median_ms)
+    if not ratios:
+        raise ValueError("no candidate block next to a base block")
+    base_medians = np.array([b.median_ms for b in blocks if b.runner == base])
+    q10, q50, q90 = np.percentile(base_medians, [10, 50, 90])
+    lo, hi = median_ci(ratios, confidence)
+    return Speedup(float(np.median(ratios)), lo, hi, len(ratios),
+                   float((q90 - q10) / 2 / q50) if q50 > 0 else 0.0)
 
 
 def measure(runner: Runner, feeds: Sequence[Feed], settings: MeasureSettings) -> Latency:
-    """Time `runner` on `feeds`, rotating over them.
-
-    Args:
-        runner: An opened engine.
-        feeds: One or more input sets (name → array).
-        settings: How long to measure.
+    """Time `runner` on `feeds`, rotating over them, in blocks.
 
     Returns:
         The latency statistics, in ms.
@@ -143,21 +271,27 @@ def measure(runner: Runner, feeds: Sequence[Feed], settings: MeasureSettings) ->
     return measure_side_by_side([runner], feeds, settings)[0]
 
 
-def measure_side_by_side(
-    runners: Sequence[Runner], feeds: Sequence[Feed], settings: MeasureSettings,
-    block_s: float = 0.1,
-) -> list[Latency]:
-    """Time several runners in one loop, in alternating blocks of runs.
+def measure_side_by_side(runners: Sequence[Runner], feeds: Sequence[Feed],
+                         settings: MeasureSettings) -> list[Latency]:
+    """Time several runners in alternating blocks (`measure_blocks`); one `Latency` each."""
+    return measure_blocks(runners, feeds, settings)[0]
 
-    Alternating puts every runner under the same machine conditions, so the ratio of
-    their medians is fair even when the machine's speed drifts during the loop. Each
-    block lasts about `block_s` seconds (3 runs at least) and its first run is not
-    counted: a runtime's idle threads may still be busy-waiting after the previous
-    block (ONNX Runtime's thread pools spin), which would slow the other runner. The
-    count and time limits of `settings` apply per runner.
+
+def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed],
+                   settings: MeasureSettings) -> tuple[list[Latency], list[Block]]:
+    """Time several runners in one loop, in blocks of runs, in ABBA order.
+
+    Alternating puts every runner under the same machine conditions. The order of the
+    runners is reversed every other round (A B, B A, A B …), so that a trend during the
+    loop favours none. Each block lasts about `MeasureSettings.block_s` (3 runs at least,
+    and at most a `MeasureSettings.min_blocks`-th of `MeasureSettings.max_runs`) and,
+    with several runners, its first run is not counted: a runtime's idle threads
+    may still be busy-waiting after the previous block (ONNX Runtime's thread pools
+    spin), which would slow the other runner. The count, time and block limits of
+    `settings` apply per runner.
 
     Returns:
-        One `Latency` per runner, in order (ms).
+        One `Latency` per runner, in order (ms), and every block in time order.
     """
     calls = [[runner.prepare(feed) for feed in feeds] for runner in runners]
     for runner, prepared in zip(runners, calls, strict=True):
@@ -166,24 +300,39 @@ def measure_side_by_side(
                 call()
         runner.synchronize()
     samples: list[list[float]] = [[] for _ in runners]
+    blocks: list[Block] = []
     spent = [0.0] * len(runners)
     done = [0] * len(runners)  # runs so far, to rotate over the input sets
+    skip = 1 if len(runners) > 1 else 0
+    per_block = max(3, settings.max_runs // max(settings.min_blocks, 1))
+    rounds = 0
     while True:
-        for i, runner in enumerate(runners):
+        order = range(len(runners)) if rounds % 2 == 0 else reversed(range(len(runners)))
+        for i in order:
+            runner = runners[i]
             block_start = time.perf_counter_ns()
+            block: list[float] = []
             k = 0
             while True:
                 call = calls[i][done[i] % len(feeds)]
                 done[i] += 1
                 ms = runner.timed(call)
                 t1 = time.perf_counter_ns()
-                if k > 0 or len(runners) == 1:
-                    samples[i].append(ms)
-                    spent[i] += ms / 1e3
+                if k >= skip:
+                    block.append(ms)
                 k += 1
-                if len(runners) == 1 or (k >= 3 and (t1 - block_start) / 1e9 >= block_s):
+                if k - skip >= 3 and ((t1 - block_start) / 1e9 >= settings.block_s
+                                      or len(block) >= per_block):
                     break
+            samples[i].extend(block)
+            spent[i] += sum(block) / 1e3
+            blocks.append(Block(i, float(np.median(block)), len(block)))
+        rounds += 1
         n = min(len(s) for s in samples)
-        enough = n >= settings.min_runs and min(spent) >= settings.min_time_s
-        if enough or n >= settings.max_runs or max(spent) >= settings.max_time_s:
-            return [latency_stats(s) for s in samples]
+        enough = (n >= settings.min_runs and min(spent) >= settings.min_time_s
+                  and rounds >= settings.min_blocks)
+        capped = n >= settings.max_runs and rounds >= settings.min_blocks
+        if enough or capped or max(spent) >= settings.max_time_s:
+            medians = [[b.median_ms for b in blocks if b.runner == i]
+                       for i in range(len(runners))]
+            return [latency_stats(s, m) for s, m in zip(samples, medians, strict=True)], blocks

@@ -81,6 +81,7 @@ RECIPE_FIELDS = {
     "--beam-width": "[search] beam_width", "--max-depth": "[search] max_depth",
     "--search": "[search] strategy", "--backend": "[backend] name",
     "--seasonings": "[[seasonings]]", "--output": "output",
+    "--min-speedup": "[measure] min_speedup", "--busy-machine": "[measure] busy_machine",
 }
 """Each flag's recipe field, for messages about values that came from a recipe."""
 

@@ -30,6 +30,7 @@ with that route pinned and nothing searched.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -109,6 +110,9 @@ class MeasureSpec(_Table):
 
     min_runs: int = Field(20, ge=1)
     min_time_s: float = Field(1.0, ge=0)
+    min_speedup: float = Field(1.03, ge=1.0, description="the smallest speed-up that may win")
+    busy_machine: Literal["wait", "warn", "ignore"] = Field(
+        "wait", description="what measurements do while other processes load the machine")
 
 
 class InputsSpec(_Table):
@@ -261,6 +265,8 @@ def recipe_options(recipe: Recipe, path: Path) -> dict[str, Any]:
         "max_trials": recipe.search.max_trials, "time_budget_s": recipe.search.time_budget_s,
         "measure": MeasureSettings(min_runs=recipe.measure.min_runs,
                                    min_time_s=recipe.measure.min_time_s),
+        "min_speedup": recipe.measure.min_speedup,
+        "busy_machine": recipe.measure.busy_machine,
         "inputs": rel(recipe.inputs.path), "shapes": recipe.inputs.shapes,
         "min_shapes": recipe.inputs.min_shapes, "opt_shapes": recipe.inputs.opt_shapes,
         "max_shapes": recipe.inputs.max_shapes, "output": rel(recipe.output),
@@ -291,8 +297,11 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
     measured: dict[str, Any] = {"status": winner.status, "reason": result.winner_reason,
                                 "device": winner.device,
                                 "speedup": round(result.winner_speedup, 4)}
-    if winner.latency:
-        measured["p50_ms"] = round(winner.latency.p50, 4)
+    confirmed = result.confirmed
+    if confirmed is not None:  # the confirmation's own p50, never the search's
+        measured["p50_ms"] = round(confirmed.latency.p50, 4)
+        measured["speedup_ci"] = [round(confirmed.paired.ci_low, 4),
+                                  round(confirmed.paired.ci_high, 4)]
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "model": model,
@@ -302,9 +311,10 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
         "routes": [winner.route],
         "search": {"strategy": "exhaustive", "max_depth": 0},
         "accuracy": {"expr": run.constraint.text},
-        "measure": {"min_runs": opts.measure.min_runs, "min_time_s": opts.measure.min_time_s},
+        "measure": {"min_runs": opts.measure.min_runs, "min_time_s": opts.measure.min_time_s,
+                    "min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine},
         "inputs": inputs,
-        "output": ".",
+        "output": os.path.relpath(run.outdir, path.parent),
         "result": measured,
     }
     path.write_text(tomli_w.dumps(_drop_empty(doc)))

@@ -23,8 +23,23 @@ ERROR_METRIC = "rel_l2"
 the worst over outputs (lower is better; every trial with outputs has it)."""
 
 
-def build_report(outdir: Path) -> dict[str, Any]:
+def store_dir(path: Path) -> Path:
+    """The output directory that holds the store of the records in `path`.
+
+    `path` itself, or for a dated record folder (``OUTDIR/runs/<time>/``,
+    `routetune.runinfo.record_dir`) the output directory two levels up.
+    """
+    if not (path / FILENAME).exists() and path.parent.name == "runs":
+        return path.parent.parent
+    return path
+
+
+def build_report(outdir: Path, records: Path | None = None) -> dict[str, Any]:
     """Gather a report of the search stored in `outdir`.
+
+    Args:
+        outdir: The output directory (the trial store's folder).
+        records: The folder of the run's ``run.json``; default `outdir`.
 
     Returns:
         ``run`` (``run.json``), ``trials`` (one row per trial of this run: route,
@@ -38,7 +53,7 @@ def build_report(outdir: Path) -> dict[str, Any]:
     if not path.exists():
         raise UsageError(f"{outdir}: no {FILENAME} here; give the output directory of a "
                          "`routetune tune` run")
-    run = runinfo.read(outdir)
+    run = runinfo.read(records or outdir)
     store = TrialStore.open(path)
     try:
         trials = store.trials()
@@ -70,7 +85,11 @@ def trial_row(trial: Trial) -> dict[str, Any]:
         "ci_ms": [lat.ci_low, lat.ci_high] if lat else None,
         "base_p50_ms": trial.base_latency.p50 if trial.base_latency else None,
         "relative_p50": trial.relative.p50 if lat and trial.base_latency else None,
-        "speedup": trial.speedup, "build_ms": trial.build_ms,
+        "speedup": trial.speedup,
+        "speedup_ci": [trial.paired.ci_low, trial.paired.ci_high] if trial.paired else None,
+        "noisy": trial.noisy, "waited_s": trial.conditions.get("waited_s"),
+        "foreign_cores": trial.conditions.get("foreign_cores"),
+        "build_ms": trial.build_ms,
         "engine_bytes": trial.engine_bytes, "error": worst,
         "steps": [s.name for s in parse_route(trial.route)],
     }
@@ -113,7 +132,8 @@ def write_reports(outdir: Path, dest: Path | None = None) -> dict[str, Path]:
     """Write ``report.json``, ``report.md`` and ``report.html`` of the run in `outdir`.
 
     Args:
-        outdir: The run's output directory.
+        outdir: The run's output directory, or a dated record folder in it
+            (``OUTDIR/runs/<time>/``, whose ``run.json`` is read).
         dest: Where to write them; default `outdir`.
 
     Returns:
@@ -124,7 +144,7 @@ def write_reports(outdir: Path, dest: Path | None = None) -> dict[str, Path]:
     """
     from routetune.report_html import render_html
 
-    data = build_report(outdir)
+    data = build_report(store_dir(outdir), outdir)
     try:
         environment(data["run"])
     except (KeyError, TypeError, AttributeError) as e:
@@ -156,13 +176,15 @@ def render_markdown(data: dict[str, Any]) -> str:
         lines.append(f"| `{s['seasoning']}` | {s['pairs']} | {s['latency_ratio']:.3f} | "
                      f"{change} |")
     lines.append("\n## Trials\n")
+    lines.append("Speed-up: search-time, paired blocks with the base route (median "
+                 "[95% interval]); *noisy*: timed while the machine was busy.\n")
     lines.append("| route | status | p50 ms | base p50 ms (alongside) | speed-up | rel-L2 | "
                  "reason |\n|---|---|---|---|---|---|---|")
     for r in data["trials"]:
         reason = r["reason"].replace("|", "\\|")
         mark = " (winner)" if winner and r["route"] == winner["route"] else ""
         lines.append(f"| `{r['route']}`{mark} | {r['status']} | {_num(r['p50_ms'], '.3f')} | "
-                     f"{_num(r['base_p50_ms'], '.3f')} | {_num(r['speedup'], '.2f', 'x')} | "
+                     f"{_num(r['base_p50_ms'], '.3f')} | {speedup_text(r)} | "
                      f"{_num(r['error'].get('rel_l2'), '.3g')} | {reason} |")
     return "\n".join(lines) + "\n"
 
@@ -199,23 +221,79 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
                        + (", ".join(run["space"]["seasonings"]) or "none"),
         "search": f"{strategy}; max trials {search['max_trials'] or 'none'}, time budget "
                   + (f"{search['time_budget_s']} s" if search["time_budget_s"] else "none"),
-        "measurement": f"at least {run['measure']['min_runs']} runs and "
-                       f"{run['measure']['min_time_s']} s per candidate",
+        "measurement": f"at least {run['measure']['min_runs']} runs, "
+                       f"{run['measure']['min_time_s']} s and "
+                       f"{run['measure'].get('min_blocks', 1)} blocks per candidate, timed "
+                       "in paired blocks with the base route",
+        "verdict": _verdict_rule(run),
+        "machine conditions": conditions_text(run),
         "started": f"{run['started_at']}, finished {run.get('finished_at', '?')}",
     }
 
 
 def winner_text(winner: dict[str, Any]) -> str:
-    """The winner in one line: why, and the side-by-side p50s with their intervals."""
+    """The winner in a few sentences: why, the confirmed and the search-time figures."""
     reason = winner["reason"][:1].upper() + winner["reason"][1:]
-    pair = winner.get("side_by_side_ms")
-    if not pair:
-        return f"{reason}."
-    base, best = pair["base"], pair["best"]
-    gain = "" if winner["route"] == "base" else f"{winner['speedup']:.2f}x faster. "
-    return (f"{gain}{reason}. Side by side (p50, 95% confidence interval of the median): "
-            f"best route {best['p50']:.3f} ms [{best['ci_low']:.3f}, {best['ci_high']:.3f}], "
-            f"base route {base['p50']:.3f} ms [{base['ci_low']:.3f}, {base['ci_high']:.3f}].")
+    parts = [f"{reason}."]
+    confirmed, search = winner.get("confirmed"), winner.get("search")
+    if confirmed:
+        lo, hi = confirmed["speedup_ci"]
+        parts.append(
+            f"Confirmed (fresh process, paired blocks; median and 95% interval over "
+            f"{confirmed['pairs']} block pairs): {confirmed['speedup']:.2f}x [{lo:.2f}, "
+            f"{hi:.2f}]; p50 {confirmed['p50_ms']:.3f} ms against the base route's "
+            f"{confirmed['base_p50_ms']:.3f} ms.")
+    if search and winner["route"] != "base" and search.get("speedup"):
+        ci = search.get("speedup_ci")
+        interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+        parts.append(f"In the search: {search['speedup']:.2f}x{interval}; p50 "
+                     f"{search['p50_ms']:.3f} ms.")
+    for c in winner.get("confirmations", []):
+        if c["route"] != winner["route"]:
+            p = c["paired"]
+            parts.append(f"Not confirmed: {c['route']} {p['value']:.2f}x [{p['ci_low']:.2f}, "
+                         f"{p['ci_high']:.2f}] (search "
+                         f"{_num(c.get('search_speedup'), '.2f', 'x')}).")
+    return " ".join(parts)
+
+
+def speedup_text(row: dict[str, Any]) -> str:
+    """A row's search-time speed-up with its interval, and the noisy mark."""
+    if row["speedup"] is None:
+        return ""
+    text = f"{row['speedup']:.2f}x"
+    if row.get("speedup_ci"):
+        text += f" [{row['speedup_ci'][0]:.2f}, {row['speedup_ci'][1]:.2f}]"
+    return text + (" *noisy*" if row.get("noisy") else "")
+
+
+def _verdict_rule(run: dict[str, Any]) -> str:
+    verdict = run.get("verdict")
+    if not verdict:
+        return "not recorded (an older run)"
+    return (f"a route wins when the lower end of its confirmed speed-up's 95% interval is "
+            f"above {verdict['min_speedup']:g}x; --busy-machine {verdict['busy_machine']}")
+
+
+def conditions_text(run: dict[str, Any]) -> str:
+    """The machine's conditions during the run, in one line."""
+    c = run.get("conditions")
+    if not c:
+        start = run.get("conditions_at_start", {})
+        return f"load average at start {start.get('loadavg', '?')}" if start else "not recorded"
+    text = (f"{c['noisy']} of {c['measured']} measured trials noisy (timed while other "
+            f"processes loaded the machine)")
+    if c["noisy_routes"]:
+        text += ": " + ", ".join(c["noisy_routes"][:5]) + ("…" if c["noisy"] > 5 else "")
+    text += f"; waited {c['waited_s']} s for a quiet machine"
+    if c.get("foreign_cores_max") is not None:
+        text += (f"; other processes' CPU use at most {c['foreign_cores_max']:.2f} cores, "
+                 f"steal at most {c['steal_pct_max']:.1f}%")
+    start = run.get("conditions_at_start", {}).get("loadavg")
+    end = c.get("at_end", {}).get("loadavg")
+    if start and end:
+        text += f"; load average {start[0]:.2f} at start, {end[0]:.2f} at end"
+    return text
 
 
 def _num(value: float | None, spec: str, suffix: str = "") -> str:

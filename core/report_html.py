@@ -14,7 +14,7 @@ import io
 import math
 from typing import Any
 
-from routetune.report import ERROR_METRIC, environment, winner_text
+from routetune.report import ERROR_METRIC, environment, speedup_text, winner_text
 
 STYLE = {"ok": ("#2a9d4b", "o"), "accuracy-failed": ("#e0a100", "X"),
          "build-only": ("#3a7bd5", "s"), "crashed": ("#c0392b", "v"),
@@ -101,7 +101,7 @@ def pareto_svg(data: dict[str, Any]) -> str:
     ax.set_xscale("symlog", linthresh=linthresh)
     ax.set_xlim(left=0)
     ax.set_xlabel(f"accuracy error ({ERROR_METRIC}, worst output; symlog)")
-    ax.set_ylabel("p50 / base route p50 (timed alongside)")
+    ax.set_ylabel("search-time latency / base route\n(paired blocks; not the confirmation)")
     ax.axhline(1.0, color="#555555", lw=0.6, ls=":")
     ax.set_title(f"{len(rows)} measured trials; {unplotted} not measured (failed, "
                  "skipped or build-only)", fontsize=9)
@@ -169,7 +169,8 @@ td.num {{ text-align: right; font-variant-numeric: tabular-nums; }}
 <h2>Trials</h2>
 <p>Click a column to sort. Rejected trials give the reason and the margin.</p>
 <table id="trials"><thead><tr><th>route</th><th>status</th><th id="p50-header">p50 ms</th>
-<th>± ms</th><th>base p50 ms (alongside)</th><th>speed-up</th><th>{ERROR_METRIC}</th>
+<th>± ms (blocks)</th><th>base p50 ms (alongside)</th><th>speed-up in the search [95%]</th>
+<th>{ERROR_METRIC}</th>
 <th>cos</th><th>build ms</th>
 <th>reason</th></tr></thead><tbody>{rows}</tbody></table>
 <script>{SCRIPT}</script>
@@ -188,7 +189,7 @@ def _trial_row(r: dict[str, Any], winner: bool) -> str:
         (_v(r["p50_ms"]), _f(r["p50_ms"], ".3f"), "num"),
         (_v(spread), _f(spread, ".3f"), "num"),
         (_v(r["base_p50_ms"]), _f(r["base_p50_ms"], ".3f"), "num"),
-        (_v(r["speedup"]), _f(r["speedup"], ".2f", "x"), "num"),
+        (_v(r["speedup"]), e(speedup_text(r)), "num"),
         (_v(r["error"].get(ERROR_METRIC)), _f(r["error"].get(ERROR_METRIC), ".3g"), "num"),
         (_v(r["error"].get("cos")), _f(r["error"].get("cos"), ".6f"), "num"),
         (_v(r["build_ms"]), _f(r["build_ms"], ".0f"), "num"),

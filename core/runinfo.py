@@ -2,8 +2,15 @@
 
 The trial store holds trials; this file holds the rest that a report needs: the
 environment (versions, device, CPU flags, model hash), the route space and the search
-settings, and at the end the winner with its side-by-side measurement. Written at the
-start of a run and again at its end (atomically, by replace).
+settings, and at the end the winner with its confirmation, and the machine's
+conditions (noisy trials, time waited for a quiet machine). Written at the start of a
+run and again at its end (atomically, by replace).
+
+A run in a folder that holds another run's record (another search space or strategy,
+constraint, inputs or pinned routes: ``tune --recipe winner.toml`` re-measuring a
+winner, say) writes its records (``run.json``, the reports and the winner files) into
+``runs/<UTC time>/`` instead (`record_dir`), so that the original run's stay as they
+were. Running the same command again (a resume) updates the folder's own.
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ def start_record(run: Prepared, opts: TuneOptions, versions: dict[str, str]) -> 
         "search": {"strategy": opts.search, "beam_width": opts.beam_width,
                    "max_trials": opts.max_trials, "time_budget_s": opts.time_budget_s},
         "measure": asdict(opts.measure),
+        "verdict": {"min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine},
+        "conditions_at_start": machine_now(),
         "base_pipeline": [p["step"] for p in run.base_passes],
     }
 
@@ -73,13 +82,72 @@ def finish_record(record: dict[str, Any], result: TuneResult) -> dict[str, Any]:
     """The record with the run's outcome added."""
     out = dict(record)
     out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    from routetune.tune import verdict_figures
+
+    measured = [t for t in result.trials if t.latency is not None]
     out["result"] = {"winner": result.winner.route, "reason": result.winner_reason,
-                     "status": result.winner.status, "speedup": result.winner_speedup,
-                     "stopped": result.stopped,
-                     "side_by_side_ms": {"base": asdict(result.side_by_side[0]),
-                                         "best": asdict(result.side_by_side[1])}
-                     if result.side_by_side else None}
+                     "status": result.winner.status, "stopped": result.stopped,
+                     **verdict_figures(result),
+                     "confirmations": [
+                         {"route": c.route, "search_speedup": next(
+                             (t.speedup for t in result.trials if t.route == c.route), None),
+                          "latency_ms": asdict(c.latency), "base_latency_ms": asdict(
+                              c.base_latency), "paired": asdict(c.paired),
+                          "conditions": dict(c.conditions)} for c in result.confirmations]}
+    out["conditions"] = {
+        "busy_machine": result.busy_machine, "measured": len(measured),
+        "noisy": len(result.noisy), "noisy_routes": [t.route for t in result.noisy],
+        "waited_s": round(result.waited_s, 1),
+        "foreign_cores_max": max((t.conditions.get("foreign_cores", 0.0) for t in measured),
+                                 default=None),
+        "steal_pct_max": max((t.conditions.get("steal_pct", 0.0) for t in measured),
+                             default=None),
+        "at_end": machine_now()}
     return out
+
+
+def machine_now() -> dict[str, Any]:
+    """The load averages and CPU count now (``/proc/loadavg``)."""
+    try:
+        load = Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        load = []
+    import os
+
+    return {"loadavg": [float(x) for x in load], "cpus": os.cpu_count()}
+
+
+SAME_RUN = ("settings_hash", "accuracy", "profile", "pinned", "space", "search.strategy",
+            "search.beam_width", "backend.name", "backend.options", "model.sha256")
+"""The fields of two records that must agree for them to be one run (a resume)."""
+
+
+def _field(record: dict[str, Any], name: str) -> Any:
+    for part in name.split("."):
+        record = record.get(part, {}) if isinstance(record, dict) else {}
+    return record
+
+
+def record_dir(outdir: Path, record: dict[str, Any]) -> Path:
+    """Where this run writes its records: `outdir`, or ``runs/<UTC time>/`` in it.
+
+    The folder's own when it holds no run record or one of the same run (`SAME_RUN`);
+    otherwise a new dated folder, so that another run's record is never overwritten.
+    """
+    try:
+        old = read(outdir)
+    except UsageError:
+        old = {}
+    if not old or all(_field(old, k) == _field(record, k) for k in SAME_RUN):
+        return outdir
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    path = outdir / "runs" / stamp
+    n = 1
+    while path.exists():
+        n += 1
+        path = outdir / "runs" / f"{stamp}-{n}"
+    path.mkdir(parents=True)
+    return path
 
 
 def write(outdir: Path, record: dict[str, Any]) -> Path:

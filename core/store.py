@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from routetune.errors import StorageError
-from routetune.measure import Latency
+from routetune.measure import Latency, Speedup
 
 APPLICATION_ID = 0x52545430  # "RTT0"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FILENAME = "trials.sqlite"
 
 _SCHEMA = """
@@ -46,9 +46,20 @@ CREATE TABLE trials (
     artifact TEXT,
     versions TEXT NOT NULL,
     created_at REAL NOT NULL,
+    paired TEXT,
+    conditions TEXT,
+    noisy TEXT NOT NULL DEFAULT '',
     UNIQUE (model_sha256, route, backend, device, settings_hash)
 );
 """
+
+_MIGRATIONS = {
+    1: "ALTER TABLE trials ADD COLUMN paired TEXT; "
+       "ALTER TABLE trials ADD COLUMN conditions TEXT; "
+       "ALTER TABLE trials ADD COLUMN noisy TEXT NOT NULL DEFAULT '';",
+}
+"""Per schema version, the SQL that brings a store to the next version: version 2 adds
+the paired speed-up, the machine conditions and the noisy mark of each trial."""
 
 STATUSES = ("ok", "accuracy-failed", "build-failed", "build-only", "crashed", "timed-out",
             "skipped")
@@ -85,6 +96,13 @@ class Trial:
         artifact: Path of the candidate model, relative to the output directory.
         versions: Package versions in use.
         created_at: Unix time when written.
+        paired: The speed-up over the base route from paired blocks
+            (`routetune.measure.paired_speedup`), when measured alongside it.
+        conditions: The machine's conditions while it was measured
+            (`routetune.conditions`): load, foreign CPU use, steal, frequency, GPU state,
+            seconds waited for a quiet machine.
+        noisy: Why the measurement is not trusted (the machine was busy while it was
+            timed), or empty.
     """
 
     fingerprint: str
@@ -106,24 +124,38 @@ class Trial:
     artifact: str | None = None
     versions: Mapping[str, str] = field(default_factory=dict)
     created_at: float = 0.0
-
+    paired: Speedup | None = None
+    conditions: Mapping[str, Any] = field(default_factory=dict)
+    noisy: str = ""
 
     @property
     def relative(self) -> Latency | None:
-        """The latency divided by the base route's p50 measured alongside it (unitless).
+        """The latency relative to the base route measured alongside it (unitless).
 
-        Machine speed drifts during a long search; the ratio to a base route measured
-        at the same time does not. Without a paired base measurement, the latency in ms.
+        Machine speed drifts during a long search; a ratio to a base route measured at
+        the same time does not. With a paired speed-up, its inverse: ``p50`` is
+        ``1 / paired.value`` and the interval is the paired one, inverted. Otherwise the
+        latency over the base route's p50; without a base measurement, the latency in ms.
         """
         if self.latency is None:
             return None
+        if self.paired is not None:
+            p = self.paired
+            inv = 1.0 / p.value
+            return Latency(self.latency.n, inv, inv, inv, inv, 1.0 / p.ci_high,
+                           1.0 / p.ci_low)
         if self.base_latency is None:
             return self.latency
         return self.latency.scaled(1.0 / self.base_latency.p50)
 
     @property
     def speedup(self) -> float | None:
-        """The base route's p50 over this trial's, measured side by side; None if unmeasured."""
+        """The speed-up over the base route measured alongside; None if unmeasured.
+
+        The paired estimate when there is one, else the ratio of the two p50s.
+        """
+        if self.paired is not None:
+            return self.paired.value
         if self.latency is None or self.base_latency is None:
             return None
         return self.base_latency.p50 / self.latency.p50
@@ -176,6 +208,10 @@ class TrialStore:
                     f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA application_id={APPLICATION_ID}; "
                     f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
                 )
+            while tables and version < SCHEMA_VERSION:  # migrate on open, step by step
+                conn.executescript(f"BEGIN IMMEDIATE; {_MIGRATIONS[version]} "
+                                   f"PRAGMA user_version={version + 1}; COMMIT;")
+                version += 1
         except sqlite3.Error as e:
             conn.close()
             raise StorageError(f"{path}: cannot create the trial store ({e})") from e
@@ -213,10 +249,10 @@ class TrialStore:
         """
         row = asdict(trial)
         row["created_at"] = trial.created_at or time.time()
-        for key in ("latency", "base_latency"):
+        for key in ("latency", "base_latency", "paired"):
             value = getattr(trial, key)
             row[key] = json.dumps(asdict(value)) if value else None
-        for key in ("accuracy", "passes", "settings", "versions"):
+        for key in ("accuracy", "passes", "settings", "versions", "conditions"):
             row[key] = json.dumps(row[key])
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
@@ -245,13 +281,18 @@ class TrialStore:
 
 def _trial(row: dict[str, Any]) -> Trial:
     row.pop("id")
-    latency, base = (json.loads(raw) if (raw := row.pop(k)) else None
-                     for k in ("latency", "base_latency"))
+    latency, base, paired = (json.loads(raw) if (raw := row.pop(k)) else None
+                             for k in ("latency", "base_latency", "paired"))
+    for lat in (latency, base):
+        if lat is not None:
+            lat["blocks"] = tuple(lat.get("blocks", ()))
     return Trial(
         **{k: v for k, v in row.items()
-           if k not in ("accuracy", "passes", "settings", "versions")},
+           if k not in ("accuracy", "passes", "settings", "versions", "conditions")},
         latency=Latency(**latency) if latency else None,
         base_latency=Latency(**base) if base else None,
+        paired=Speedup(**paired) if paired else None,
+        conditions=json.loads(row["conditions"] or "{}"),
         accuracy=json.loads(row["accuracy"]),
         passes=tuple(json.loads(row["passes"])),
         settings=json.loads(row["settings"]),

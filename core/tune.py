@@ -21,9 +21,10 @@ from routetune import examples, runinfo
 from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
 from routetune.backend import Backend
 from routetune.composer import RouteSpace, resolve_route
+from routetune.conditions import MODES, BusyPolicy
 from routetune.errors import BackendError, UsageError
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
-from routetune.measure import Latency, MeasureSettings
+from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, prepare, sha256
 from routetune.outdir import locked, make_outdir, move_aside
 from routetune.plugin_manager import load_registry
@@ -32,6 +33,7 @@ from routetune.recipe import write_winner_recipe
 from routetune.registry import Registry
 from routetune.report import write_reports
 from routetune.route import Route, Step, parse_route
+from routetune.search.candidate import Confirmation
 from routetune.search.executor import Executor, InlineExecutor
 from routetune.search.local_pool import DEFAULT_TIMEOUT_S, TIMELINE, LocalPool
 from routetune.search.loop import Budget, SearchLoop
@@ -42,6 +44,10 @@ from routetune.space import restrict_space
 from routetune.store import FILENAME, Trial, TrialStore
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_MIN_SPEEDUP = 1.03
+"""``--min-speedup``: smaller effects are not worth a different engine, and sit within
+what a busy or drifting machine fakes."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,11 @@ class TuneOptions:
             a trial that exceeds it is ``crashed`` (out of memory). None for none.
         in_process: Run trials in this process, one at a time: no isolation and no
             timeouts; for debugging plugins, and for plugins registered in-process.
+        min_speedup: The smallest speed-up over the base route that may win: a route
+            wins only if the lower end of its confirmed speed-up's 95% interval is above
+            it (unitless).
+        busy_machine: What a measurement does while other processes load the machine:
+            ``wait``, ``warn`` or ``ignore`` (`routetune.conditions`).
     """
 
     model: Path | None = None
@@ -113,6 +124,8 @@ class TuneOptions:
     trial_timeout_s: float = DEFAULT_TIMEOUT_S
     worker_memory_mb: int | None = None
     in_process: bool = False
+    min_speedup: float = DEFAULT_MIN_SPEEDUP
+    busy_machine: str = "wait"
 
 
 @dataclass(frozen=True)
@@ -130,10 +143,11 @@ class TuneResult:
         outdir: The output directory.
         files: What was written, by role (``model``, ``settings``, ``recipe``, ``store``).
         stopped: Why the search stopped early (a budget), or None when it ran to the end.
-        side_by_side: The base route's and the search's best route's latency (ms),
-            re-measured in one interleaved loop after the search; None when the base
-            route was best. Unless the best route's interval lies wholly below the base
-            route's, the base route wins.
+        confirmations: The routes re-measured against the base route after the search,
+            in a fresh worker process, in the order tried (`confirm_winner`); the first
+            one that held won, and is the last.
+        busy_machine: The ``--busy-machine`` mode.
+        min_speedup: The ``--min-speedup`` the verdict used.
     """
 
     winner: Trial
@@ -145,7 +159,28 @@ class TuneResult:
     outdir: Path
     files: dict[str, Path]
     stopped: str | None = None
-    side_by_side: tuple[Latency, Latency] | None = None
+    confirmations: tuple[Confirmation, ...] = ()
+    busy_machine: str = "wait"
+    min_speedup: float = DEFAULT_MIN_SPEEDUP
+
+    @property
+    def confirmed(self) -> Confirmation | None:
+        """The winner's confirmation; None when the base route stands."""
+        if self.winner is self.base or not self.confirmations:
+            return None
+        last = self.confirmations[-1]
+        return last if last.route == self.winner.route else None
+
+    @property
+    def noisy(self) -> list[Trial]:
+        """The trials measured while the machine was busy (`Trial.noisy`)."""
+        return [t for t in self.trials if t.noisy]
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds measurements waited for a quiet machine, in all."""
+        return sum(float(t.conditions.get("waited_s", 0.0)) for t in self.trials) + sum(
+            float(c.conditions.get("waited_s", 0.0)) for c in self.confirmations)
 
     def records(self) -> list[dict[str, Any]]:
         """The trials as flat records, winner first (`routetune.report.trial_row`).
@@ -183,7 +218,8 @@ class TuneResult:
         """
         from routetune.report import write_reports
 
-        return write_reports(self.outdir, Path(path) if path is not None else None)
+        records = self.files["run"].parent if "run" in self.files else self.outdir
+        return write_reports(records, Path(path) if path is not None else None)
 
     @property
     def fallback(self) -> bool:
@@ -196,11 +232,9 @@ class TuneResult:
 
     @property
     def winner_speedup(self) -> float:
-        """The winner's speed-up over the base route, from the side-by-side measurement."""
-        if self.side_by_side is None or self.winner is self.base:
-            return 1.0
-        base, winner = self.side_by_side
-        return base.p50 / winner.p50
+        """The winner's confirmed speed-up over the base route (1.0 for the base route)."""
+        confirmed = self.confirmed
+        return 1.0 if confirmed is None else confirmed.paired.value
 
 
 @dataclass
@@ -254,6 +288,11 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         raise UsageError("--shapes with --opt-shapes: --shapes sets min, opt and max at once; "
                          "give --opt-shapes with --min-shapes/--max-shapes instead")
     _check_workers(opts)
+    if opts.busy_machine not in MODES:
+        raise UsageError(f"--busy-machine {opts.busy_machine}: give one of {', '.join(MODES)}")
+    if not (math.isfinite(opts.min_speedup) and opts.min_speedup >= 1.0):
+        raise UsageError(f"--min-speedup {opts.min_speedup}: give a number of 1 or more "
+                         "(1.03: a route must be at least 3% faster to win)")
     if opts.time_budget_s is not None and opts.time_budget_s <= 0:
         raise UsageError(f"--time-budget {opts.time_budget_s}: must be positive (seconds)")
     backend = _backend(registry, opts.backend)
@@ -332,6 +371,7 @@ def tune(
     registry: Registry | None = None,
     on_start: Callable[[Prepared, int | None], None] = lambda run, planned: None,
     on_trial: Callable[[Trial, bool], None] = lambda trial, cached: None,
+    on_status: Callable[[str], None] = lambda text: None,
 ) -> TuneResult:
     """Run a whole search and write the winner to the output directory.
 
@@ -340,6 +380,8 @@ def tune(
         registry: The installed plugins; loaded from entry points when None.
         on_start: Called once the run is prepared, with the number of trials planned.
         on_trial: Called after each trial, with whether it came from the store.
+        on_status: Called with a line to show while a measurement waits for a quiet
+            machine (``--busy-machine wait``).
 
     Returns:
         The result; never None. When nothing is accurate the base route wins.
@@ -350,17 +392,18 @@ def tune(
     """
     run = prepare_run(opts, registry)
     with locked(run.outdir):
-        return _tune_locked(run, opts, on_start, on_trial)
+        return _tune_locked(run, opts, on_start, on_trial, on_status)
 
 
 def _tune_locked(
     run: Prepared, opts: TuneOptions, on_start: Callable[[Prepared, int | None], None],
-    on_trial: Callable[[Trial, bool], None],
+    on_trial: Callable[[Trial, bool], None], on_status: Callable[[str], None],
 ) -> TuneResult:
     store_path = run.outdir / FILENAME
     reference = run.backend if run.backend.name == "onnxruntime" else _backend(
         run.registry, "onnxruntime")
     executor = make_executor(run, opts)
+    executor.on_status = on_status
     executor.warm_up(run.outdir)  # workers load their libraries during the reference run
     loop = None
     try:
@@ -368,6 +411,7 @@ def _tune_locked(
         if opts.fresh:
             move_aside(store_path)
             move_aside(run.outdir / "artifacts" / TIMELINE)
+            move_aside(run.outdir / runinfo.FILENAME)
         store = TrialStore.open(store_path)
     except BaseException:
         executor.close()
@@ -376,10 +420,12 @@ def _tune_locked(
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
                           run.constraint, store, run.outdir, opts.measure, run.settings_hash,
                           reference, run.repair, base=run.base,
-                          base_settings=run.backend_options, executor=executor)
+                          base_settings=run.backend_options, executor=executor,
+                          busy=BusyPolicy(opts.busy_machine))
         run.base_passes = loop.base_passes
         record = runinfo.start_record(run, opts, loop.versions)
-        runinfo.write(run.outdir, record)
+        records = runinfo.record_dir(run.outdir, record)
+        runinfo.write(records, record)
         strategy = run.registry.strategy(opts.search)(
             run.space, SearchConfig(beam_width=opts.beam_width))
         skipped = [loop.record_skipped(Route((Step(n),)), reason)
@@ -389,23 +435,18 @@ def _tune_locked(
         trials = loop.run(strategy, Budget(opts.max_trials, opts.time_budget_s), on_trial,
                           pinned=run.pinned)
         trials.extend(skipped)
-        winner, reason = pick_winner(trials)
-        paired = None
-        if winner.route != "base" and winner.artifact and trials[0].artifact:
-            paired = tuple(loop.side_by_side([trials[0], winner]))
-            if not paired[1].ci_high < paired[0].ci_low:
-                reason = (f"'{winner.route}' was fastest in the search, but side by side it "
-                          f"is not faster than the base route ({paired[1].p50:.3f} ms vs "
-                          f"{paired[0].p50:.3f} ms); the base route stands")
-                winner = trials[0]
+        winner, reason, confirmations = confirm_winner(
+            trials, loop.confirm, opts.min_speedup, opts.busy_machine)
         if winner.status == "ok":
-            save_outputs(run.outdir / WINNER_OUTPUTS, loop.outputs(winner))
+            save_outputs(records / WINNER_OUTPUTS, loop.outputs(winner))
     finally:
         executor.close()
         store.close()
-    result = _finish(run, opts, trials, store_path, winner, reason, paired, loop.stopped)
-    result.files["run"] = runinfo.write(run.outdir, runinfo.finish_record(record, result))
-    result.files.update({f"report.{k}": v for k, v in write_reports(run.outdir).items()})
+    result = _finish(run, opts, trials, store_path, winner, reason, confirmations,
+                     loop.stopped, records)
+    result.files["run"] = runinfo.write(records, runinfo.finish_record(record, result))
+    result.files.update({f"report.{k}": v
+                         for k, v in write_reports(records).items()})
     return result
 
 
@@ -461,56 +502,126 @@ def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
         ) from e
 
 
-def pick_winner(trials: Sequence[Trial]) -> tuple[Trial, str]:
-    """Pick the winner: the fastest accurate trial, ties broken toward simpler routes.
+CONFIRM_TRIES = 3
+"""Routes re-measured at most after the search before the base route is kept."""
 
-    Speed is each trial's p50 relative to the base route measured alongside it. Two
-    trials tie when the 95% confidence intervals of their medians overlap; among the
-    trials tied with the fastest, the one with the fewest seasonings wins (then the
-    lower median).
+
+def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDUP,
+                busy_machine: str = "wait") -> tuple[list[Trial], str]:
+    """The routes worth confirming, best first, or why the base route stands.
+
+    A route is worth confirming when it is ``ok``, its paired speed-up estimate is above
+    `min_speedup`, and it was not measured on a busy machine (``noisy``), unless
+    `busy_machine` is ``ignore``. They are ranked by speed-up; among the routes whose
+    speed-up intervals overlap the fastest's (a tie), the one with the fewest steps
+    goes first (then the faster).
 
     Returns:
-        The winner and a one-line reason. With no accurate trial, the base route.
+        The routes in the order to confirm them (empty when none), and a one-line
+        reason for the base route when there are none.
     """
     base = next(t for t in trials if t.route == "base")
-    accurate = sorted((t for t in trials if t.status == "ok" and t.latency), key=rank_key)
+    accurate = [t for t in trials if t.status == "ok" and t.latency and t is not base]
     if not accurate and base.status == "build-only":
-        return base, ("engines were built but this device cannot run them (build-only), so "
-                      "nothing was checked or timed and a beam search stops after one step "
-                      "(--search exhaustive builds every route); the base route is the "
-                      "fallback")
+        return [], ("engines were built but this device cannot run them (build-only), so "
+                    "nothing was checked or timed and a beam search stops after one step "
+                    "(--search exhaustive builds every route); the base route is the "
+                    "fallback")
     if not accurate and base.status in ("build-failed", "crashed", "timed-out"):
-        return base, (f"the base route itself is {base.status} ({base.reason[:300]}), and "
-                      "no route built, ran and met the accuracy constraint: there is no "
-                      "engine to deploy")
+        return [], (f"the base route itself is {base.status} ({base.reason[:300]}), and "
+                    "no route built, ran and met the accuracy constraint: there is no "
+                    "engine to deploy")
     if not accurate:
-        return base, "no route met the accuracy constraint; the base route is the fallback"
-    fastest = accurate[0]
-    tied = [t for t in accurate if t.relative.ties(fastest.relative)]
-    winner = min(tied, key=lambda t: (rank_key(t)[1], rank_key(t)[0]))
-    if winner is fastest:
-        return winner, "fastest accurate route"
-    return winner, (f"ties with the fastest accurate route '{fastest.route}' "
-                    "within the confidence intervals, and is simpler")
+        return [], "no route met the accuracy constraint; the base route is the fallback"
+    trusted = [t for t in accurate if not t.noisy or busy_machine == "ignore"]
+    faster = sorted((t for t in trusted if (t.speedup or 0) > min_speedup), key=rank_key)
+    busy = sorted((t for t in accurate if t not in trusted and (t.speedup or 0) > min_speedup),
+                  key=rank_key)
+    if not faster:
+        why = (f"no accurate route was more than {min_speedup:g}x faster than the base route "
+               "(--min-speedup)")
+        if busy:
+            why += ("; faster while the machine was busy, not confirmed: "
+                    + ", ".join(f"'{t.route}' ({t.speedup:.2f}x)" for t in busy[:3]))
+        return [], why + "; the base route stands"
+    fastest = faster[0]
+    tied = [t for t in faster if t.paired is None or fastest.paired is None
+            or t.paired.ties(fastest.paired)]
+    first = min(tied, key=lambda t: (rank_key(t)[1], rank_key(t)[0]))
+    return [first] + [t for t in faster if t is not first], ""
+
+
+def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmation],
+                   min_speedup: float = DEFAULT_MIN_SPEEDUP, busy_machine: str = "wait",
+                   ) -> tuple[Trial, str, list[Confirmation]]:
+    """Pick the winner: the best route (`pick_winner`) that holds when measured again.
+
+    Each route worth confirming, best first and `CONFIRM_TRIES` at most, is re-measured
+    against the base route (`confirm`: a fresh process, engines built anew, paired
+    blocks). It wins when its confirmed speed-up clears `min_speedup`
+    (`routetune.measure.Speedup.clears`) and the confirmation was not noisy (unless
+    `busy_machine` is ``ignore``); otherwise the next one is tried, and after the last
+    the base route stands.
+
+    Returns:
+        The winner, a one-line reason, and every confirmation made.
+    """
+    base = next(t for t in trials if t.route == "base")
+    accurate = [t for t in trials if t.status == "ok" and t.latency and t is not base]
+    if base.latency is None and base.status != "build-only" and accurate:
+        best = min(accurate, key=lambda t: t.latency.p50)
+        return best, (f"the base route is {base.status}, so there is no base to compare "
+                      f"against: fastest accurate route by absolute latency "
+                      f"(p50 {best.latency.p50:.3f} ms)"), []
+    order, why = pick_winner(trials, min_speedup, busy_machine)
+    if not order:
+        return base, why, []
+    done: list[Confirmation] = []
+    failed: list[str] = []
+    for trial in order[:CONFIRM_TRIES]:
+        try:
+            c = confirm(trial)
+        except Exception as e:  # an engine that cannot be rebuilt: the next one
+            text = " ".join(str(e).split())[:200]
+            failed.append(f"'{trial.route}' could not be rebuilt ({text})")
+            continue
+        done.append(c)
+        p = c.paired
+        figure = (f"{p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] confirmed in a fresh "
+                  f"process (search: {trial.speedup:.2f}x)")
+        busy = c.conditions.get("busy", "")
+        why_not = p.clears(min_speedup) or (
+            f"the machine was busy ({busy})" if busy and busy_machine != "ignore" else None)
+        if why_not is None:
+            note = f"; measured while the machine was busy ({busy})" if busy else ""
+            if trial is not order[0]:
+                return trial, (f"fastest accurate route that held: {figure}; "
+                               + "; ".join(failed) + note), done
+            return trial, f"fastest accurate route: {figure}{note}", done
+        failed.append(f"'{trial.route}' did not hold: {figure}: {why_not}")
+    return base, "; ".join(failed) + "; the base route stands", done
 
 
 def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path, winner: Trial,
-            reason: str, paired: tuple[Latency, Latency] | None,
-            stopped: str | None) -> TuneResult:
+            reason: str, confirmations: Sequence[Confirmation],
+            stopped: str | None, records: Path) -> TuneResult:
     base = next(t for t in trials if t.route == "base")
     ordered = [winner] + sorted(
         (t for t in trials if t is not winner),
         key=lambda t: ((0 if t.status == "ok" else 1), *rank_key(t)),
     )
     result = TuneResult(winner, reason, tuple(ordered), base, run.space.size(),
-                        run.not_applicable, run.outdir, {"store": store}, stopped, paired)
-    result.files.update(_write_winner(run, result, opts))
+                        run.not_applicable, run.outdir, {"store": store}, stopped,
+                        tuple(confirmations), opts.busy_machine, opts.min_speedup)
+    result.files.update(_write_winner(run, result, opts, records))
     return result
 
 
-def _write_winner(run: Prepared, result: TuneResult, opts: TuneOptions) -> dict[str, Path]:
+def _write_winner(run: Prepared, result: TuneResult, opts: TuneOptions, records: Path
+                  ) -> dict[str, Path]:
+    """Write ``winner.onnx``, ``winner.json`` and ``winner.toml`` into `records`."""
     winner, reason = result.winner, result.winner_reason
-    model_path = run.outdir / "winner.onnx"
+    model_path = records / "winner.onnx"
     if winner.artifact:
         shutil.copyfile(run.outdir / winner.artifact, model_path)
     else:
@@ -520,16 +631,42 @@ def _write_winner(run: Prepared, result: TuneResult, opts: TuneOptions) -> dict[
         "backend": run.backend.name,
         "backend_version": run.backend.version(),
         "settings": dict(winner.settings) or run.backend.full_settings(run.backend_options),
-        "p50_ms": winner.latency.p50 if winner.latency else None,
-        "speedup": round(result.winner_speedup, 4),
         "status": winner.status,
         "reason": reason,
         "settings_hash": run.settings_hash,
+        **verdict_figures(result),
     }
-    settings_path = run.outdir / "winner.json"
+    settings_path = records / "winner.json"
     settings_path.write_text(json.dumps(settings, indent=2) + "\n")
-    recipe = write_winner_recipe(run.outdir / "winner.toml", run, result, opts)
+    recipe = write_winner_recipe(records / "winner.toml", run, result, opts)
     return {"model": model_path, "settings": settings_path, "recipe": recipe}
+
+
+def verdict_figures(result: TuneResult) -> dict[str, Any]:
+    """The winner's figures, each labelled by where it was measured.
+
+    ``speedup`` and ``confirmed`` come from the confirmation (a fresh process, paired
+    blocks); ``search`` from the search's own trial. They are never mixed: a p50 of
+    one with the speed-up of the other would describe no single measurement.
+    """
+    winner, confirmed = result.winner, result.confirmed
+    search = None
+    if winner.latency is not None:
+        search = {"p50_ms": winner.latency.p50, "base_p50_ms": (
+            winner.base_latency.p50 if winner.base_latency else None),
+            "speedup": winner.speedup, "speedup_ci": (
+                [winner.paired.ci_low, winner.paired.ci_high] if winner.paired else None),
+            "noisy": winner.noisy}
+    out: dict[str, Any] = {"speedup": round(result.winner_speedup, 4), "search": search,
+                           "confirmed": None}
+    if confirmed is not None:
+        p = confirmed.paired
+        out["confirmed"] = {"p50_ms": confirmed.latency.p50,
+                            "base_p50_ms": confirmed.base_latency.p50,
+                            "speedup": p.value, "speedup_ci": [p.ci_low, p.ci_high],
+                            "pairs": p.pairs, "drift": p.drift,
+                            "busy": confirmed.conditions.get("busy", "")}
+    return out
 
 
 MIN_WORKER_MEMORY_MB = 512

@@ -129,6 +129,26 @@ def test_the_winner_recipe_round_trips(tuned, registry) -> None:  # noqa: ANN001
     assert tomllib.loads((root / "again" / "winner.toml").read_text())["schema_version"] == 2
 
 
+def test_re_measuring_the_winner_in_place_keeps_the_original_run(tuned) -> None:  # noqa: ANN001
+    root, result = tuned
+    out = root / "out"
+    kept = {name: (out / name).read_bytes() for name in
+            ("run.json", "report.json", "report.md", "winner.toml", "winner.json")}
+    again = cli("tune", "--recipe", str(out / "winner.toml"))  # output = "." : this folder
+    assert again.returncode == 0, again.stderr
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    (dated,) = (out / "runs").iterdir()
+    run = json.loads((dated / "run.json").read_text())
+    assert run["pinned"] == [result.winner.route]
+    assert run["result"]["winner"] in ("base", result.winner.route)
+    assert (dated / "report.html").exists() and (dated / "winner.json").exists()
+    recipe = tomllib.loads((dated / "winner.toml").read_text())
+    assert recipe["output"] == "../.."  # points back to the folder that holds the store
+    assert f"to {dated}" in again.stdout or str(dated) in again.stdout
+    report = cli("report", str(dated))  # a dated record folder reports from the store above
+    assert report.returncode == 0, report.stderr
+
+
 def test_build_reproduces_the_winner_and_catches_a_route_that_does_not_match(tuned) -> None:  # noqa: ANN001
     root, result = tuned
     out = root / "out"

@@ -60,3 +60,42 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(StorageError, match="newer routetune"):
         TrialStore.open(path)
+
+
+V1_SCHEMA = """
+CREATE TABLE trials (
+    id INTEGER PRIMARY KEY, fingerprint TEXT NOT NULL UNIQUE, model_sha256 TEXT NOT NULL,
+    route TEXT NOT NULL, backend TEXT NOT NULL, device TEXT NOT NULL,
+    settings_hash TEXT NOT NULL, candidate_sha256 TEXT, status TEXT NOT NULL,
+    reason TEXT NOT NULL, latency TEXT, base_latency TEXT, build_ms REAL,
+    engine_bytes INTEGER, accuracy TEXT, passes TEXT, settings TEXT, artifact TEXT,
+    versions TEXT NOT NULL, created_at REAL NOT NULL,
+    UNIQUE (model_sha256, route, backend, device, settings_hash)
+);
+PRAGMA application_id=1381258288; PRAGMA user_version=1;
+"""
+"""The store as routetune wrote it before paired speed-ups (schema 1, main 7f79101)."""
+
+
+def test_a_schema_1_store_migrates_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "t.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(V1_SCHEMA)
+    conn.execute(
+        "INSERT INTO trials (fingerprint, model_sha256, route, backend, device, settings_hash,"
+        " status, reason, latency, base_latency, accuracy, passes, settings, versions,"
+        " created_at) VALUES ('f', 'm', 'fp16', 'onnxruntime', 'cpu', 's', 'ok', '',"
+        " '{\"n\": 10, \"p50\": 2.0, \"p90\": 2.1, \"p99\": 2.2, \"mean\": 2.0,"
+        " \"ci_low\": 1.9, \"ci_high\": 2.1}', '{\"n\": 10, \"p50\": 3.0, \"p90\": 3.1,"
+        " \"p99\": 3.2, \"mean\": 3.0, \"ci_low\": 2.9, \"ci_high\": 3.1}', '{}', '[]', '{}',"
+        " '{}', 1.0)")
+    conn.commit()
+    conn.close()
+    store = TrialStore.open(path)
+    old = store.get("f")
+    assert old.paired is None and old.conditions == {} and old.noisy == ""
+    assert old.speedup == pytest.approx(1.5) and old.latency.blocks == ()
+    store.add(trial("f2", "fp16,x"))  # the new columns take writes
+    store.close()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert len(TrialStore.open(path).trials()) == 2

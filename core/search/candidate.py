@@ -12,7 +12,7 @@ has two phases, so that an executor can run builds (CPU-heavy) apart from measur
   whichever worker built it.
 - `Candidate.measure`: build (or load) the engine again, run it on every input set,
   check the accuracy constraint against the FP32 reference, and time it in alternating
-  blocks with the base route's engine (`routetune.measure.measure_side_by_side`).
+  blocks with the base route's engine (`routetune.measure.measure_blocks`).
 
 Failure contract: a seasoning refuses a route by raising `ValueError` or a
 `routetune.errors.RoutetuneError` (status ``build-failed``); a backend by raising
@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import pickle
 import time
 import traceback
@@ -40,8 +41,16 @@ import onnx_graphsurgeon as gs
 
 from routetune.accuracy import Constraint, check_accuracy
 from routetune.backend import Backend, Runner
+from routetune.conditions import BusyPolicy, measure_watched
 from routetune.errors import EngineNotRunnable, PluginError, RoutetuneError, SeasoningError
-from routetune.measure import Latency, MeasureSettings, measure, measure_side_by_side
+from routetune.measure import (
+    Latency,
+    MeasureSettings,
+    Speedup,
+    measure,
+    measure_blocks,
+    paired_speedup,
+)
 from routetune.model import PreparedModel, check_candidate, sha256
 from routetune.profile import ShapeProfile
 from routetune.registry import Registry
@@ -88,6 +97,8 @@ class TrialInputs:
         base_passes: The pass records of the base pipeline, recorded with every trial.
         reference: Whether precision seasonings and the strict FP16 check may run
             models in FP32 on ONNX Runtime's CPU provider.
+        busy: What a measurement does on a busy machine (``--busy-machine``); its
+            ``gpu`` is filled in by the measuring worker.
     """
 
     model: PreparedModel
@@ -102,7 +113,30 @@ class TrialInputs:
     base_settings: Mapping[str, Any] = field(default_factory=dict)
     base_passes: tuple[Mapping[str, Any], ...] = ()
     reference: bool = True
+    busy: BusyPolicy = BusyPolicy()
 
+
+CONFIRM_BLOCKS = 30
+"""Blocks per engine at least in a confirmation (`Candidate.confirm`), 3x a trial's."""
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A route re-measured against the base route in a fresh process (`Candidate.confirm`).
+
+    Args:
+        route: The route's text.
+        latency: Its latency in this measurement (ms).
+        base_latency: The base route's, in the same loop (ms).
+        paired: The paired speed-up.
+        conditions: The machine's conditions meanwhile (`routetune.conditions`).
+    """
+
+    route: str
+    latency: Latency
+    base_latency: Latency
+    paired: Speedup
+    conditions: Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Outcome:
@@ -147,6 +181,7 @@ class Candidate:
         self._snapshots[Route()] = (inputs.base_data, list(inputs.base_passes), None)
         self._base: Runner | bool | None = None
         self._salt: str | None = None  # see _shared_path
+        self._gpu: str | None = None  # see _policy
 
     def build(self, route: Route, fingerprint: str) -> Outcome:
         """Apply `route` and build its engine once.
@@ -187,7 +222,8 @@ class Candidate:
 
         Returns:
             ``ok``, ``accuracy-failed``, ``build-only`` or ``crashed``, with ``accuracy``,
-            ``latency`` and ``base_latency`` (ms) added to `built`.
+            ``latency`` and ``base_latency`` (ms), ``paired`` (the paired speed-up),
+            ``conditions`` and ``noisy`` (`routetune.conditions`) added to `built`.
         """
         fields = dict(built)
         settings = fields["settings"]
@@ -212,7 +248,10 @@ class Candidate:
                 if verdict.passed:
                     data = (self.outdir / fields["artifact"]).read_bytes()
                     overflows = self._strict_fp16(data, settings)
-                fields["latency"], fields["base_latency"] = self._measure(runner, route)
+                (fields["latency"], fields["base_latency"], fields["paired"]), conditions = (
+                    measure_watched(self._policy(), self._status(),
+                                    lambda: self._measure(runner, route)))
+                fields["conditions"], fields["noisy"] = conditions, conditions["busy"]
         except Exception as e:  # a crash inside one candidate never stops the search
             return Outcome("crashed", describe(e), fields)
         if not verdict.passed:
@@ -226,30 +265,45 @@ class Candidate:
             notes.append("strict FP16 check: no overflow")
         return Outcome("ok", "; ".join(notes), fields)
 
-    def side_by_side(self, models: Sequence[tuple[str, Mapping[str, Any], str]]
-                     ) -> list[Latency]:
-        """Build engines and time them in one interleaved loop.
+    def confirm(self, route: str, artifact: str, settings: Mapping[str, Any],
+                fingerprint: str) -> Confirmation:
+        """Re-measure a route against the base route, both engines built anew.
+
+        Meant for a fresh worker process: nothing of the search's sessions is reused.
+        The two engines are timed in paired blocks (`CONFIRM_BLOCKS` at least, and 3x
+        the search's minimum time), under the busy-machine policy.
 
         Args:
-            models: Per engine: the candidate model's path relative to the output
-                directory, its full build settings, and its trial fingerprint.
-
-        Returns:
-            One latency per engine (ms), measured under the same machine conditions.
+            route: The route's text (recorded).
+            artifact: Its candidate model's path relative to the output directory.
+            settings: Its full build settings.
+            fingerprint: Its trial fingerprint.
 
         Raises:
             BuildError: An engine could not be rebuilt.
         """
-        runners = []
+        base_path = self.save_model(self.inputs.base_data)
+        base_settings = self.backend.full_settings(self.inputs.base_settings)
+        m = self.inputs.measure
+        settings_ = replace(m, min_blocks=max(CONFIRM_BLOCKS, m.min_blocks),
+                            min_time_s=3 * m.min_time_s, max_time_s=3 * m.max_time_s)
+        runners: list[Runner] = []
         try:
-            for artifact, settings, fingerprint in models:
-                engine = self.backend.build(self.outdir / artifact, settings, self.workdir,
-                                            fingerprint)
-                runners.append(self.backend.open(engine))
-            return measure_side_by_side(runners, self.inputs.feeds, self.inputs.measure)
+            for path, options, key in ((self.outdir / artifact, settings, fingerprint),
+                                       (base_path, base_settings, "")):
+                runners.append(self.backend.open(self.backend.build(path, options,
+                                                                    self.workdir, key)))
+
+            def timed() -> tuple[list[Latency], Speedup]:
+                latencies, blocks = measure_blocks(runners, self.inputs.feeds, settings_)
+                return latencies, paired_speedup(blocks, 0, 1)
+
+            (latencies, paired), conditions = measure_watched(self._policy(),
+                                                              self._status(), timed)
         finally:
             for runner in runners:
                 runner.close()
+        return Confirmation(route, latencies[0], latencies[1], paired, conditions)
 
     def outputs(self, artifact: str, settings: Mapping[str, Any], fingerprint: str
                 ) -> list[dict[str, np.ndarray]] | None:
@@ -282,23 +336,36 @@ class Candidate:
         reference, feeds = self.reference, list(self.inputs.feeds)
         return strict_fp16_overflows(model, lambda m: reference.evaluate(m, feeds))
 
-    def _measure(self, runner: Runner, route: Route) -> tuple[Latency, Latency | None]:
-        """Time a candidate in alternating blocks with the base route's engine.
+    def _measure(self, runner: Runner, route: Route
+                 ) -> tuple[Latency, Latency | None, Speedup | None]:
+        """Time a candidate in paired blocks with the base route's engine.
 
         Returns:
-            The candidate's latency and the base route's, measured side by side (for the
-            base route itself, the same latency twice). Without a base engine, the
-            candidate's alone and None.
+            The candidate's latency, the base route's measured in the same loop, and the
+            paired speed-up. For the base route itself, its latency twice and None;
+            without a base engine, the candidate's latency alone and two Nones.
         """
         feeds, settings = self.inputs.feeds, self.inputs.measure
         if route.is_base:
             latency = measure(runner, feeds, settings)
-            return latency, latency
+            return latency, latency, None
         base = self._base_runner()
         if base is None:
-            return measure(runner, feeds, settings), None
-        latency, base_latency = measure_side_by_side([runner, base], feeds, settings)
-        return latency, base_latency
+            return measure(runner, feeds, settings), None, None
+        (latency, base_latency), blocks = measure_blocks([runner, base], feeds, settings)
+        return latency, base_latency, paired_speedup(blocks, 0, 1)
+
+    def _policy(self) -> BusyPolicy:
+        """The busy-machine policy, with this worker's GPU where engines run on one."""
+        if self._gpu is None:
+            gpus = self.backend.gpus(self.backend.full_settings(self.inputs.base_settings))
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            self._gpu = (visible or gpus[0]).split(",")[0] if gpus else ""
+        return replace(self.inputs.busy, gpu=self._gpu or None)
+
+    def _status(self) -> Path:
+        """This process's status file while it waits for a quiet machine."""
+        return self.workdir / f"busy-{os.getpid()}.json"
 
     def _base_runner(self) -> Runner | None:
         """The base route's engine, opened once and kept for paired measurements."""

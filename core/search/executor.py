@@ -56,8 +56,11 @@ class Executor:
     """Runs trials.
 
     Subclasses implement `start`, `run`, `call`, `in_flight`, `cancel` and `close`;
-    `warm_up` is optional.
+    `warm_up` is optional. `on_status` is called with a line to show while a worker
+    waits for a quiet machine (`routetune.conditions`), at most about once a second.
     """
+
+    on_status: Callable[[str], None] = staticmethod(lambda text: None)
 
     def warm_up(self, outdir: Path) -> None:
         """Start workers early, while the search prepares its inputs (default: nothing).
@@ -82,8 +85,14 @@ class Executor:
         """
         raise NotImplementedError
 
-    def call(self, method: str, *args: Any) -> Any:
-        """Run a `Candidate` method (``side_by_side``, ``outputs``) where engines are timed.
+    def call(self, method: str, *args: Any, fresh: bool = False) -> Any:
+        """Run a `Candidate` method (``confirm``, ``outputs``) where engines are timed.
+
+        Args:
+            method: The method's name.
+            *args: Its arguments.
+            fresh: Run it in a new worker process, which nothing of the search has
+                touched (a confirmation); where the executor has no processes, here.
 
         Raises:
             Exception: Whatever the method raised; `BuildError` among them.
@@ -126,8 +135,8 @@ class InlineExecutor(Executor):
             self._current = None
             yield job, outcome
 
-    def call(self, method: str, *args: Any) -> Any:
-        """Run the `Candidate` method here."""
+    def call(self, method: str, *args: Any, fresh: bool = False) -> Any:
+        """Run the `Candidate` method here (no fresh process: ``--in-process``)."""
         return getattr(self._live(), method)(*args)
 
     def in_flight(self) -> list[Job]:

@@ -21,7 +21,7 @@ or ``crashed``, with the exit code or signal and the last lines of the worker's 
 The pool (pebble, https://github.com/noxdafox/pebble) then starts a new worker.
 
 Every phase is appended to ``artifacts/timeline.jsonl`` as one JSON object: ``phase``
-(``build``, ``measure``, or a final ``side_by_side``/``outputs`` call), ``route``,
+(``build``, ``measure``, or a final ``confirm``/``outputs`` call), ``route``,
 ``status``, ``start`` and ``end`` (Unix time, s, taken in the worker; for a dead or
 killed worker and for final calls, as the search's process saw them), ``pid`` and
 ``gpu`` (the measuring worker's GPU, or null).
@@ -43,6 +43,7 @@ from typing import Any
 
 import pebble
 
+from routetune.conditions import read_statuses
 from routetune.errors import UsageError
 from routetune.registry import Registry
 from routetune.search import worker
@@ -58,6 +59,8 @@ TIMELINE = "timeline.jsonl"
 
 LOOKAHEAD = 16
 """Jobs pulled ahead at most, to find one that does not wait for a running build."""
+
+_SPAWN = multiprocessing.get_context("spawn")
 
 TAIL_LINES = 6
 """Lines of a dead worker's stderr kept in the trial's reason."""
@@ -115,7 +118,7 @@ class LocalPool(Executor):
         tmp.replace(self._file)
 
     def _spawn(self) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = _SPAWN
         inputs = self._file
         self._builders = pebble.ProcessPool(self.build_workers, initializer=worker.init,
                                             initargs=(inputs, None, self.memory_mb,
@@ -173,8 +176,9 @@ class LocalPool(Executor):
                 if waiting or pending:
                     continue
                 return
-            done, _ = concurrent.futures.wait([*builds, *measuring],
+            done, _ = concurrent.futures.wait([*builds, *measuring], timeout=1.0,
                                               return_when=concurrent.futures.FIRST_COMPLETED)
+            self._poll_status()
             for future in sorted(done, key=lambda f: self._running[f].fingerprint):
                 job = self._running.pop(future)
                 if future in builds:
@@ -193,19 +197,42 @@ class LocalPool(Executor):
                                             (self.gpus or (None,))[slot])
                 yield job, outcome
 
-    def call(self, method: str, *args: Any) -> Any:
-        """Run the `Candidate` method on the first measuring worker."""
+    def call(self, method: str, *args: Any, fresh: bool = False) -> Any:
+        """Run the `Candidate` method on the first measuring worker, or a new one.
+
+        With `fresh`, a new worker process on the first measuring worker's GPU runs it
+        and is stopped after; on the CPU, no build runs meanwhile (this is called
+        between batches).
+        """
         if self._builders is None:
             self._spawn()
         log = self._inputs.outdir / "artifacts" / "logs" / f"{method}.log"
+        gpu = (self.gpus or (None,))[0]
+        pool = self._measurers[0]
+        if fresh:
+            pool = pebble.ProcessPool(1, initializer=worker.init, context=_SPAWN,
+                                      initargs=(self._file, gpu,
+                                                None if gpu else self.memory_mb,
+                                                self.timeout_s))
         start = time.time()
-        future = self._measurers[0].schedule(worker.call, (method, args, log),
-                                             timeout=self.timeout_s)
+        future = pool.schedule(worker.call, (method, args, log), timeout=self.timeout_s)
         try:
+            while not concurrent.futures.wait([future], timeout=1.0)[0]:
+                self._poll_status()
             return future.result()
         finally:
-            self._event({"phase": method, "route": None, "status": None, "start": start,
-                         "end": time.time(), "pid": None, "gpu": (self.gpus or (None,))[0]})
+            if fresh:
+                pool.stop()
+                pool.join()
+            self._event({"phase": method, "route": args[0] if fresh else None,
+                         "status": None, "start": start, "end": time.time(), "pid": None,
+                         "gpu": gpu})
+
+    def _poll_status(self) -> None:
+        """Pass on what a worker waiting for a quiet machine says (`on_status`)."""
+        statuses = read_statuses(self._inputs.outdir / "artifacts")
+        if statuses:
+            self.on_status(statuses[0])
 
     def in_flight(self) -> list[Job]:
         """The jobs whose phase is running on a worker."""

@@ -27,11 +27,12 @@ import onnx_graphsurgeon as gs
 import routetune
 from routetune.accuracy import Constraint
 from routetune.backend import Backend
-from routetune.measure import Latency, MeasureSettings
+from routetune.conditions import BusyPolicy
+from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, sha256
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.search.candidate import Outcome, TrialInputs, with_base_pipeline
+from routetune.search.candidate import Confirmation, Outcome, TrialInputs, with_base_pipeline
 from routetune.search.executor import Executor, InlineExecutor, Job
 from routetune.search.repair import bisect_repair, repair_route, repairs
 from routetune.search.strategy import Strategy
@@ -79,6 +80,7 @@ class SearchLoop:
             options).
         executor: Where trials run; default: this process (`InlineExecutor`). The loop
             starts it, and `close` closes it.
+        busy: What measurements do on a busy machine (``--busy-machine``).
 
     Raises:
         SeasoningError: A base pipeline step failed; no route can be built.
@@ -102,6 +104,7 @@ class SearchLoop:
         base: Route | None = None,
         base_settings: Mapping[str, Any] | None = None,
         executor: Executor | None = None,
+        busy: BusyPolicy | None = None,
     ) -> None:
         self.registry = registry
         self.model = model
@@ -118,7 +121,7 @@ class SearchLoop:
         inputs = TrialInputs(model, backend.name, backend.profile, tuple(feeds),
                              tuple(references), constraint, outdir, measure_settings,
                              model.data, dict(base_settings or {}),
-                             reference=reference is not None)
+                             reference=reference is not None, busy=busy or BusyPolicy())
         local, self.base_passes = with_base_pipeline(registry, inputs, backend, reference,
                                                      list(base or Route()))
         self.inputs = local.inputs
@@ -289,17 +292,17 @@ class SearchLoop:
         fields = {k: built.fields[k] for k in ("candidate_sha256", "passes")}
         return Outcome("skipped", f"same model and settings as route '{same}'", fields)
 
-    def side_by_side(self, trials: Sequence[Trial]) -> list[Latency]:
-        """Rebuild stored trials' engines and time them in one interleaved loop.
+    def confirm(self, trial: Trial) -> Confirmation:
+        """Re-measure a stored trial against the base route in a fresh worker process.
 
-        Returns:
-            One latency per trial (ms), measured under the same machine conditions.
+        Both engines are built anew and timed in paired blocks
+        (`routetune.search.candidate.Candidate.confirm`).
 
         Raises:
             BuildError: An engine could not be rebuilt.
         """
-        return self.executor.call("side_by_side", [
-            (t.artifact, dict(t.settings), t.fingerprint) for t in trials])
+        return self.executor.call("confirm", trial.route, trial.artifact,
+                                  dict(trial.settings), trial.fingerprint, fresh=True)
 
     def outputs(self, trial: Trial) -> list[dict[str, np.ndarray]] | None:
         """Rebuild a stored trial's engine and run it on every input set.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from routetune.composer import RouteSpace
-from routetune.route import Route
+from routetune.route import Route, parse_route
 from routetune.store import Trial
 
 
@@ -59,8 +59,9 @@ class Strategy:
 def rank_key(trial: Trial) -> tuple[float, int, str]:
     """Sort key of accurate trials: faster first, then fewer steps, then by text.
 
-    Speed is the p50 relative to the base route measured alongside (`Trial.relative`).
+    Speed is the p50 relative to the base route measured alongside (`Trial.relative`:
+    the inverse of the paired speed-up). Steps are the route's seasonings, parameters
+    not counted (``fp16{op_types_to_exclude=[Softmax,Pow]}`` is one step).
     """
     p50 = trial.relative.p50 if trial.relative else float("inf")
-    steps = 0 if trial.route == "base" else trial.route.count(",") + 1
-    return (p50, steps, trial.route)
+    return (p50, len(parse_route(trial.route)), trial.route)

@@ -121,7 +121,7 @@ def _phase(log: Path, what: str, fields: Mapping[str, Any], run: Callable[[], Ou
 
 
 def call(method: str, args: tuple[Any, ...], log: Path) -> Any:
-    """Run a `Candidate` method (``side_by_side``, ``outputs``)."""
+    """Run a `Candidate` method (``confirm``, ``outputs``)."""
     with _logged(log, method):
         return getattr(_live(), method)(*args)
 

@@ -102,3 +102,27 @@ def test_a_gpu_search_finds_fp16_and_records_the_device(registry: Registry,
     assert trials["base"].versions["gpu"] in result.base.device
     assert "fp16" in result.winner.route
     onnx.checker.check_model(onnx.load(result.files["model"]), full_check=True)
+
+
+@gpu
+@pytest.mark.gpu
+def test_nvml_reads_the_gpu_and_sees_another_process_computing_on_it() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from routetune.conditions import gpu_conditions
+
+    quiet = gpu_conditions("0", set())
+    assert "nvml" not in quiet, quiet  # nvidia-ml-py is in the gpu extra
+    assert quiet["sm_mhz"] > 0 and quiet["temp_c"] > 0 and "util_pct" in quiet
+    hog = subprocess.Popen([sys.executable, "-c",
+                            "import cupy as cp\na = cp.random.rand(8192, 8192, dtype=cp.float32)"
+                            "\nwhile True:\n    b = a @ a\n    cp.cuda.Device().synchronize()"])
+    try:
+        time.sleep(4)
+        busy = gpu_conditions("0", set())
+    finally:
+        hog.kill()
+        hog.wait()
+    assert busy["util_pct"] >= 50 and "GPU 0" in busy["busy"], busy
