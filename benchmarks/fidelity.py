@@ -60,7 +60,10 @@ def loadavg() -> list[float]:
 
 
 def spin(duties: list[float], seed: int) -> None:
-    """One core's load: busy for duty x 100 ms of every 100 ms, redrawn every PHASE_S."""
+    """One core's load: busy for duty x 100 ms of every 100 ms, redrawn every PHASE_S.
+
+    Every core gets the same seed, so all cores change duty together.
+    """
     rng = random.Random(seed)
     while True:
         duty = rng.choice(duties)
@@ -73,7 +76,7 @@ def spin(duties: list[float], seed: int) -> None:
 
 
 def start_load(seed: int) -> list[multiprocessing.Process]:
-    procs = [multiprocessing.Process(target=spin, args=(list(DUTIES), seed + i), daemon=True)
+    procs = [multiprocessing.Process(target=spin, args=(list(DUTIES), seed), daemon=True)
              for i in range(os.cpu_count() or 1)]
     for p in procs:
         p.start()
@@ -121,7 +124,7 @@ def remeasure(out: Path) -> dict[str, Any]:
     before = loadavg()
     t0 = time.time()
     done = subprocess.run([sys.executable, "-m", "routetune", "tune", "--recipe",
-                           str(out / "winner.toml"), "--busy-machine", "warn"],
+                           str(out / "winner.toml"), "--busy-machine", "ignore"],
                           capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": done.stderr.strip()[-300:]}
@@ -176,11 +179,11 @@ def gpu(args: argparse.Namespace) -> dict[str, Any]:
             "one-at-a-time", "--seasonings", GPU_SPACE, "--accuracy",
             "cos>=0.9999,rel_l2<=0.01"]
     rows: dict[str, list[dict[str, Any]]] = {"quiet": []}
-    for i in range(args.runs):
+    for i in range(args.runs if args.quiet_runs is None else args.quiet_runs):
         got = tune(base, args.out / f"gpu-quiet-{i}")
         print("quiet", i, json.dumps(got), flush=True)
         rows["quiet"].append(got)
-    for mode in args.modes.split(","):
+    for mode in filter(None, args.modes.split(",")):
         rows[mode] = []
         for i in range(args.runs):
             out = args.out / f"gpu-load-{mode}-{i}"
@@ -205,6 +208,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--examples", default="ppocr-cls,ppocr-det")
     parser.add_argument("--modes", default="wait,warn,ignore")
+    parser.add_argument("--quiet-runs", type=int, default=None,
+                        help="gpu: quiet runs (default: --runs)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
