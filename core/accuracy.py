@@ -10,7 +10,9 @@ with an ``output:`` prefix::
 A metric term is ``metric<=value`` or ``metric>=value`` (also ``<`` and ``>``); ``atol``
 and ``rtol`` set the tolerances of ``l0`` (trtexec's ``--atol``/``--rtol``). An
 output-scoped term replaces the unscoped term of the same metric for that output.
-Whatever the terms, an output with NaN or Inf where the reference is finite fails.
+Whatever the terms, an output whose non-finite values differ from the reference's
+fails (`routetune.metrics.split_nonfinite`: the same infinity on both sides, and NaN where
+the reference is NaN, match; anything else non-finite does not).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from routetune.errors import UsageError
-from routetune.metrics import Metric
+from routetune.metrics import Metric, split_nonfinite
 from routetune.registry import Registry
 
 DEFAULT_ACCURACY = "l0<=0.001,atol=1e-3,rtol=1e-3"
@@ -213,16 +215,18 @@ def check_accuracy(
         if out.shape != ref.shape:
             failures.append(f"{name}: {out.size} elements, reference has {ref.size}")
             continue
-        bad = ~np.isfinite(out.astype(np.float64)) & np.isfinite(ref.astype(np.float64))
-        if bad.any():
-            failures.append(f"{name}: {int(bad.sum())} NaN/Inf where the reference is finite")
+        finite, mismatches = split_nonfinite(out.astype(np.float64), ref.astype(np.float64))
+        if mismatches:
+            failures.append(f"{name}: {mismatches} NaN/Inf value(s) that differ from the "
+                            "reference's (the same infinity, or NaN where it is NaN, match)")
         atol, rtol = constraint.tolerances(name)
         metrics[name] = {m: registry.metric(m)(out, ref, atol, rtol) for m in registry.metrics}
         for t in constraint.for_output(name):
             got = metrics[name][t.metric]
             if not _OPS[t.op](got, t.value):
                 failures.append(f"{name}: {t.metric} {got:.6g}, needs {t.op} {t.value:g}")
-        span = float(np.ptp(ref.astype(np.float64))) if ref.size else 0.0
+        kept = ref.astype(np.float64)[finite]
+        span = float(np.ptp(kept)) if kept.size else 0.0
         if span <= atol:
             notes.append(
                 f"{name}: the reference is almost constant (range {span:.3g}); "

@@ -26,7 +26,7 @@ from routetune.options import blame_recipe, tune_options
 from routetune.plugin_manager import load_registry
 from routetune.search.local_pool import DEFAULT_TIMEOUT_S
 from routetune.space import parse_space
-from routetune.tune import DEFAULT_MIN_SPEEDUP, Prepared, tune
+from routetune.tune import DEFAULT_MIN_SPEEDUP, FAILED, Prepared, tune
 
 app = typer.Typer(
     add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -42,7 +42,7 @@ def tune_command(
     model: Annotated[Path | None, typer.Argument(help="ONNX model file.")] = None,
     recipe: Annotated[Path | None, typer.Option(help="A recipe (TOML, `routetune schema`); flags given as well override its fields.")] = None,
     example: Annotated[str | None, typer.Option(help="Bundled example model, e.g. ppocr-det.")] = None,
-    output: Annotated[Path | None, typer.Option(help="Output directory (default: routetune-out/MODEL-STEM).")] = None,
+    output: Annotated[Path | None, typer.Option(help="Output directory (default: routetune-out/STEM-SHA8-BACKEND, one per model and backend).")] = None,
     backend: Annotated[str, typer.Option(help="Backend that builds and runs engines.")] = "onnxruntime",
     seasonings: Annotated[str | None, typer.Option(help="Restrict the space to these seasonings, comma-separated (default: all applicable).")] = None,
     search: Annotated[str, typer.Option(help="Search strategy: beam, exhaustive, one-at-a-time or mixed.")] = "beam",
@@ -142,7 +142,7 @@ def tune_command(
                       "trial store is shared)")
     if result.stopped and result.stopped.startswith("interrupted"):
         raise typer.Exit(signals.exit_code())  # 130 or 143, after the results are written
-    if result.winner.status in ("build-failed", "crashed", "timed-out"):
+    if result.winner.status in FAILED:
         raise typer.Exit(1)  # nothing usable came out: scripts must notice
 
 
@@ -186,7 +186,8 @@ def build_command(
 ) -> None:
     """Rebuild one route's engine and check its outputs against the stored ones.
 
-    Exits 1 when the outputs do not match within the accuracy constraint.
+    Exits 1 when the backend refuses the route, or the outputs do not match within the
+    accuracy constraint.
     """
     registry = load_registry()
     flags = {"model": model, "example": example, "output": output, "backend": backend,
@@ -198,6 +199,10 @@ def build_command(
     from routetune.rebuild import rebuild
 
     done = rebuild(opts, route, registry)
+    if done.failed:  # nothing to deploy: exit 1, one line
+        console.print(f"[red]not built: {escape(str(done.route))}: {escape(done.failed)}[/]",
+                      soft_wrap=True)
+        raise typer.Exit(1)
     console.print(f"built {escape(str(done.route))}: {done.engine_file} "
                   f"({done.engine_bytes} bytes, {done.build_ms / 1000:.2f} s)")
     if done.verdict is None:

@@ -56,3 +56,19 @@ class EngineNotRunnable(BackendError):
 
 class StorageError(RoutetuneError):
     """The trial store could not be opened, read or written."""
+
+
+ONE_LINE = 400
+"""Characters at most of a third-party message quoted in a one-line error."""
+
+
+def one_line(error: BaseException | str, limit: int = ONE_LINE) -> str:
+    """A message on one line, whole: its lines joined, shortened at a word with "…".
+
+    Third-party messages (the ONNX checker's, ONNX Runtime's) span several lines; the
+    first line alone can end mid-sentence ("input 'res' of node:").
+    """
+    text = " ".join(str(error).split())
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " …"

@@ -30,8 +30,11 @@ chosen because it is safe for index-like integer inputs."""
 def parse_shapes(text: str | None, flag: str = "--shapes") -> dict[str, tuple[int, ...]]:
     """Parse ``name:1x3x224x224[,name2:…]`` into a mapping.
 
+    ``name:`` with no dims is a scalar (rank 0), such as a VAD's sample rate; a size may
+    be 0 (an empty tensor).
+
     Raises:
-        UsageError: A term is not ``name:dims`` with positive integer dims.
+        UsageError: A term is not ``name:dims`` with non-negative integer dims.
     """
     shapes: dict[str, tuple[int, ...]] = {}
     if not text:
@@ -41,13 +44,13 @@ def parse_shapes(text: str | None, flag: str = "--shapes") -> dict[str, tuple[in
             raise UsageError(f"{flag} '{text}': input '{term.split(':')[0]}' given twice")
         name, sep, dims = term.strip().rpartition(":")
         try:
-            shape = tuple(int(d) for d in dims.split("x"))
+            shape = tuple(int(d) for d in dims.split("x")) if dims.strip() else ()
         except ValueError:
-            shape = ()
-        if not sep or not name or not shape or min(shape) <= 0:
+            shape = (-1,)
+        if not sep or not name or (shape and min(shape) < 0):
             raise UsageError(
                 f"{flag} '{text}': cannot read '{term}'; write name:1x3x224x224 "
-                "with positive sizes, several separated by commas"
+                "(name: for a scalar), several separated by commas"
             )
         shapes[name] = shape
     return shapes
@@ -124,9 +127,10 @@ def synthesize(
         for spec in specs:
             shape = shapes[spec.name]
             if np.issubdtype(spec.dtype, np.floating):
-                feed[spec.name] = rng.random(shape).astype(spec.dtype)
+                value = rng.random(shape)
             else:
-                feed[spec.name] = rng.integers(0, 2, size=shape).astype(spec.dtype)
+                value = rng.integers(0, 2, size=shape)
+            feed[spec.name] = np.asarray(value, dtype=spec.dtype)  # rank 0 stays an array
         feeds.append(feed)
     return feeds
 

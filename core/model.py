@@ -8,6 +8,7 @@ signature (names and element types, in order).
 from __future__ import annotations
 
 import hashlib
+import heapq
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper
 
-from routetune.errors import PostconditionError, UsageError
+from routetune.errors import PostconditionError, UsageError, one_line
 
 Dim = int | str
 """A dimension: a fixed size, or the name of a dynamic dimension."""
@@ -103,7 +104,7 @@ def load_model(path: Path) -> tuple[onnx.ModelProto, bytes]:
             data = model.SerializeToString()  # the model's bytes now include its data
         except (OSError, ValueError) as e:
             raise UsageError(
-                f"{path}: cannot load its external data ({' '.join(str(e).split())[:200]}); "
+                f"{path}: cannot load its external data ({one_line(e)}); "
                 "keep the data files next to the model, as onnx.save wrote them"
             ) from e
     return model, data
@@ -120,8 +121,7 @@ def prepare(path: Path) -> PreparedModel:
         model = sanitize(onnx.shape_inference.infer_shapes(model))
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        first = str(e).strip().splitlines()[0]
-        raise UsageError(f"{path}: the ONNX checker rejects the model: {first}") from e
+        raise UsageError(f"{path}: the ONNX checker rejects the model: {one_line(e)}") from e
     try:
         serialized = model.SerializeToString()
     except ValueError as e:  # protobuf's 2 GiB limit
@@ -135,6 +135,8 @@ def prepare(path: Path) -> PreparedModel:
 def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:
     """Make a model safe to rewrite, without changing what it computes.
 
+    0. Nodes are put in topological order (`toposort`): a valid graph stored out of
+       order, which ONNX Runtime runs, is not refused.
     1. Every node gets a unique, non-empty name (``<op>_<index>`` where missing).
     2. Graph inputs that are initializers (an IR < 4 habit) are dropped from the inputs.
     3. Input and output dimensions stored as ``dim_value <= 0`` or named ``?`` become
@@ -144,6 +146,7 @@ def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:
     Returns:
         The same model object, changed in place.
     """
+    toposort(model.graph)
     seen: Counter[str] = Counter(n.name for n in model.graph.node if n.name)
     for i, node in enumerate(model.graph.node):
         if not node.name or seen[node.name] > 1:
@@ -164,6 +167,71 @@ def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:
             if unknown or dim.dim_param == "?":
                 dim.dim_param = f"{value.name}_dim{i}"
     return model
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    out = []
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            out.append(attr.g)
+        out.extend(attr.graphs)
+    return out
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The names a node reads: its inputs, and the outer names its subgraphs use."""
+    names = set(node.input)
+    for graph in _subgraphs(node):
+        inner = ({o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+                 | {t.name for t in graph.initializer})
+        for n in graph.node:
+            names |= _reads(n) - inner
+    names.discard("")
+    return names
+
+
+def toposort(graph: onnx.GraphProto) -> bool:
+    """Put `graph`'s nodes (and its subgraphs') in topological order, in place.
+
+    Kahn's algorithm, stable: among the nodes ready at each step the one stored first
+    goes first, so a sorted graph is unchanged. A node depends on the nodes that
+    produce its inputs and the outer-scope names its subgraphs read. A cycle is left as
+    stored (the ONNX checker then rejects the model).
+
+    Returns:
+        Whether any node moved.
+    """
+    moved = False
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            moved |= toposort(sub)
+    nodes = list(graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    needs = [{producer[x] for x in _reads(n) if x in producer and producer[x] != i}
+             for i, n in enumerate(nodes)]
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, deps in enumerate(needs):
+        for d in deps:
+            users[d].append(i)
+    waiting = [len(deps) for deps in needs]
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes) or order == list(range(len(nodes))):
+        return moved
+    copies = [onnx.NodeProto() for _ in nodes]
+    for copy, node in zip(copies, nodes, strict=True):
+        copy.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(copies[i] for i in order)
+    return True
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -194,8 +262,8 @@ def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        first = " ".join(str(e).split())[:400]
-        raise PostconditionError(f"the ONNX checker rejects the rewritten model: {first}") from e
+        raise PostconditionError(
+            f"the ONNX checker rejects the rewritten model: {one_line(e)}") from e
     got = signature(model)
     if not _same_signature(got, expected):
         raise PostconditionError(

@@ -18,19 +18,28 @@ from routetune.errors import UsageError
 LOCK_NAME = ".routetune.lock"
 
 
-def make_outdir(output: Path | None, model_path: Path) -> Path:
+def make_outdir(output: Path | None, model_path: Path, model_sha256: str = "",
+                backend: str = "") -> Path:
     """Create the output directory and check that it can be written.
 
     Args:
-        output: ``--output``, or None for ``routetune-out/<model stem>``.
+        output: ``--output``, or None for the default folder.
         model_path: The model, for the default name.
+        model_sha256: The model file's sha256, for the default name.
+        backend: The backend's name, for the default name.
+
+    Returns:
+        `output`, or ``routetune-out/<model stem>-<sha256[:8]>-<backend>``: one folder per
+        model and backend, so that two models with the same file name (every Hugging
+        Face Optimum export is ``model.onnx``) or two backends never share one.
 
     Raises:
         UsageError: An empty path, or a directory that cannot be created or written.
     """
     if output is not None and not str(output).strip():
         raise UsageError("--output '': empty path; give a directory name")
-    outdir = output if output is not None else Path("routetune-out") / model_path.stem
+    name = "-".join(filter(None, (model_path.stem, model_sha256[:8], backend)))
+    outdir = output if output is not None else Path("routetune-out") / name
     try:
         outdir.mkdir(parents=True, exist_ok=True)
         probe = outdir / f".write-test-{os.getpid()}"

@@ -84,16 +84,17 @@ def make_profile(
             dimension, min > opt or opt > max in some dimension, or an input set
             outside the profile.
     """
-    if feeds:
-        low = {k: tuple(min(f[k].shape[i] for f in feeds) for i in range(len(v)))
-               for k, v in opt.items()}
-        high = {k: tuple(max(f[k].shape[i] for f in feeds) for i in range(len(v)))
-                for k, v in opt.items()}
-        min_text = min_text or _text(low)
-        max_text = max_text or _text(high)
-    bounds = {}
-    for flag, text in (("--min-shapes", min_text), ("--max-shapes", max_text)):
-        bounds[flag] = resolve_shapes(specs, {**opt, **parse_shapes(text, flag)}, flag)
+    given = {"--min-shapes": parse_shapes(min_text, "--min-shapes"),
+             "--max-shapes": parse_shapes(max_text, "--max-shapes")}
+    if feeds:  # the inputs' own span, per dimension (rank 0 and size 0 included)
+        spans = {k: [tuple(f[k].shape[i] for f in feeds) for i in range(len(v))]
+                 for k, v in opt.items()}
+        if not min_text:
+            given["--min-shapes"] = {k: tuple(min(d) for d in v) for k, v in spans.items()}
+        if not max_text:
+            given["--max-shapes"] = {k: tuple(max(d) for d in v) for k, v in spans.items()}
+    bounds = {flag: resolve_shapes(specs, {**opt, **shapes}, flag)
+              for flag, shapes in given.items()}
     shapes: dict[str, tuple[Shape, Shape, Shape]] = {}
     for spec in specs:
         if all(isinstance(d, int) for d in spec.shape):
@@ -116,9 +117,5 @@ def make_profile(
 
 
 def _dims(shape: Shape) -> str:
-    return "x".join(map(str, shape))
-
-
-def _text(shapes: Mapping[str, Shape]) -> str:
-    return ",".join(f"{k}:{_dims(v)}" for k, v in shapes.items())
+    return "x".join(map(str, shape)) or "scalar"
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from routetune.accuracy import AccuracyResult, check_accuracy
-from routetune.errors import EngineNotRunnable, UsageError
+from routetune.errors import BuildError, EngineNotRunnable, UsageError
 from routetune.outdir import locked
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.search.candidate import TrialInputs, with_base_pipeline
+from routetune.search.candidate import TrialInputs, describe, with_base_pipeline
 from routetune.tune import (
     WINNER_OUTPUTS,
     TuneOptions,
@@ -42,17 +42,21 @@ class Rebuilt:
         engine_bytes: Its size in bytes.
         build_ms: Build time in ms, the route's passes included.
         compared_with: What the outputs were compared with, in words.
-        verdict: The accuracy verdict; None when this device cannot run the engine.
+        verdict: The accuracy verdict; None when this device cannot run the engine, or
+            when the backend refused to build it.
         not_run: Why the engine was not run ("" when it was).
+        failed: The backend's refusal in one line ("" when the engine was built); then
+            there is no engine file.
     """
 
     route: Route
-    engine_file: Path
+    engine_file: Path | None
     engine_bytes: int
     build_ms: float
     compared_with: str
     verdict: AccuracyResult | None
     not_run: str = ""
+    failed: str = ""
 
 
 def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt:
@@ -85,7 +89,11 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
                                           list(run.base))
         t0 = time.perf_counter_ns()
         data, _, settings = candidate.apply(resolved)
-        engine = run.backend.build(candidate.save_model(data), settings, Path(tmp))
+        try:
+            engine = run.backend.build(candidate.save_model(data), settings, Path(tmp))
+        except BuildError as e:  # the backend's own refusal, in one line
+            return Rebuilt(resolved, None, 0, (time.perf_counter_ns() - t0) / 1e6, "", None,
+                           failed=describe(e))
         build_ms = (time.perf_counter_ns() - t0) / 1e6
         engine_file = _write_engine(run.outdir, engine)
         try:

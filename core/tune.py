@@ -22,7 +22,7 @@ from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
 from routetune.backend import Backend
 from routetune.composer import RouteSpace, resolve_route
 from routetune.conditions import MODES, BusyPolicy
-from routetune.errors import BackendError, UsageError
+from routetune.errors import BackendError, UsageError, one_line
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
 from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, prepare, sha256
@@ -57,7 +57,8 @@ class TuneOptions:
     Args:
         model: Path of the ONNX model (or None with `example`).
         example: Name of a bundled example model (``ppocr-det`` …), fetched on demand.
-        output: Output directory; default ``routetune-out/<model stem>``.
+        output: Output directory; default ``routetune-out/<model stem>-<sha256[:8]>-<backend>``
+            (`routetune.outdir.make_outdir`).
         backend: Backend name.
         seasonings: Restrict the space to these seasoning names; None for all applicable.
         search: Search strategy name.
@@ -316,7 +317,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     if opts.model_sha256 and opts.model_sha256 != model.source_sha256:
         raise UsageError(f"{path}: sha256 {model.source_sha256} is not the recipe's "
                          f"{opts.model_sha256}; the model changed since the recipe was written")
-    outdir = make_outdir(opts.output, path)
+    outdir = make_outdir(opts.output, path, model.source_sha256, backend.name)
     if opts.inputs is not None:
         feeds = load_npz(opts.inputs, model.inputs)
         source["inputs"] = str(opts.inputs.resolve())
@@ -497,9 +498,17 @@ def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
     except Exception as e:  # the runtime's own error types
         raise UsageError(
             f"{run.model.source}: the FP32 reference ({backend.name}, optimisations off) "
-            f"cannot run the model on these inputs: {' '.join(str(e).split())[:300]}; "
+            f"cannot run the model on these inputs: {one_line(e, 300)}; "
             "the original model must run in ONNX Runtime on the CPU"
         ) from e
+
+
+FAILED = ("build-failed", "crashed", "timed-out")
+"""Statuses of a trial that produced no engine."""
+
+
+def _short(reason: str) -> str:
+    return reason if len(reason) <= 200 else reason[:199] + "…"
 
 
 CONFIRM_TRIES = 3
@@ -527,7 +536,7 @@ def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDU
                     "nothing was checked or timed and a beam search stops after one step "
                     "(--search exhaustive builds every route); the base route is the "
                     "fallback")
-    if not accurate and base.status in ("build-failed", "crashed", "timed-out"):
+    if not accurate and base.status in FAILED:
         return [], (f"the base route itself is {base.status} ({base.reason[:300]}), and "
                     "no route built, ran and met the accuracy constraint: there is no "
                     "engine to deploy")
@@ -568,11 +577,17 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
     """
     base = next(t for t in trials if t.route == "base")
     accurate = [t for t in trials if t.status == "ok" and t.latency and t is not base]
-    if base.latency is None and base.status != "build-only" and accurate:
+    if base.status in FAILED and accurate:  # never rebuilt or re-timed
         best = min(accurate, key=lambda t: t.latency.p50)
-        return best, (f"the base route is {base.status}, so there is no base to compare "
-                      f"against: fastest accurate route by absolute latency "
-                      f"(p50 {best.latency.p50:.3f} ms)"), []
+        return best, (f"the base route is {base.status} ({_short(base.reason)}), so there "
+                      f"is no base to compare against: fastest accurate route by absolute "
+                      f"latency (p50 {best.latency.p50:.3f} ms)"), []
+    built = [t for t in trials if t.status == "build-only"]
+    if base.status in FAILED and built:
+        best = min(built, key=lambda t: rank_key(t)[1:])
+        return best, (f"the base route is {base.status} ({_short(base.reason)}); "
+                      f"'{best.route}' builds, and this device cannot run its engine, so it "
+                      "is handed back as built, not measured or checked for accuracy"), []
     order, why = pick_winner(trials, min_speedup, busy_machine)
     if not order:
         return base, why, []
@@ -582,8 +597,7 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
         try:
             c = confirm(trial)
         except Exception as e:  # an engine that cannot be rebuilt: the next one
-            text = " ".join(str(e).split())[:200]
-            failed.append(f"'{trial.route}' could not be rebuilt ({text})")
+            failed.append(f"'{trial.route}' could not be rebuilt ({one_line(e, 200)})")
             continue
         done.append(c)
         p = c.paired

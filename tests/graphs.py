@@ -132,3 +132,75 @@ def cancellation(path: Path, width: int = 64) -> Path:
         nodes, "cancellation", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])], inits)
     return _save(graph, path)
+
+
+def folded_mul_one(path: Path, producer: str = "Cast") -> Path:
+    """x f32[2,64] -> Cast(to FLOAT) or Identity -> mid; mid * (1/1) + 0 -> y.
+
+    Valid, and runs in ONNX Runtime with graph optimisations off; from the basic level on,
+    ONNX Runtime 1.30–1.32 refuses it ("Node input 'mid' is not a graph input …"):
+    onnxruntime#32416 (the same-type Cast) and #32413 (the Identity).
+    """
+    first = (helper.make_node("Cast", ["x"], ["mid"], to=TensorProto.FLOAT, name="same_cast")
+             if producer == "Cast" else helper.make_node("Identity", ["x"], ["mid"], name="ident"))
+    nodes = [
+        first,
+        helper.make_node("Div", ["one_a", "one_b"], ["folded_one"], name="div"),
+        helper.make_node("Mul", ["mid", "folded_one"], ["wrapped"], name="mul"),
+        helper.make_node("Add", ["wrapped", "zero"], ["y"], name="add"),
+    ]
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n)
+             for n, v in (("one_a", 1.0), ("one_b", 1.0), ("zero", 0.0))]
+    graph = helper.make_graph(nodes, "folded_mul_one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+                              inits)
+    return _save(graph, path)
+
+
+def scaled(path: Path) -> Path:
+    """x f32[N,16] -> MatMul(W) * t -> y, with t f32[] a rank-0 input (a temperature)."""
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((16, 16))
+                                .astype(np.float32), "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("Mul", ["h", "t"], ["y"], name="scale")]
+    graph = helper.make_graph(nodes, "scaled",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16]),
+                               helper.make_tensor_value_info("t", TensorProto.FLOAT, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])],
+                              [w])
+    return _save(graph, path)
+
+
+def uint8_mask(path: Path) -> Path:
+    """x f32[1,8] * float(uint8(mask)) -> y, the mask a constant subgraph (DeBERTa-style).
+
+    TensorRT's ONNX parser refuses the ``Cast(to=UINT8)`` (TensorRT#3124); after
+    constant folding the mask is one float initializer and the model builds.
+    """
+    mask = helper.make_tensor("mask_value", TensorProto.INT64, [1, 8], [1, 1, 1, 0, 1, 0, 1, 1])
+    nodes = [
+        helper.make_node("Constant", [], ["mask"], value=mask, name="mask_const"),
+        helper.make_node("Cast", ["mask"], ["mask_u8"], to=TensorProto.UINT8, name="to_uint8"),
+        helper.make_node("Cast", ["mask_u8"], ["mask_f"], to=TensorProto.FLOAT, name="to_float"),
+        helper.make_node("Mul", ["x", "mask_f"], ["y"], name="apply_mask"),
+    ]
+    graph = helper.make_graph(nodes, "uint8_mask",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    return _save(graph, path)
+
+
+def constant_unique(path: Path) -> Path:
+    """x f32[1,8] * Unique([2, 2, 2]) -> y: an operator TensorRT's parser cannot take,
+    on constants only, so constant folding removes it."""
+    values = helper.make_tensor("values", TensorProto.FLOAT, [3], [2.0, 2.0, 2.0])
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=values, name="const"),
+        helper.make_node("Unique", ["c"], ["u"], sorted=1, name="unique"),
+        helper.make_node("Mul", ["x", "u"], ["y"], name="scale"),
+    ]
+    graph = helper.make_graph(nodes, "constant_unique",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    return _save(graph, path)

@@ -60,7 +60,7 @@ def test_check_reports_margin_and_nonfinite(registry: Registry) -> None:
     nan_out[0]["y"][3] = np.nan
     nan = check_accuracy(parse_accuracy("l0<=0.99", registry, ["y"]), registry, nan_out, ref)
     assert not nan.passed
-    assert "1 NaN/Inf where the reference is finite" in nan.reason
+    assert "1 NaN/Inf value(s) that differ from the reference's" in nan.reason
 
 
 @pytest.mark.parametrize(("text", "problem"), [
@@ -90,3 +90,62 @@ def test_metrics_span_every_input_set(registry: Registry) -> None:
     out = [{"y": np.zeros(4, np.float32)}, {"y": np.array([0, 0, 0, 1], np.float32)}]
     result = check_accuracy(c, registry, out, ref)
     assert result.metrics["y"]["linf"] == 1.0 and not result.passed
+
+
+# --- non-finite values: one rule for every metric (real-models issue, kind 3) ---------
+
+def masked_log_softmax() -> np.ndarray:
+    """Log-probabilities with -inf where the mask removed a class, on purpose."""
+    logits = np.array([[2.0, 1.0, -np.inf, 0.5], [0.1, -np.inf, -np.inf, 3.0]])
+    return (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(np.float32)
+
+
+def ctc_log_probs() -> np.ndarray:
+    """CTC-style log-probabilities of shape (T, C): -inf for impossible labels."""
+    p = np.full((6, 5), -np.inf, np.float32)
+    p[np.arange(6), [0, 1, 1, 0, 3, 0]] = np.log(0.9)
+    p[np.arange(6), 4] = np.log(0.1)
+    return p
+
+
+@pytest.mark.parametrize("make", [masked_log_softmax, ctc_log_probs])
+def test_the_same_infinities_match_in_every_metric(registry: Registry, make) -> None:  # noqa: ANN001
+    ref = make()
+    assert np.isneginf(ref).any()
+    near = ref + np.where(np.isfinite(ref), 1e-6, 0).astype(np.float32)
+    for name, metric in registry.metrics.items():
+        value = metric.item(ref, ref, 1e-3, 1e-3)
+        assert value == pytest.approx(metric.item.best, abs=1e-12), name  # exact passes
+        assert np.isfinite(metric.item(near, ref, 1e-3, 1e-3)), name
+    c = parse_accuracy("cos>=0.9999,l0<=0,rel_l2<=1e-4", registry, ["y"])
+    assert check_accuracy(c, registry, [{"y": near}], [{"y": ref}]).passed
+
+
+@pytest.mark.parametrize("make", [masked_log_softmax, ctc_log_probs])
+@pytest.mark.parametrize("replace", [0.0, np.inf, np.nan, -50.0])
+def test_a_value_where_the_reference_is_minus_inf_is_an_error_in_every_metric(
+        registry: Registry, make, replace: float) -> None:  # noqa: ANN001
+    ref = make()
+    out = ref.copy()
+    out[np.isneginf(ref)] = replace  # 0 or +inf where -inf belongs: `inf > inf` is False
+    n_bad = int(np.isneginf(ref).sum())
+    for name, metric in registry.metrics.items():
+        value = metric.item(out, ref, 1e-3, 1e-3)
+        if metric.item.fraction:
+            assert value == pytest.approx(n_bad / ref.size), name
+        else:
+            assert value == metric.item.worst, (name, value)
+    verdict = check_accuracy(parse_accuracy("l0<=0.001", registry, ["y"]), registry,
+                             [{"y": out}], [{"y": ref}])
+    assert not verdict.passed and f"{n_bad} NaN/Inf value(s) that differ" in verdict.reason
+
+
+def test_nan_matches_only_where_the_reference_is_nan(registry: Registry) -> None:
+    ref = np.array([1.0, np.nan, 3.0, np.inf], np.float32)
+    assert registry.metric("linf")(ref.copy(), ref, 0, 0) == 0.0
+    assert registry.metric("cos")(ref.copy(), ref, 0, 0) == pytest.approx(1.0)
+    out = np.array([1.0, 2.0, 3.0, np.inf], np.float32)  # finite where the reference is NaN
+    assert registry.metric("l0")(out, ref, 0, 0) == 0.25
+    out = np.array([1.0, np.nan, np.nan, -np.inf], np.float32)  # NaN, and the other infinity
+    assert registry.metric("l0")(out, ref, 0, 0) == 0.5
+    assert registry.metric("rel_l2")(out, ref, 0, 0) == np.inf

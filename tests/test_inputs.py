@@ -17,7 +17,8 @@ def test_parse_shapes_trtexec_style() -> None:
     assert parse_shapes("x:1x3x48x192,ids:1x8") == {"x": (1, 3, 48, 192), "ids": (1, 8)}
     assert parse_shapes("a:b:2x2") == {"a:b": (2, 2)}  # names may hold colons
     assert parse_shapes(None) == {}
-    for bad in ("x", "x:1x0", "x:ax3", ":1x2"):
+    assert parse_shapes("x:1x0,s:") == {"x": (1, 0), "s": ()}  # an empty tensor, a scalar
+    for bad in ("x", "x:1x-2", "x:ax3", ":1x2"):
         with pytest.raises(UsageError, match="cannot read"):
             parse_shapes(bad)
 

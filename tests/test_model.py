@@ -65,3 +65,62 @@ def test_check_candidate(tmp_path: Path) -> None:
     broken.graph.node[0].input[0] = "missing"
     with pytest.raises(PostconditionError, match="checker rejects"):
         check_candidate(broken, model.signature)
+
+
+# --- graphs stored out of order, and whole checker messages (real-models issue) -------
+
+def _reversed(src: Path, dst: Path) -> Path:
+    model = onnx.load(src)
+    nodes = list(model.graph.node)[::-1]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, dst)
+    return dst
+
+
+def test_a_graph_stored_out_of_order_is_sorted_not_refused(tmp_path: Path) -> None:
+    model = _reversed(conv_bn(tmp_path / "m.onnx"), tmp_path / "reversed.onnx")
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(onnx.load(model), full_check=True)
+    import onnxruntime as ort  # which runs it as stored
+
+    ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    prepared = prepare(model)
+    assert [n.op_type for n in prepared.proto.graph.node] == [
+        "Conv", "BatchNormalization", "Relu", "Identity"]
+
+
+def test_a_subgraph_reading_an_outer_value_is_sorted_after_its_producer(tmp_path: Path) -> None:
+    then = helper.make_graph([helper.make_node("Identity", ["h"], ["t"], name="then_id")],
+                             "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT,
+                                                                        [2])])
+    other = helper.make_graph([helper.make_node("Neg", ["h"], ["e"], name="else_neg")],
+                              "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT,
+                                                                         [2])])
+    nodes = [  # the If reads 'h' inside its branches, and is stored before h's producer
+        helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="if"),
+        helper.make_node("Relu", ["x"], ["h"], name="relu"),
+    ]
+    graph = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "if.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    prepared = prepare(path)
+    assert [n.name for n in prepared.proto.graph.node] == ["relu", "if"]
+
+
+def test_a_checker_message_is_kept_whole_on_one_line(tmp_path: Path) -> None:
+    nodes = [helper.make_node("Add", ["x", "nowhere"], ["res"], name="add"),
+             helper.make_node("Relu", ["res"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2])], [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                     [2])])
+    path = tmp_path / "dangling.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(UsageError) as info:
+        prepare(path)
+    text = str(info.value)
+    assert "\n" not in text and not text.rstrip().endswith(":"), text
+    assert "nowhere" in text

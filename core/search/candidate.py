@@ -42,7 +42,14 @@ import onnx_graphsurgeon as gs
 from routetune.accuracy import Constraint, check_accuracy
 from routetune.backend import Backend, Runner
 from routetune.conditions import BusyPolicy, measure_watched
-from routetune.errors import EngineNotRunnable, PluginError, RoutetuneError, SeasoningError
+from routetune.errors import (
+    BuildError,
+    EngineNotRunnable,
+    PluginError,
+    RoutetuneError,
+    SeasoningError,
+    one_line,
+)
 from routetune.measure import (
     Latency,
     MeasureSettings,
@@ -235,6 +242,8 @@ class Candidate:
             built_text = (f"built ({fields['engine_bytes']} bytes in "
                           f"{fields['build_ms'] / 1000:.2f} s)")
             return Outcome("build-only", f"{built_text}, not run: {e}", fields)
+        except BuildError as e:  # the backend refused to load it: its own message
+            return Outcome("build-failed", describe(e), fields)
         except Exception as e:  # a crash inside one candidate never stops the search
             return Outcome("crashed", describe(e), fields)
         feeds, inputs = self.inputs.feeds, self.inputs
@@ -601,4 +610,4 @@ def describe(e: BaseException, where: bool = False) -> str:
         f = frames[-1]
         where = Path(f.filename)
         text += f" (at {where.parent.name}/{where.name}:{f.lineno} in {f.name})"
-    return text[:600]
+    return one_line(text, 600)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from graphs import conv_bn
+from graphs import constant_unique, conv_bn, uint8_mask
 
 from routetune.plugins.tensorrt.backend import _gpu
 from routetune.plugins.tensorrt.module import find_tensorrt
@@ -159,3 +159,21 @@ def test_a_model_no_route_can_build_exits_1_and_says_so(tmp_path: Path) -> None:
     assert "winner: base (the base route itself is build-failed (TensorRT's ONNX parser " \
            "refused the model: node 'uniq0' (Unique)" in text
     assert "there is no engine to deploy" in text
+
+
+@needs_trt
+@pytest.mark.skipif(bool(_gpu()), reason="a GPU here runs the engines; this pins build-only")
+@pytest.mark.parametrize("make", [uint8_mask, constant_unique])  # TensorRT#3124, and Unique
+def test_a_fixing_route_is_handed_back_as_built_when_the_base_route_does_not_build(
+        tmp_path: Path, make) -> None:  # noqa: ANN001
+    model = make(tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    done = routetune("tune", str(model), "--backend", "tensorrt", "--seasonings",
+                     "fold-constants", "--output", str(out))
+    assert done.returncode == 0, done.stderr  # a route builds: something to deploy
+    text = " ".join(done.stdout.split())
+    assert "winner: fold-constants" in text and "handed back as built, not measured" in text
+    winner = json.loads((out / "winner.json").read_text())
+    assert winner["route"] == "fold-constants" and winner["status"] == "build-only"
+    ops = {n.op_type for n in onnx.load(out / "winner.onnx").graph.node}
+    assert not ops & {"Cast", "Unique"}, ops  # the unbuildable base is not the winner
