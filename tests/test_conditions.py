@@ -131,3 +131,17 @@ def test_wait_waits_for_the_load_to_end_and_records_it(tmp_path: Path) -> None:
     assert sum(t.conditions["waited_s"] for t in trials) >= 2.0
     assert not any(t.noisy for t in trials)  # measured once the machine was quiet
     assert "waited" in done.stdout and "0 of" in done.stdout
+
+
+def test_a_killed_workers_status_line_is_removed_at_the_next_start(tmp_path: Path) -> None:
+    from routetune.search.local_pool import LocalPool
+
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    (artifacts / "busy-999999.json").write_text('{"text": "waiting for a quiet machine"}')
+    pool = LocalPool()
+    pool.warm_up(tmp_path)
+    try:
+        assert read_statuses(artifacts) == []  # no stale status line from a killed worker
+    finally:
+        pool.close()

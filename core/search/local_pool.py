@@ -43,7 +43,7 @@ from typing import Any
 
 import pebble
 
-from routetune.conditions import read_statuses
+from routetune.conditions import STATUS_GLOB, read_statuses
 from routetune.errors import UsageError
 from routetune.registry import Registry
 from routetune.search import worker
@@ -98,8 +98,9 @@ class LocalPool(Executor):
         """Start the workers now; they load their libraries and wait for `start`."""
         self._file = outdir / "artifacts" / f"inputs-{os.getpid()}-{time.time_ns()}.pkl"
         self._file.parent.mkdir(parents=True, exist_ok=True)
-        for stale in self._file.parent.glob("inputs-*"):  # a killed run's (we hold
-            stale.unlink(missing_ok=True)                      # the output directory)
+        for pattern in ("inputs-*", STATUS_GLOB):  # a killed run's (we hold the folder)
+            for stale in self._file.parent.glob(pattern):
+                stale.unlink(missing_ok=True)
         self._spawn()
 
     def start(self, registry: Registry, inputs: TrialInputs) -> None:
