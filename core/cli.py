@@ -26,7 +26,8 @@ from routetune.options import blame_recipe, tune_options
 from routetune.plugin_manager import load_registry
 from routetune.search.local_pool import DEFAULT_TIMEOUT_S
 from routetune.space import parse_space
-from routetune.tune import DEFAULT_MIN_SPEEDUP, FAILED, Prepared, tune
+from routetune.tune import Prepared, tune
+from routetune.verdict import DEFAULT_MIN_SPEEDUP, FAILED
 
 app = typer.Typer(
     add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,

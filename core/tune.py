@@ -42,12 +42,11 @@ from routetune.search.strategy import SearchConfig, rank_key
 from routetune.seasoning import SeasoningInfo
 from routetune.space import restrict_space
 from routetune.store import FILENAME, Trial, TrialStore
+from routetune.verdict import DEFAULT_MIN_SPEEDUP, confirm_winner
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MIN_SPEEDUP = 1.03
-"""``--min-speedup``: smaller effects are not worth a different engine, and sit within
-what a busy or drifting machine fakes."""
+
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,8 @@ class TuneResult:
         files: What was written, by role (``model``, ``settings``, ``recipe``, ``store``).
         stopped: Why the search stopped early (a budget), or None when it ran to the end.
         confirmations: The routes re-measured against the base route after the search,
-            in a fresh worker process, in the order tried (`confirm_winner`); the first
+            in a fresh worker process, in the order tried
+            (`routetune.verdict.confirm_winner`); the first
             one that held won, and is the last.
         busy_machine: The ``--busy-machine`` mode.
         min_speedup: The ``--min-speedup`` the verdict used.
@@ -501,119 +501,6 @@ def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
             f"cannot run the model on these inputs: {one_line(e, 300)}; "
             "the original model must run in ONNX Runtime on the CPU"
         ) from e
-
-
-FAILED = ("build-failed", "crashed", "timed-out")
-"""Statuses of a trial that produced no engine."""
-
-
-def _short(reason: str) -> str:
-    return reason if len(reason) <= 200 else reason[:199] + "…"
-
-
-CONFIRM_TRIES = 3
-"""Routes re-measured at most after the search before the base route is kept."""
-
-
-def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDUP,
-                busy_machine: str = "wait") -> tuple[list[Trial], str]:
-    """The routes worth confirming, best first, or why the base route stands.
-
-    A route is worth confirming when it is ``ok``, its paired speed-up estimate is above
-    `min_speedup`, and it was not measured on a busy machine (``noisy``), unless
-    `busy_machine` is ``ignore``. They are ranked by speed-up; among the routes whose
-    speed-up intervals overlap the fastest's (a tie), the one with the fewest steps
-    goes first (then the faster).
-
-    Returns:
-        The routes in the order to confirm them (empty when none), and a one-line
-        reason for the base route when there are none.
-    """
-    base = next(t for t in trials if t.route == "base")
-    accurate = [t for t in trials if t.status == "ok" and t.latency and t is not base]
-    if not accurate and base.status == "build-only":
-        return [], ("engines were built but this device cannot run them (build-only), so "
-                    "nothing was checked or timed and a beam search stops after one step "
-                    "(--search exhaustive builds every route); the base route is the "
-                    "fallback")
-    if not accurate and base.status in FAILED:
-        return [], (f"the base route itself is {base.status} ({base.reason[:300]}), and "
-                    "no route built, ran and met the accuracy constraint: there is no "
-                    "engine to deploy")
-    if not accurate:
-        return [], "no route met the accuracy constraint; the base route is the fallback"
-    trusted = [t for t in accurate if not t.noisy or busy_machine == "ignore"]
-    faster = sorted((t for t in trusted if (t.speedup or 0) > min_speedup), key=rank_key)
-    busy = sorted((t for t in accurate if t not in trusted and (t.speedup or 0) > min_speedup),
-                  key=rank_key)
-    if not faster:
-        why = (f"no accurate route was more than {min_speedup:g}x faster than the base route "
-               "(--min-speedup)")
-        if busy:
-            why += ("; faster while the machine was busy, not confirmed: "
-                    + ", ".join(f"'{t.route}' ({t.speedup:.2f}x)" for t in busy[:3]))
-        return [], why + "; the base route stands"
-    fastest = faster[0]
-    tied = [t for t in faster if t.paired is None or fastest.paired is None
-            or t.paired.ties(fastest.paired)]
-    first = min(tied, key=lambda t: (rank_key(t)[1], rank_key(t)[0]))
-    return [first] + [t for t in faster if t is not first], ""
-
-
-def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmation],
-                   min_speedup: float = DEFAULT_MIN_SPEEDUP, busy_machine: str = "wait",
-                   ) -> tuple[Trial, str, list[Confirmation]]:
-    """Pick the winner: the best route (`pick_winner`) that holds when measured again.
-
-    Each route worth confirming, best first and `CONFIRM_TRIES` at most, is re-measured
-    against the base route (`confirm`: a fresh process, engines built anew, paired
-    blocks). It wins when its confirmed speed-up clears `min_speedup`
-    (`routetune.measure.Speedup.clears`) and the confirmation was not noisy (unless
-    `busy_machine` is ``ignore``); otherwise the next one is tried, and after the last
-    the base route stands.
-
-    Returns:
-        The winner, a one-line reason, and every confirmation made.
-    """
-    base = next(t for t in trials if t.route == "base")
-    accurate = [t for t in trials if t.status == "ok" and t.latency and t is not base]
-    if base.status in FAILED and accurate:  # never rebuilt or re-timed
-        best = min(accurate, key=lambda t: t.latency.p50)
-        return best, (f"the base route is {base.status} ({_short(base.reason)}), so there "
-                      f"is no base to compare against: fastest accurate route by absolute "
-                      f"latency (p50 {best.latency.p50:.3f} ms)"), []
-    built = [t for t in trials if t.status == "build-only"]
-    if base.status in FAILED and built:
-        best = min(built, key=lambda t: rank_key(t)[1:])
-        return best, (f"the base route is {base.status} ({_short(base.reason)}); "
-                      f"'{best.route}' builds, and this device cannot run its engine, so it "
-                      "is handed back as built, not measured or checked for accuracy"), []
-    order, why = pick_winner(trials, min_speedup, busy_machine)
-    if not order:
-        return base, why, []
-    done: list[Confirmation] = []
-    failed: list[str] = []
-    for trial in order[:CONFIRM_TRIES]:
-        try:
-            c = confirm(trial)
-        except Exception as e:  # an engine that cannot be rebuilt: the next one
-            failed.append(f"'{trial.route}' could not be rebuilt ({one_line(e, 200)})")
-            continue
-        done.append(c)
-        p = c.paired
-        figure = (f"{p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] confirmed in a fresh "
-                  f"process (search: {trial.speedup:.2f}x)")
-        busy = c.conditions.get("busy", "")
-        why_not = p.clears(min_speedup) or (
-            f"the machine was busy ({busy})" if busy and busy_machine != "ignore" else None)
-        if why_not is None:
-            note = f"; measured while the machine was busy ({busy})" if busy else ""
-            if trial is not order[0]:
-                return trial, (f"fastest accurate route that held: {figure}; "
-                               + "; ".join(failed) + note), done
-            return trial, f"fastest accurate route: {figure}{note}", done
-        failed.append(f"'{trial.route}' did not hold: {figure}: {why_not}")
-    return base, "; ".join(failed) + "; the base route stands", done
 
 
 def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path, winner: Trial,

@@ -14,7 +14,8 @@ from routetune.measure import MeasureSettings
 from routetune.metrics import Metric
 from routetune.registry import Registry
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-from routetune.tune import TuneOptions, TuneResult, pick_winner, tune
+from routetune.tune import TuneOptions, TuneResult, tune
+from routetune.verdict import pick_winner
 
 QUICK = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05)
 
