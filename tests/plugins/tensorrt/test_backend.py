@@ -283,3 +283,18 @@ def test_the_base_pipeline_names_paddles_unknown_dims_apart(tmp_path: Path) -> N
                                          "values"):
         backend.build(raw, backend.full_settings({}), tmp_path)
     assert backend.build(prepared, backend.full_settings({}), tmp_path).size_bytes > 0
+
+
+def test_a_failure_message_is_tensorrts_error_not_its_routine_warnings() -> None:
+    from routetune.plugins.tensorrt.backend import make_logger
+
+    trt = TRT.module
+    logger = make_logger(trt)
+    logger.log(trt.ILogger.Severity.WARNING, "nbStreams -1 should not be negative")
+    logger.log(trt.ILogger.Severity.INFO, "detail nobody needs")
+    assert logger.errors() == "nbStreams -1 should not be negative"  # nothing better
+    logger.log(trt.ILogger.Severity.ERROR, "IBuilder::buildSerializedNetwork: Error Code 4:\n"
+               "  Internal Error (no implementation for node relu0)")
+    logger.log(trt.ILogger.Severity.WARNING, "another routine warning")
+    assert logger.errors() == ("IBuilder::buildSerializedNetwork: Error Code 4: Internal "
+                               "Error (no implementation for node relu0)")
