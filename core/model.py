@@ -137,7 +137,8 @@ def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:
 
     0. Nodes are put in topological order (`toposort`): a valid graph stored out of
        order, which ONNX Runtime runs, is not refused.
-    1. Every node gets a unique, non-empty name (``<op>_<index>`` where missing).
+    1. Every node, in subgraphs too, gets a unique, non-empty name (``<op>_<index>``
+       where missing or repeated).
     2. Graph inputs that are initializers (an IR < 4 habit) are dropped from the inputs.
     3. Input and output dimensions stored as ``dim_value <= 0`` or named ``?`` become
        named dynamic dimensions (``<input>_dim<i>``), so that unrelated unknown
@@ -147,15 +148,7 @@ def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:
         The same model object, changed in place.
     """
     toposort(model.graph)
-    seen: Counter[str] = Counter(n.name for n in model.graph.node if n.name)
-    for i, node in enumerate(model.graph.node):
-        if not node.name or seen[node.name] > 1:
-            seen[node.name] -= 1
-            name = f"{node.op_type}_{i}"
-            while name in seen:
-                name += "_"
-            node.name = name
-            seen[name] += 1
+    name_nodes(model)
     inits = {t.name for t in model.graph.initializer}
     keep = [i for i in model.graph.input if i.name not in inits]
     if len(keep) != len(model.graph.input):
@@ -167,6 +160,40 @@ def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:
             if unknown or dim.dim_param == "?":
                 dim.dim_param = f"{value.name}_dim{i}"
     return model
+
+
+def name_nodes(model: onnx.ModelProto) -> int:
+    """Give every node, in subgraphs too, a unique, non-empty name, in place.
+
+    A node without a name, or with a name an earlier node has, becomes
+    ``<op>_<index>`` (index in depth-first order; ``_`` appended until unique). For the
+    base pipeline (`sanitize`), and for passes that bring a model back from a tool that
+    leaves nodes unnamed (ONNX Runtime's quantizer).
+
+    Returns:
+        How many nodes were renamed.
+    """
+    nodes = list(_all_nodes(model.graph))
+    seen: Counter[str] = Counter(n.name for n in nodes if n.name)
+    renamed = 0
+    for i, node in enumerate(nodes):
+        if not node.name or seen[node.name] > 1:
+            seen[node.name] -= 1
+            name = f"{node.op_type}_{i}"
+            while name in seen:
+                name += "_"
+            node.name = name
+            seen[name] += 1
+            renamed += 1
+    return renamed
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
+    """The graph's nodes and its subgraphs', depth first."""
+    for node in graph.node:
+        yield node
+        for sub in _subgraphs(node):
+            yield from _all_nodes(sub)
 
 
 def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
@@ -255,10 +282,21 @@ def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...
     input or output may become float16 or bfloat16 (``fp16{keep_io_types=false}``);
     runners cast the validation inputs to the types the engine takes.
 
+    Every node, in subgraphs too, must also keep a unique, non-empty name: the base
+    pipeline gives every node one (`sanitize`), so a missing or repeated name is the
+    rewrite's (ONNX Runtime's quantizer and opset conversion are known to make them).
+
     Raises:
-        PostconditionError: The full ONNX checker rejects the model, or its signature
-            differs from `expected`.
+        PostconditionError: The full ONNX checker rejects the model, a node name is
+            missing or repeated, or the signature differs from `expected`.
     """
+    names = Counter(n.name for n in _all_nodes(model.graph))
+    if names[""]:
+        raise PostconditionError(f"the rewrite left {names['']} node(s) without a name")
+    repeated = sorted(name for name, k in names.items() if k > 1)
+    if repeated:
+        raise PostconditionError(f"the rewrite gave {len(repeated)} name(s) to several nodes: "
+                                 + ", ".join(repeated[:5]))
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:

@@ -124,3 +124,23 @@ def test_a_checker_message_is_kept_whole_on_one_line(tmp_path: Path) -> None:
     text = str(info.value)
     assert "\n" not in text and not text.rstrip().endswith(":"), text
     assert "nowhere" in text
+
+
+def test_subgraph_nodes_get_unique_names_too(tmp_path: Path) -> None:
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node(op, ["x"], [name], name="")], name, [],
+                                 [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2])])
+
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branch("t", "Relu"),
+                            else_branch=branch("e", "Relu"), name="if")
+    graph = helper.make_graph([node], "g", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "if.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    proto = prepare(path).proto
+    names = [proto.graph.node[0].name] + [
+        a.g.node[0].name for a in proto.graph.node[0].attribute]
+    assert all(names) and len(set(names)) == 3, names
+    check_candidate(proto, prepare(path).signature)  # the base model meets the contract

@@ -46,6 +46,7 @@ from routetune.errors import (
     BuildError,
     EngineNotRunnable,
     PluginError,
+    PostconditionError,
     RoutetuneError,
     SeasoningError,
     one_line,
@@ -429,7 +430,10 @@ class Candidate:
         for i in range(k, len(model_steps)):
             passes.append(self.step(model_steps[i], state, Route(tuple(model_steps[:i]))))
             exported = gs.export_onnx(state.graph)
-            check_candidate(exported, signature)
+            try:
+                check_candidate(exported, signature)
+            except PostconditionError as e:  # name the pass that broke the contract
+                raise PostconditionError(f"after '{model_steps[i]}': {e}") from e
             data = exported.SerializeToString()
             self._snapshot(Route(tuple(model_steps[: i + 1])), (data, passes, state.lowered))
             self._share(Route(tuple(model_steps[: i + 1])), (data, passes, state.lowered))

@@ -50,7 +50,7 @@ from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_d
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from routetune.backend import Backend
-from routetune.model import FLOAT_TYPES, with_intermediates
+from routetune.model import FLOAT_TYPES, name_nodes, with_intermediates
 from routetune.passes.graph.constants import replace_graph
 from routetune.seasoning import (
     Lowering,
@@ -327,6 +327,7 @@ class _QdqSeasoning(Seasoning):
                     calibration_cache_path=cache if cache.exists() else None,
                 )
             quantized = onnx.load(out)
+        name_nodes(quantized)  # the quantizer leaves some of its nodes unnamed
         count = _count_quantized(quantized, op_types)
         stats = {
             "quantized_nodes": count,

@@ -74,9 +74,29 @@ class RenameOutput(Seasoning):
         return PassResult(True)
 
 
+class TwinNames(Seasoning):
+    """Gives two nodes one name (the quantizer and opset conversion have done this)."""
+
+    info = SeasoningInfo(name="twin-names", stage="graph", summary="repeats a node name")
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        state.graph.nodes[1].name = state.graph.nodes[0].name
+        return PassResult(True)
+
+
+class Nameless(Seasoning):
+    """Leaves a node without a name."""
+
+    info = SeasoningInfo(name="nameless", stage="graph", summary="clears a node name")
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        state.graph.nodes[-1].name = ""
+        return PassResult(True)
+
+
 @pytest.fixture
 def test_registry(registry: Registry) -> Registry:
-    for cls in (Shortcut, DropWaste, Explode, Refuse, RenameOutput):
+    for cls in (Shortcut, DropWaste, Explode, Refuse, RenameOutput, TwinNames, Nameless):
         registry.add_seasoning(cls)
     registry.add_metric(Metric("unit_error", lambda a, b, *_: 1.0, False, "always 1"))
     return registry
@@ -132,6 +152,17 @@ def test_a_seasoning_that_raises_is_recorded_and_the_search_goes_on(
         "seasoning 'refuse' failed after 'base': ValueError: this model has no such layer")
     assert trials["ort-opt-level{level=basic}"].status == "ok"
     assert len(result.trials) == 6  # base, explode, refuse, three opt levels
+
+
+def test_a_pass_that_breaks_node_names_is_build_failed_and_named(test_registry: Registry,
+                                                                 tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    result = run(test_registry, model, tmp_path / "out", seasonings=("twin-names", "nameless"),
+                 shapes="x:1x3x32x32", max_depth=1)
+    twin, nameless = by_route(result)["twin-names"], by_route(result)["nameless"]
+    assert twin.status == nameless.status == "build-failed"
+    assert twin.reason.startswith("after 'twin-names': the rewrite gave 1 name(s) to several")
+    assert nameless.reason == "after 'nameless': the rewrite left 1 node(s) without a name"
 
 
 def test_a_broken_signature_is_build_failed(test_registry: Registry, tmp_path: Path) -> None:
