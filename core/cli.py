@@ -201,8 +201,8 @@ def build_command(
 
     done = rebuild(opts, route, registry)
     if done.failed:  # nothing to deploy: exit 1, one line
-        console.print(f"[red]not built: {escape(str(done.route))}: {escape(done.failed)}[/]",
-                      soft_wrap=True)
+        console.print(f"[red]not built: {escape(str(done.route))}: {escape(done.failed)} "
+                      f"(log: {escape(str(done.log))})[/]", soft_wrap=True)
         raise typer.Exit(1)
     console.print(f"built {escape(str(done.route))}: {done.engine_file} "
                   f"({done.engine_bytes} bytes, {done.build_ms / 1000:.2f} s)")

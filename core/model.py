@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,7 +166,8 @@ def name_nodes(model: onnx.ModelProto) -> int:
     """Give every node, in subgraphs too, a unique, non-empty name, in place.
 
     A node without a name, or with a name an earlier node has, becomes
-    ``<op>_<index>`` (index in depth-first order; ``_`` appended until unique). For the
+    ``<op>_<index>`` (index in depth-first order; ``_`` appended until it is neither
+    another node's nor a tensor's name, which some tools confuse). For the
     base pipeline (`sanitize`), and for passes that bring a model back from a tool that
     leaves nodes unnamed (ONNX Runtime's quantizer).
 
@@ -175,12 +176,13 @@ def name_nodes(model: onnx.ModelProto) -> int:
     """
     nodes = list(_all_nodes(model.graph))
     seen: Counter[str] = Counter(n.name for n in nodes if n.name)
+    tensors = {name for n in nodes for name in (*n.input, *n.output)}
     renamed = 0
     for i, node in enumerate(nodes):
         if not node.name or seen[node.name] > 1:
             seen[node.name] -= 1
             name = f"{node.op_type}_{i}"
-            while name in seen:
+            while name in seen or name in tensors:
                 name += "_"
             node.name = name
             seen[name] += 1
@@ -275,7 +277,8 @@ def signature(model: onnx.ModelProto) -> tuple[tuple[str, int], ...]:
     )
 
 
-def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...]) -> None:
+def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...],
+                    allowed: Collection[str] = ()) -> frozenset[str]:
     """The postcondition of every graph and precision seasoning.
 
     The signature must keep its names, order and element types, except that a float32
@@ -286,9 +289,17 @@ def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...
     pipeline gives every node one (`sanitize`), so a missing or repeated name is the
     rewrite's (ONNX Runtime's quantizer and opset conversion are known to make them).
 
+    No Cast may be added that casts a tensor to the type it already has, or to a type
+    another Cast of the same tensor already gives (`cast_faults`); the ones in `allowed`
+    were in the model before the rewrite and are not its doing.
+
+    Returns:
+        The model's `cast_faults`, to pass as `allowed` to the next rewrite's check.
+
     Raises:
         PostconditionError: The full ONNX checker rejects the model, a node name is
-            missing or repeated, or the signature differs from `expected`.
+            missing or repeated, a Cast is redundant, or the signature
+            differs from `expected`.
     """
     names = Counter(n.name for n in _all_nodes(model.graph))
     if names[""]:
@@ -307,6 +318,67 @@ def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...
         raise PostconditionError(
             f"the rewrite changed the model's signature from {_sig(expected)} to {_sig(got)}"
         )
+    faults = cast_faults(model)
+    added = sorted(faults - set(allowed))
+    if added:
+        more = f" (and {len(added) - 1} more)" if len(added) > 1 else ""
+        raise PostconditionError(f"the rewrite left a redundant Cast: {added[0]}{more}")
+    return faults
+
+
+def cast_faults(model: onnx.ModelProto) -> frozenset[str]:
+    """The redundant Casts of `model`, in every graph, one line each.
+
+    A Cast is redundant when its ``to`` is the type its input already has (ONNX shape
+    inference's type where the graph declares none), or when an earlier Cast of the same
+    tensor in the same graph already casts it to that type. A Cast whose input type is
+    unknown is not judged.
+
+    Returns:
+        Lines such as ``Cast 'c1' casts 'x' to FLOAT16, the type it already has`` and
+        ``Cast 'c2' casts 'x' to FLOAT16 again (as 'c1' does)``.
+    """
+    casts = [n for n in _all_nodes(model.graph) if n.op_type == "Cast" and n.input]
+    if not casts:
+        return frozenset()
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        inferred = model
+    faults: set[str] = set()
+    for graph in _all_graphs(inferred.graph):
+        types = _elem_types(graph)
+        seen: dict[tuple[str, int], str] = {}
+        for node in graph.node:
+            if node.op_type != "Cast" or not node.input:
+                continue
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            src = node.input[0]
+            name = onnx.TensorProto.DataType.Name(to) if to is not None else "?"
+            if to is not None and types.get(src) == to:
+                faults.add(f"Cast '{node.name}' casts '{src}' to {name}, the type it already has")
+            elif to is not None and (src, to) in seen:
+                faults.add(f"Cast '{node.name}' casts '{src}' to {name} again "
+                           f"(as '{seen[src, to]}' does)")
+            else:
+                seen[src, to or 0] = node.name
+    return frozenset(faults)
+
+
+def _all_graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            yield from _all_graphs(sub)
+
+
+def _elem_types(graph: onnx.GraphProto) -> dict[str, int]:
+    """Element types by tensor name, as `graph` declares them or inference found them."""
+    types = {t.name: t.data_type for t in graph.initializer}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+            types[value.name] = value.type.tensor_type.elem_type
+    return types
 
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,

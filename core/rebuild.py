@@ -18,6 +18,7 @@ from pathlib import Path
 
 from routetune.accuracy import AccuracyResult, check_accuracy
 from routetune.errors import BuildError, EngineNotRunnable, UsageError
+from routetune.logs import LOGS, captured
 from routetune.outdir import locked
 from routetune.registry import Registry
 from routetune.route import Route
@@ -47,6 +48,8 @@ class Rebuilt:
         not_run: Why the engine was not run ("" when it was).
         failed: The backend's refusal in one line ("" when the engine was built); then
             there is no engine file.
+        log: The log file holding what the libraries printed meanwhile
+            (``artifacts/logs/build.log`` in the output directory).
     """
 
     route: Route
@@ -57,6 +60,7 @@ class Rebuilt:
     verdict: AccuracyResult | None
     not_run: str = ""
     failed: str = ""
+    log: Path | None = None
 
 
 def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt:
@@ -81,7 +85,9 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
     (resolved,) = run.pinned or (Route(),)
     reference = run.backend if run.backend.name == "onnxruntime" else _backend(
         registry, "onnxruntime")
-    with locked(run.outdir), tempfile.TemporaryDirectory(prefix="routetune-build-") as tmp:
+    log = run.outdir / LOGS / "build.log"
+    with locked(run.outdir), tempfile.TemporaryDirectory(prefix="routetune-build-") as tmp, \
+            captured(log, f"build {resolved}"):
         inputs = TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (),
                              run.constraint, run.outdir, opts.measure, run.model.data,
                              run.backend_options)
@@ -93,21 +99,22 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
             engine = run.backend.build(candidate.save_model(data), settings, Path(tmp))
         except BuildError as e:  # the backend's own refusal, in one line
             return Rebuilt(resolved, None, 0, (time.perf_counter_ns() - t0) / 1e6, "", None,
-                           failed=describe(e))
+                           failed=describe(e), log=log)
         build_ms = (time.perf_counter_ns() - t0) / 1e6
         engine_file = _write_engine(run.outdir, engine)
         try:
             runner = run.backend.open(engine)
         except EngineNotRunnable as e:
             return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, "", None,
-                           str(e))
+                           str(e), log=log)
         with runner:
             outputs = [runner.infer(feed) for feed in run.feeds]
-    stored, what = _expected(run.outdir, resolved, run.settings_hash)
-    if stored is None:
-        stored, what = _references(reference, run), "the FP32 reference (ONNX Runtime, CPU)"
+        stored, what = _expected(run.outdir, resolved, run.settings_hash)
+        if stored is None:
+            stored, what = (_references(reference, run),
+                            "the FP32 reference (ONNX Runtime, CPU)")
     verdict = check_accuracy(run.constraint, registry, outputs, stored)
-    return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, what, verdict)
+    return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, what, verdict, log=log)
 
 
 def _expected(outdir: Path, route: Route, settings_hash: str) -> tuple[list | None, str]:

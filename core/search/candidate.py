@@ -59,7 +59,7 @@ from routetune.measure import (
     measure_blocks,
     paired_speedup,
 )
-from routetune.model import PreparedModel, check_candidate, sha256
+from routetune.model import PreparedModel, cast_faults, check_candidate, sha256
 from routetune.profile import ShapeProfile
 from routetune.registry import Registry
 from routetune.route import Route, Step
@@ -424,14 +424,16 @@ class Candidate:
         self._snapshots.move_to_end(prefix)
         data, passes, lowered = self._snapshots[prefix]
         passes = list(passes)
-        state = RouteState(gs.import_onnx(onnx.load_from_string(data)) if model_steps[k:] else None,
+        proto = onnx.load_from_string(data) if model_steps[k:] else None
+        state = RouteState(gs.import_onnx(proto) if proto is not None else None,
                            settings=dict(self.inputs.base_settings), lowered=lowered)
         signature = self.inputs.model.signature
+        faults = cast_faults(proto) if proto is not None else frozenset()
         for i in range(k, len(model_steps)):
             passes.append(self.step(model_steps[i], state, Route(tuple(model_steps[:i]))))
             exported = gs.export_onnx(state.graph)
             try:
-                check_candidate(exported, signature)
+                faults = check_candidate(exported, signature, faults)
             except PostconditionError as e:  # name the pass that broke the contract
                 raise PostconditionError(f"after '{model_steps[i]}': {e}") from e
             data = exported.SerializeToString()
@@ -590,7 +592,7 @@ def with_base_pipeline(registry: Registry, inputs: TrialInputs, backend: Backend
                 raise SeasoningError(step.name, "base", describe(e)) from e
             passes.append({**record, "base_pipeline": True})
         exported = gs.export_onnx(state.graph)
-        check_candidate(exported, model.signature)
+        check_candidate(exported, model.signature, cast_faults(model.proto))
         data = exported.SerializeToString()
     inputs = replace(inputs, base_data=data, base_passes=tuple(passes))
     return Candidate(registry, inputs, backend, reference), passes

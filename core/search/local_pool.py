@@ -45,6 +45,7 @@ import pebble
 
 from routetune.conditions import STATUS_GLOB, read_statuses
 from routetune.errors import UsageError
+from routetune.logs import LOGS
 from routetune.registry import Registry
 from routetune.search import worker
 from routetune.search.candidate import BUILT, Outcome, TrialInputs, describe
@@ -207,7 +208,7 @@ class LocalPool(Executor):
         """
         if self._builders is None:
             self._spawn()
-        log = self._inputs.outdir / "artifacts" / "logs" / f"{method}.log"
+        log = self._inputs.outdir / LOGS / f"{method}.log"
         gpu = (self.gpus or (None,))[0]
         pool = self._measurers[0]
         if fresh:
@@ -255,7 +256,7 @@ class LocalPool(Executor):
             self._file.unlink(missing_ok=True)
 
     def _log(self, job: Job) -> Path:
-        return self._inputs.outdir / "artifacts" / "logs" / f"{job.fingerprint[:16]}.log"
+        return self._inputs.outdir / LOGS / f"{job.fingerprint[:16]}.log"
 
     def _outcome(self, future: concurrent.futures.Future[Any], job: Job, phase: str,
                  fields: Mapping[str, Any], gpu: str | None) -> Outcome:
@@ -312,7 +313,7 @@ class LocalPool(Executor):
             frames = [line for line in lines[fatal[-1] + 1:] if line.startswith("File ")]
             lines = [lines[fatal[-1]], *frames[:2]]
         lines = lines[-TAIL_LINES:]
-        where = f"log artifacts/logs/{log.name}"
+        where = f"log {LOGS / log.name}"
         if not lines:
             return f"; stderr empty ({where})"
         return f"; stderr: {' | '.join(lines)[-500:]} ({where})"

@@ -28,6 +28,7 @@ import routetune
 from routetune.accuracy import Constraint
 from routetune.backend import Backend
 from routetune.conditions import BusyPolicy
+from routetune.logs import LOGS, captured
 from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, sha256
 from routetune.registry import Registry
@@ -122,8 +123,9 @@ class SearchLoop:
                              tuple(references), constraint, outdir, measure_settings,
                              model.data, dict(base_settings or {}),
                              reference=reference is not None, busy=busy or BusyPolicy())
-        local, self.base_passes = with_base_pipeline(registry, inputs, backend, reference,
-                                                     list(base or Route()))
+        with captured(outdir / LOGS / "base.log", "base pipeline"):
+            local, self.base_passes = with_base_pipeline(registry, inputs, backend, reference,
+                                                         list(base or Route()))
         self.inputs = local.inputs
         self.executor = executor or InlineExecutor()
         self.executor.start(registry, self.inputs)

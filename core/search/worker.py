@@ -20,12 +20,12 @@ import resource
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from routetune.logs import captured
 from routetune.route import Route
 from routetune.search.candidate import Candidate, Outcome, describe
 
@@ -104,7 +104,7 @@ def _phase(log: Path, what: str, fields: Mapping[str, Any], run: Callable[[], Ou
     Whatever the phase raises, even `SystemExit` or `KeyboardInterrupt` from plugin
     code (this worker ignores Ctrl-C), becomes a ``crashed`` outcome.
     """
-    with _logged(log, what):
+    with captured(log, what, restore=False):
         t0 = time.time()
         if _timeout_s is not None and _timeout_s > 1:  # where it hung, for the reason
             faulthandler.dump_traceback_later(_timeout_s - 0.5)
@@ -122,7 +122,7 @@ def _phase(log: Path, what: str, fields: Mapping[str, Any], run: Callable[[], Ou
 
 def call(method: str, args: tuple[Any, ...], log: Path) -> Any:
     """Run a `Candidate` method (``confirm``, ``outputs``)."""
-    with _logged(log, method):
+    with captured(log, method, restore=False):
         return getattr(_live(), method)(*args)
 
 
@@ -130,24 +130,6 @@ def _live() -> Candidate:
     if _candidate is None:
         raise RuntimeError(f"the worker could not start: {type(_failed).__name__}: {_failed}")
     return _candidate
-
-
-@contextmanager
-def _logged(log: Path, what: str) -> Iterator[None]:
-    """Send file descriptors 1 and 2 to `log` (appended) while a task runs."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as f:
-        f.write(f"== {time.strftime('%H:%M:%S')} pid {os.getpid()}: {what}\n".encode())
-        f.flush()
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
 
 
 def _die_with_parent() -> None:

@@ -152,12 +152,38 @@ def inferred_types(graph: gs.Graph) -> Iterator[int]:
                 tensor.shape = shape
 
 
+def taken_names(graph: gs.Graph) -> set[str]:
+    """Every tensor and node name of `graph` and its subgraphs, for `unique_name`.
+
+    A new node or tensor named after neither can clash with nothing, including the
+    tools that confuse node names with tensor names.
+    """
+    names: set[str] = set()
+    for g in (graph, *(g for node in graph.nodes for g in subgraphs(node))):
+        names.update(g.tensors())
+        names.update(n.name for n in g.nodes)
+        if g is not graph:
+            names.update(taken_names(g))
+    return names
+
+
+def subgraphs(node: gs.Node) -> list[gs.Graph]:
+    """The graphs held in `node`'s attributes (``If`` branches, ``Loop``/``Scan`` bodies)."""
+    out: list[gs.Graph] = []
+    for value in node.attrs.values():
+        if isinstance(value, gs.Graph):
+            out.append(value)
+        elif isinstance(value, list):
+            out.extend(v for v in value if isinstance(v, gs.Graph))
+    return out
+
+
 def unique_name(base: str, taken: set[str]) -> str:
     """Return `base`, or `base` with the first free ``_<n>`` suffix, and reserve it.
 
     Args:
         base: The preferred name.
-        taken: Names already in use (start from ``set(graph.tensors())``); the returned
+        taken: Names already in use (start from `taken_names`); the returned
             name is added to it.
     """
     name, n = base, 0

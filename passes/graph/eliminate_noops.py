@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from routetune.passes.graph.casts import bypass
 from routetune.passes.graph.constants import (
     constant_value,
     infer,
@@ -81,7 +82,7 @@ class EliminateNoops(Seasoning):
             if not _is_noop(graph, node, dtypes):
                 continue
             inputs = list(node.inputs)
-            if _bypass(graph, node):
+            if bypass(graph, node):
                 removed[id(node)] = node
                 former_inputs.extend(inputs)
                 stats[node.op] += 1
@@ -135,31 +136,3 @@ def _is_inference_dropout(graph: gs.Graph, node: gs.Node) -> bool:
         training = constant_value(node.inputs[2])
         return training is not None and not np.any(training)
     return True
-
-
-def _bypass(graph: gs.Graph, node: gs.Node) -> bool:
-    """Disconnect `node`, which copies ``inputs[0]`` to ``outputs[0]``; False if it must stay."""
-    src, dst = node.inputs[0], node.outputs[0]
-    graph_outputs = {id(t) for t in graph.outputs}
-    if id(dst) not in graph_outputs:
-        node.inputs.clear()
-        node.outputs.clear()
-        _replace_input(dst, src)
-        return True
-    if len(src.inputs) != 1 or id(src) in graph_outputs:
-        return False  # a graph input, an initializer or a graph output: keep the signature
-    producer = src.inputs[0]
-    node.inputs.clear()
-    node.outputs.clear()
-    _replace_input(src, dst)
-    index = next(i for i, t in enumerate(producer.outputs) if t is src)
-    producer.outputs[index] = dst
-    return True
-
-
-def _replace_input(old: gs.Tensor, new: gs.Tensor) -> None:
-    """Make every consumer of `old` read `new` instead."""
-    for consumer in list(old.outputs):
-        for i, tensor in enumerate(consumer.inputs):
-            if tensor is old:
-                consumer.inputs[i] = new

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from routetune.passes.graph.constants import inferred_types, unique_name
+from routetune.passes.graph.constants import inferred_types, taken_names, unique_name
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class FoldIf(Seasoning):
             value = conds.get(node.inputs[0].name)
             if value is not None and value.size == 1:
                 taken[id(node)] = bool(value.reshape(()))
-        names = set(graph.tensors())
+        names = taken_names(graph)
         for node in ifs:
             if id(node) not in taken:
                 continue

@@ -11,6 +11,7 @@ import onnx_graphsurgeon as gs
 from routetune.passes.graph.constants import (
     constant_value,
     remove_orphan_constant_nodes,
+    taken_names,
     unique_name,
 )
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
@@ -72,7 +73,7 @@ class FuseBnIntoConv(Seasoning):
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Fuse every matching Conv -> BatchNormalization pair of `state.graph` in place."""
         graph = state.graph
-        taken = set(graph.tensors())
+        taken = taken_names(graph)
         graph_outputs = {id(t) for t in graph.outputs}
         removed: set[int] = set()
         former_inputs: list[gs.Tensor] = []

@@ -12,7 +12,6 @@ operator cannot run in the low type.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import ml_dtypes
@@ -21,7 +20,14 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from routetune.backend import Backend
-from routetune.passes.graph.constants import constant_value, inferred_types, unique_name
+from routetune.passes.graph.casts import tidy_casts
+from routetune.passes.graph.constants import (
+    constant_value,
+    inferred_types,
+    subgraphs,
+    taken_names,
+    unique_name,
+)
 from routetune.passes.precision.ranges import Ranges, tensor_ranges
 from routetune.seasoning import (
     Lowering,
@@ -84,6 +90,9 @@ class MixedPrecision(Seasoning):
     5. Outer tensors that ``If``/``Loop``/``Scan`` subgraphs read stay FP32 (their
        producers are kept FP32), so subgraphs keep their types.
     6. No Cast that narrows to the low type feeds a Cast that widens back.
+    7. No Cast casts a tensor to the type it already has, and no tensor is cast to one
+       type twice (`tidy_casts`): a model already partly in the low type, whose
+       ``Cast(to=FLOAT)`` rule 4 turns into a low-to-low Cast, comes out clean.
     """
 
     low: ClassVar[np.dtype]
@@ -123,9 +132,11 @@ class MixedPrecision(Seasoning):
             kept = {name: why for name, why in decisions.items() if why}
             casts = _rewrite(graph, low, self.low, self.onnx_low,
                              bool(self.params["keep_io_types"]))
+            tidied = tidy_casts(graph)  # rule 7
         graph.cleanup().toposort()
         state.lowered = Lowering(self, before)
-        stats = {"low_nodes": len(low), "fp32_nodes": len(kept), "casts": casts, **counts}
+        stats = {"low_nodes": len(low), "fp32_nodes": len(kept), "casts": casts, **counts,
+                 **tidied}
         note = "; ".join(f"{n}: {why}" for n, why in list(kept.items())[:20])
         if len(kept) > 20:
             note += f"; … {len(kept) - 20} more"
@@ -246,27 +257,19 @@ def _subgraph_reads(graph: gs.Graph) -> set[int]:
             for t in node.inputs:
                 if id(t) not in local:
                     reads.add(id(t))
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 visit(sub)
 
     for node in graph.nodes:
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             visit(sub)
     return reads
-
-
-def _subgraphs(node: gs.Node) -> Iterable[gs.Graph]:
-    for value in node.attrs.values():
-        if isinstance(value, gs.Graph):
-            yield value
-        elif isinstance(value, list):
-            yield from (v for v in value if isinstance(v, gs.Graph))
 
 
 def _rewrite(graph: gs.Graph, low: set[int], dtype: np.dtype, onnx_low: int,
              keep_io: bool) -> int:
     """Apply rules 2–4 to the nodes whose ids are in `low`; return the Casts added."""
-    taken = set(graph.tensors())
+    taken = taken_names(graph)
     converted: set[int] = set()  # ids of tensors now of the low type
     low_of: dict[int, gs.Tensor] = {}  # FP32 tensor id -> its low-precision twin
     high_of: dict[int, gs.Tensor] = {}  # low tensor id -> its FP32 twin

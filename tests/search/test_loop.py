@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import onnx_graphsurgeon as gs
 import pytest
 from graphs import conv_bn, matmul_chain, wasteful
 
@@ -94,9 +95,25 @@ class Nameless(Seasoning):
         return PassResult(True)
 
 
+class SameTypeCast(Seasoning):
+    """Puts a Cast to FLOAT on the float32 input (legal ONNX, and redundant)."""
+
+    info = SeasoningInfo(name="same-type-cast", stage="graph", summary="adds a no-op Cast")
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        x = state.graph.inputs[0]
+        copy = gs.Variable("x_again", np.float32, x.shape)
+        for node in list(x.outputs):
+            node.inputs = [copy if t is x else t for t in node.inputs]
+        state.graph.nodes.append(gs.Node("Cast", "recast", {"to": 1}, [x], [copy]))
+        state.graph.toposort()
+        return PassResult(True)
+
+
 @pytest.fixture
 def test_registry(registry: Registry) -> Registry:
-    for cls in (Shortcut, DropWaste, Explode, Refuse, RenameOutput, TwinNames, Nameless):
+    for cls in (Shortcut, DropWaste, Explode, Refuse, RenameOutput, TwinNames, Nameless,
+                SameTypeCast):
         registry.add_seasoning(cls)
     registry.add_metric(Metric("unit_error", lambda a, b, *_: 1.0, False, "always 1"))
     return registry
@@ -163,6 +180,17 @@ def test_a_pass_that_breaks_node_names_is_build_failed_and_named(test_registry: 
     assert twin.status == nameless.status == "build-failed"
     assert twin.reason.startswith("after 'twin-names': the rewrite gave 1 name(s) to several")
     assert nameless.reason == "after 'nameless': the rewrite left 1 node(s) without a name"
+
+
+def test_a_pass_that_adds_a_redundant_cast_is_build_failed_and_named(
+        test_registry: Registry, tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    result = run(test_registry, model, tmp_path / "out", seasonings=("same-type-cast",),
+                 shapes="x:1x3x32x32")
+    failed = by_route(result)["same-type-cast"]
+    assert failed.status == "build-failed"
+    assert failed.reason == ("after 'same-type-cast': the rewrite left a redundant Cast: "
+                             "Cast 'recast' casts 'x' to FLOAT, the type it already has")
 
 
 def test_a_broken_signature_is_build_failed(test_registry: Registry, tmp_path: Path) -> None:

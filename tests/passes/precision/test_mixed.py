@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from routetune.examples import get_example
 from routetune.measure import MeasureSettings
-from routetune.model import prepare
+from routetune.model import PreparedModel, cast_faults, check_candidate, prepare
 from routetune.passes.graph.fuse_bn_into_conv import FuseBnIntoConv
 from routetune.passes.precision.mixed import Bf16, Fp16
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
@@ -194,6 +194,61 @@ def test_already_low_or_quantized_models_are_not_converted_again(tmp_path: Path)
     reason = Fp16().applicable(gs.import_onnx(onnx.load(tmp_path / "q.onnx")), BACKEND)
     assert reason.startswith("the model is already quantized (DynamicQuantizeLinear")
     assert "MatMulInteger" in reason
+
+
+def partly_converted() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """x f32 -> Cast(f16) -> Relu(f16) -> Cast(f32) -> + x -> MatMul(Cast(W f16 -> f32)) -> y.
+
+    Half done by hand, as models exported with some layers already in FP16 are: an FP32
+    tensor already cast to FLOAT16 once, and an FP16 weight widened for an FP32 MatMul.
+    """
+    w = numpy_helper.from_array(np.random.default_rng(4).standard_normal((8, 8))
+                                .astype(np.float16), "w16")
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x16"], name="to_half", to=TensorProto.FLOAT16),
+        helper.make_node("Relu", ["x16"], ["r16"], name="relu"),
+        helper.make_node("Cast", ["r16"], ["r"], name="to_float", to=TensorProto.FLOAT),
+        helper.make_node("Add", ["r", "x"], ["s"], name="add"),
+        helper.make_node("Cast", ["w16"], ["w"], name="widen_w", to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["s", "w"], ["y"], name="matmul"),
+    ]
+    model = make(nodes, [f32("x", [4, 8])], [f32("y", [4, 8])], [w])
+    return model, {"x": np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)}
+
+
+def test_a_partly_converted_model_comes_out_without_redundant_casts() -> None:
+    model, feed = partly_converted()
+    assert cast_faults(model) == frozenset()
+    result, out = convert(model, [feed])
+    # rule 4 would turn to_float and widen_w into float16 -> float16 Casts, and add would
+    # cast x to float16 a second time: rule 7 removes all three
+    assert cast_faults(out) == frozenset()
+    assert result.stats["same_type_casts"] == 2 and result.stats["duplicate_casts"] == 1
+    assert {"add", "matmul", "relu"} <= low_nodes(out)
+    check_candidate(out, prepare_proto(model).signature)
+    np.testing.assert_allclose(run(out, feed)[0], run(model, feed)[0], rtol=1e-2, atol=1e-2)
+    full = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(full.run(None, feed)[0], run(model, feed)[0], rtol=1e-2,
+                               atol=1e-2)  # and ONNX Runtime's optimiser takes it
+
+
+def test_cast_faults_name_same_type_and_repeated_casts() -> None:
+    nodes = [helper.make_node("Cast", ["x"], ["a"], name="c1", to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["x"], ["b"], name="c2", to=TensorProto.FLOAT16),
+             helper.make_node("Cast", ["x"], ["c"], name="c3", to=TensorProto.FLOAT16),
+             helper.make_node("Cast", ["b"], ["d"], name="c4", to=TensorProto.FLOAT),
+             helper.make_node("Sum", ["a", "d"], ["s"], name="sum"),
+             helper.make_node("Cast", ["c"], ["y"], name="c5", to=TensorProto.FLOAT)]
+    model = make(nodes, [f32("x", [2])], [f32("y", [2]), f32("s", [2])])
+    assert cast_faults(model) == {
+        "Cast 'c1' casts 'x' to FLOAT, the type it already has",
+        "Cast 'c3' casts 'x' to FLOAT16 again (as 'c2' does)",
+    }
+
+
+def prepare_proto(model: onnx.ModelProto) -> PreparedModel:
+    return PreparedModel(Path("m.onnx"), "", model, model.SerializeToString(),
+                         (), ())
 
 
 def test_bf16_is_not_applicable_on_the_cpu_provider_and_that_is_true() -> None:
