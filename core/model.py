@@ -11,7 +11,7 @@ import hashlib
 import heapq
 from collections import Counter
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper
 
+from routetune import weights
 from routetune.errors import PostconditionError, UsageError, one_line
 
 Dim = int | str
@@ -50,11 +51,14 @@ class PreparedModel:
 
     Args:
         source: Where the model was read from.
-        source_sha256: sha256 of the model's bytes (external data included), hex.
+        source_sha256: sha256 of the model file's bytes, then its external data files',
+            hex.
         proto: The prepared model.
-        data: The prepared model, serialized.
+        data: The prepared model, serialized (external tensors as references).
         inputs: The graph inputs (initializers excluded).
         outputs: The graph outputs.
+        weights: The folder that the model's external data locations are relative to;
+            None when the model holds all its data (`routetune.weights`).
     """
 
     source: Path
@@ -63,6 +67,7 @@ class PreparedModel:
     data: bytes
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    weights: Path | None = None
 
     @property
     def signature(self) -> tuple[tuple[str, int], ...]:
@@ -75,15 +80,16 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def load_model(path: Path) -> tuple[onnx.ModelProto, bytes]:
-    """Read and parse an ONNX file.
+def load_model(path: Path) -> tuple[onnx.ModelProto, str]:
+    """Read and parse an ONNX file; external data stays in its files.
 
     Returns:
-        The model, with any external data loaded into it, and its bytes (the file's,
-        or with external data, the whole model serialized).
+        The model (its external tensors, if any, not loaded: see `routetune.weights`)
+        and its sha256, hex: of the file's bytes, followed by its data files'.
 
     Raises:
-        UsageError: The file is missing, unreadable, truncated or not an ONNX model.
+        UsageError: The file is missing, unreadable, truncated or not an ONNX model, or
+            one of its external data files is missing, unreadable or too short.
     """
     fix = "pass the path of an .onnx model file"
     try:
@@ -98,38 +104,56 @@ def load_model(path: Path) -> tuple[onnx.ModelProto, bytes]:
         raise UsageError(f"{path}: not a valid ONNX file (truncated or corrupt); {fix}") from e
     if not model.graph.node or not model.opset_import:
         raise UsageError(f"{path}: not an ONNX model (no graph nodes or no opset); {fix}")
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        try:
-            onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
-            data = model.SerializeToString()  # the model's bytes now include its data
-        except (OSError, ValueError) as e:
-            raise UsageError(
-                f"{path}: cannot load its external data ({one_line(e)}); "
-                "keep the data files next to the model, as onnx.save wrote them"
-            ) from e
-    return model, data
+    if not weights.has_external_data(model):
+        return model, sha256(data)
+    del data
+    weights.check_files(model, path.parent, path)
+    return model, weights.source_sha256(path, model)
 
 
 def prepare(path: Path) -> PreparedModel:
     """Run the base pipeline on an ONNX file: load, validate, infer shapes, sanitise.
 
+    A model with external data is prepared without loading its data: shape inference
+    and the checker need only the graph. Its `PreparedModel.weights` is the file's
+    folder until `with_weights_in` moves the data to a run's store.
+
     Raises:
-        UsageError: The file is not a valid ONNX model.
+        UsageError: The file is not a valid ONNX model, or its external data is missing.
     """
-    model, data = load_model(path)
+    model, digest = load_model(path)
     try:
         model = sanitize(onnx.shape_inference.infer_shapes(model))
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise UsageError(f"{path}: the ONNX checker rejects the model: {one_line(e)}") from e
-    try:
-        serialized = model.SerializeToString()
-    except ValueError as e:  # protobuf's 2 GiB limit
-        raise UsageError(f"{path}: models over 2 GiB are not supported yet ({e})") from e
+    except ValueError as e:  # protobuf's 2 GiB limit: the weights must be external data
+        raise UsageError(f"{path}: {one_line(e)}; save models over 2 GiB with their weights "
+                         "as external data (onnx.save_model(..., save_as_external_data=True))"
+                         ) from e
+    external = path.parent if weights.has_external_data(model) else None
     return PreparedModel(
-        path, sha256(data), model, serialized,
-        tuple(_specs(graph_inputs(model))), tuple(_specs(model.graph.output)),
+        path, digest, model, model.SerializeToString(),
+        tuple(_specs(graph_inputs(model))), tuple(_specs(model.graph.output)), external,
     )
+
+
+def with_weights_in(model: PreparedModel, store: Path) -> PreparedModel:
+    """The model with its external data copied into a run's store (`weights.adopt`).
+
+    Args:
+        model: A prepared model.
+        store: The run's candidate folder, ``OUTDIR/artifacts/models``.
+
+    Returns:
+        `model` itself when it has no external data or has it in `store` already.
+    """
+    if model.weights is None or model.weights == store:
+        return model
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    weights.adopt(proto, model.weights, store)
+    return replace(model, proto=proto, data=proto.SerializeToString(), weights=store)
 
 
 def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -17,6 +17,8 @@ from routetune.errors import PluginError, UsageError
 
 if TYPE_CHECKING:
     import onnx
+    from pathlib import Path
+
     import onnx_graphsurgeon as gs
 
     from routetune.backend import Backend
@@ -213,13 +215,19 @@ class RouteContext:
         evaluate: Runs an ONNX model in FP32 on the CPU (ONNX Runtime, optimisations
             off) on every set of `feeds` and returns all its outputs, one mapping per
             set. Precision seasonings use it to read activation ranges. None where no
-            reference runtime is available.
+            reference runtime is available. It takes models with external data too.
+        weights: For a model with external data (over 2 GiB, say), the folder its
+            tensors' locations are relative to; None when the model holds its data. A
+            pass that hands the model to another tool as a file loads the data from
+            here (``onnx.load_external_data_for_model(model, weights)``) and saves it
+            with ``save_as_external_data=True`` (`routetune.weights`).
     """
 
     backend: Backend
     feeds: tuple[Mapping[str, Any], ...] = ()
     applied: str = "base"
     evaluate: Callable[[onnx.ModelProto], list[dict[str, Any]]] | None = None
+    weights: Path | None = None
 
 
 class Seasoning:

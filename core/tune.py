@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from routetune import examples, runinfo
 from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
@@ -25,7 +26,7 @@ from routetune.conditions import MODES, BusyPolicy
 from routetune.errors import BackendError, UsageError, one_line
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
 from routetune.measure import MeasureSettings
-from routetune.model import PreparedModel, prepare, sha256
+from routetune.model import PreparedModel, prepare, sha256, with_weights_in
 from routetune.outdir import locked, make_outdir, move_aside
 from routetune.plugin_manager import load_registry
 from routetune.profile import ShapeProfile, make_profile
@@ -33,7 +34,7 @@ from routetune.recipe import write_winner_recipe
 from routetune.registry import Registry
 from routetune.report import write_reports
 from routetune.route import Route, Step, parse_route
-from routetune.search.candidate import Confirmation
+from routetune.search.candidate import MODELS, Confirmation
 from routetune.search.executor import Executor, InlineExecutor
 from routetune.search.local_pool import DEFAULT_TIMEOUT_S, TIMELINE, LocalPool
 from routetune.search.loop import Budget, SearchLoop
@@ -43,6 +44,7 @@ from routetune.seasoning import SeasoningInfo
 from routetune.space import restrict_space
 from routetune.store import FILENAME, Trial, TrialStore
 from routetune.verdict import DEFAULT_MIN_SPEEDUP, confirm_winner
+from routetune.weights import import_graph, save_standalone
 
 logger = logging.getLogger(__name__)
 
@@ -318,6 +320,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         raise UsageError(f"{path}: sha256 {model.source_sha256} is not the recipe's "
                          f"{opts.model_sha256}; the model changed since the recipe was written")
     outdir = make_outdir(opts.output, path, model.source_sha256, backend.name)
+    model = with_weights_in(model, outdir / MODELS)
     if opts.inputs is not None:
         feeds = load_npz(opts.inputs, model.inputs)
         source["inputs"] = str(opts.inputs.resolve())
@@ -523,10 +526,12 @@ def _write_winner(run: Prepared, result: TuneResult, opts: TuneOptions, records:
     """Write ``winner.onnx``, ``winner.json`` and ``winner.toml`` into `records`."""
     winner, reason = result.winner, result.winner_reason
     model_path = records / "winner.onnx"
-    if winner.artifact:
+    if winner.artifact and run.model.weights is None:
         shutil.copyfile(run.outdir / winner.artifact, model_path)
-    else:
-        model_path.write_bytes(run.model.data)
+    else:  # with external data: winner.onnx and one winner.onnx.data
+        proto = (onnx.load(run.outdir / winner.artifact, load_external_data=False)
+                 if winner.artifact else run.model.proto)
+        save_standalone(proto, run.model.weights, model_path)
     settings = {
         "route": winner.route,
         "backend": run.backend.name,
@@ -635,7 +640,7 @@ def _offered(
 ) -> tuple[list[SeasoningInfo], dict[str, str]]:
     import onnx_graphsurgeon as gs
 
-    graph = gs.import_onnx(model.proto)
+    graph = import_graph(model.proto, model.weights)
     # Unasked, a seasoning made for other backends is left out, not listed as skipped.
     chosen = names if names is not None else tuple(
         n for n, e in sorted(registry.seasonings.items())
