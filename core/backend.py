@@ -224,8 +224,15 @@ class Backend:
         """
         raise NotImplementedError
 
-    def evaluate(self, model: Any, feeds: list[Feed]) -> list[dict[str, np.ndarray]]:
+    def evaluate(self, model: Any, feeds: list[Feed], weights: Path | None = None
+                 ) -> list[dict[str, np.ndarray]]:
         """Run an ``onnx.ModelProto`` as the FP32 reference on each feed; all outputs.
+
+        Args:
+            model: The model.
+            feeds: Input sets, name to array.
+            weights: The folder its external data locations are relative to (a model
+                over 2 GiB, `routetune.weights`); None when it holds its data.
 
         Raises:
             BackendError: This backend cannot serve as the reference.

@@ -124,7 +124,7 @@ def prepare(path: Path) -> PreparedModel:
     model, digest = load_model(path)
     try:
         model = sanitize(onnx.shape_inference.infer_shapes(model))
-        onnx.checker.check_model(model, full_check=True)
+        weights.check_model(model, path.parent)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise UsageError(f"{path}: the ONNX checker rejects the model: {one_line(e)}") from e
     except ValueError as e:  # protobuf's 2 GiB limit: the weights must be external data
@@ -302,7 +302,8 @@ def signature(model: onnx.ModelProto) -> tuple[tuple[str, int], ...]:
 
 
 def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...],
-                    allowed: Collection[str] = ()) -> frozenset[str]:
+                    allowed: Collection[str] = (), store: Path | None = None
+                    ) -> frozenset[str]:
     """The postcondition of every graph and precision seasoning.
 
     The signature must keep its names, order and element types, except that a float32
@@ -333,7 +334,7 @@ def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...
         raise PostconditionError(f"the rewrite gave {len(repeated)} name(s) to several nodes: "
                                  + ", ".join(repeated[:5]))
     try:
-        onnx.checker.check_model(model, full_check=True)
+        weights.check_model(model, store)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise PostconditionError(
             f"the ONNX checker rejects the rewritten model: {one_line(e)}") from e

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from routetune.tune import (
     load_outputs,
     prepare_run,
 )
+from routetune.weights import copy_model
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def _write_engine(outdir: Path, engine) -> Path:  # noqa: ANN001 - routetune.bac
         path = outdir / "built.plan"
         path.write_bytes(engine.handle)
     else:
-        path = outdir / "built.onnx"
-        shutil.copyfile(engine.path, path)
+        path = outdir / "built.onnx"  # with external data, built.onnx.data beside it
+        copy_model(engine.path, path)
     (outdir / "built.json").write_text(json.dumps(dict(engine.settings), indent=2) + "\n")
     return path

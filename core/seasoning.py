@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from routetune.errors import PluginError, UsageError
 
 if TYPE_CHECKING:
-    import onnx
     from pathlib import Path
 
+    import onnx
     import onnx_graphsurgeon as gs
 
     from routetune.backend import Backend

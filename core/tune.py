@@ -9,14 +9,12 @@ import json
 import logging
 import math
 import os
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from routetune import examples, runinfo
 from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
@@ -44,7 +42,7 @@ from routetune.seasoning import SeasoningInfo
 from routetune.space import restrict_space
 from routetune.store import FILENAME, Trial, TrialStore
 from routetune.verdict import DEFAULT_MIN_SPEEDUP, confirm_winner
-from routetune.weights import import_graph, save_standalone
+from routetune.weights import copy_model, import_graph, save_standalone
 
 logger = logging.getLogger(__name__)
 
@@ -320,7 +318,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         raise UsageError(f"{path}: sha256 {model.source_sha256} is not the recipe's "
                          f"{opts.model_sha256}; the model changed since the recipe was written")
     outdir = make_outdir(opts.output, path, model.source_sha256, backend.name)
-    model = with_weights_in(model, outdir / MODELS)
+    model = with_weights_in(model, (outdir / MODELS).resolve())
     if opts.inputs is not None:
         feeds = load_npz(opts.inputs, model.inputs)
         source["inputs"] = str(opts.inputs.resolve())
@@ -526,12 +524,10 @@ def _write_winner(run: Prepared, result: TuneResult, opts: TuneOptions, records:
     """Write ``winner.onnx``, ``winner.json`` and ``winner.toml`` into `records`."""
     winner, reason = result.winner, result.winner_reason
     model_path = records / "winner.onnx"
-    if winner.artifact and run.model.weights is None:
-        shutil.copyfile(run.outdir / winner.artifact, model_path)
-    else:  # with external data: winner.onnx and one winner.onnx.data
-        proto = (onnx.load(run.outdir / winner.artifact, load_external_data=False)
-                 if winner.artifact else run.model.proto)
-        save_standalone(proto, run.model.weights, model_path)
+    if winner.artifact:  # with external data: winner.onnx and one winner.onnx.data
+        copy_model(run.outdir / winner.artifact, model_path)
+    else:
+        save_standalone(run.model.proto, run.model.weights, model_path)
     settings = {
         "route": winner.route,
         "backend": run.backend.name,
@@ -638,7 +634,6 @@ def _check_named(names: Sequence[str], infos: Sequence[SeasoningInfo],
 def _offered(
     registry: Registry, backend: Backend, model: PreparedModel, names: tuple[str, ...] | None
 ) -> tuple[list[SeasoningInfo], dict[str, str]]:
-    import onnx_graphsurgeon as gs
 
     graph = import_graph(model.proto, model.weights)
     # Unasked, a seasoning made for other backends is left out, not listed as skipped.

@@ -21,6 +21,7 @@ as one serialized message here:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -279,3 +280,42 @@ def save_standalone(model: onnx.ModelProto, store: Path | None, path: Path) -> N
             _set_entry(tensor, data_path.name, offset, size)
             offset += size
     path.write_bytes(copy.SerializeToString())
+
+
+def copy_model(src: Path, dest: Path) -> None:
+    """Copy a model file out of a run: as is, or with its weights as ``<dest>.data``.
+
+    Args:
+        src: A model under ``artifacts/models/`` (its locations relative to its folder).
+        dest: The file to write (``winner.onnx``, ``built.onnx``).
+    """
+    model = onnx.load(str(src), load_external_data=False)
+    if has_external_data(model):
+        save_standalone(model, src.parent, dest)
+    else:
+        dest.write_bytes(src.read_bytes())
+
+
+def check_model(model: onnx.ModelProto, folder: Path | None) -> None:
+    """``onnx.checker.check_model(model, full_check=True)``, external data read in `folder`.
+
+    The checker resolves an in-memory model's external data locations against the
+    working directory and refuses symbolic links, so for a model with external data
+    it runs with `folder` as the working directory (`resolving_in`), briefly.
+
+    Raises:
+        onnx.checker.ValidationError, onnx.shape_inference.InferenceError: As the
+            checker.
+    """
+    with resolving_in(folder if has_external_data(model) else None):
+        onnx.checker.check_model(model, full_check=True)
+
+
+def resolving_in(folder: Path | None) -> contextlib.AbstractContextManager[object]:
+    """A context in which in-memory models resolve external data in `folder`.
+
+    The onnx checker and ONNX Runtime given a model as bytes (as onnx-graphsurgeon's
+    ``fold_constants`` gives it) resolve external data locations against the working
+    directory, so this is `contextlib.chdir`; with `folder` None, nothing.
+    """
+    return contextlib.chdir(folder) if folder is not None else contextlib.nullcontext()

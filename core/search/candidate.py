@@ -65,8 +65,13 @@ from routetune.registry import Registry
 from routetune.route import Route, Step
 from routetune.seasoning import Lowering, RouteContext, RouteState
 from routetune.strict_fp16 import mentions_float16, strict_fp16_overflows
+from routetune.weights import externalize, import_graph
 
 logger = logging.getLogger(__name__)
+
+MODELS = "artifacts/models"
+"""Candidate models, relative to the output directory; for a model with external data
+also its weights store (``weights/``, `routetune.weights`)."""
 
 SNAPSHOTS = 16
 """Model snapshots kept at route prefixes (branch points), least recently used out."""
@@ -185,6 +190,7 @@ class Candidate:
         self.reference = reference
         self.outdir = inputs.outdir
         self.workdir = inputs.outdir / "artifacts"
+        self.store = inputs.model.weights  # external data: the folder it lives in
         self._snapshots: OrderedDict[Route, Snapshot] = OrderedDict()
         self._snapshots[Route()] = (inputs.base_data, list(inputs.base_passes), None)
         self._base: Runner | bool | None = None
@@ -343,8 +349,18 @@ class Candidate:
         model = onnx.load_from_string(data)
         if not mentions_float16(model):
             return None
-        reference, feeds = self.reference, list(self.inputs.feeds)
-        return strict_fp16_overflows(model, lambda m: reference.evaluate(m, feeds))
+        return strict_fp16_overflows(model, self._evaluate)
+
+    def _evaluate(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+        """Run `model` in FP32 on the reference backend on every input set; all outputs.
+
+        With external data, the tensors a pass wrote go to the weights store first, so
+        that the model stays under protobuf's 2 GiB whatever its size (`model` changes).
+        """
+        assert self.reference is not None
+        if self.store is not None:
+            externalize(model, self.store)
+        return self.reference.evaluate(model, list(self.inputs.feeds), weights=self.store)
 
     def _measure(self, runner: Runner, route: Route
                  ) -> tuple[Latency, Latency | None, Speedup | None]:
@@ -425,15 +441,15 @@ class Candidate:
         data, passes, lowered = self._snapshots[prefix]
         passes = list(passes)
         proto = onnx.load_from_string(data) if model_steps[k:] else None
-        state = RouteState(gs.import_onnx(proto) if proto is not None else None,
+        state = RouteState(import_graph(proto, self.store) if proto is not None else None,
                            settings=dict(self.inputs.base_settings), lowered=lowered)
         signature = self.inputs.model.signature
         faults = cast_faults(proto) if proto is not None else frozenset()
         for i in range(k, len(model_steps)):
             passes.append(self.step(model_steps[i], state, Route(tuple(model_steps[:i]))))
-            exported = gs.export_onnx(state.graph)
+            exported = self.export(state.graph)
             try:
-                faults = check_candidate(exported, signature, faults)
+                faults = check_candidate(exported, signature, faults, self.store)
             except PostconditionError as e:  # name the pass that broke the contract
                 raise PostconditionError(f"after '{model_steps[i]}': {e}") from e
             data = exported.SerializeToString()
@@ -451,11 +467,9 @@ class Candidate:
             SeasoningCrashed: The seasoning raised anything else (a bug).
         """
         seasoning = self.registry.seasoning(step.name)(dict(step.params))
-        evaluate = None
-        if self.reference is not None:
-            reference, feeds = self.reference, list(self.inputs.feeds)
-            evaluate = lambda model: reference.evaluate(model, feeds)  # noqa: E731
-        ctx = RouteContext(self.backend, tuple(self.inputs.feeds), str(applied), evaluate)
+        evaluate = self._evaluate if self.reference is not None else None
+        ctx = RouteContext(self.backend, tuple(self.inputs.feeds), str(applied), evaluate,
+                           self.store)
         t0 = time.perf_counter_ns()
         try:
             result = seasoning(state, ctx)
@@ -512,7 +526,7 @@ class Candidate:
         data, passes, lowered = snapshot
         model = self.save_model(data).relative_to(self.outdir)
         packed = None if lowered is None else (
-            lowered.seasoning, gs.export_onnx(lowered.graph).SerializeToString())
+            lowered.seasoning, self.export(lowered.graph).SerializeToString())
         try:
             entry = pickle.dumps((str(model), passes, packed))
         except (pickle.PicklingError, AttributeError, TypeError) as e:  # a local class
@@ -532,8 +546,20 @@ class Candidate:
         except (OSError, pickle.UnpicklingError, EOFError, ValueError):
             return None
         lowered = None if packed is None else Lowering(
-            packed[0], gs.import_onnx(onnx.load_from_string(packed[1])))
+            packed[0], import_graph(onnx.load_from_string(packed[1]), self.store))
         return data, passes, lowered
+
+    def export(self, graph: gs.Graph) -> onnx.ModelProto:
+        """`gs.export_onnx`; with external data, new large tensors go to the store.
+
+        The model stays small whatever its weights' size: tensors a pass left alone
+        keep their locations, and those it wrote (`weights.MIN_EXTERNAL_BYTES` or more)
+        are stored once each under ``artifacts/models/weights/``.
+        """
+        model = gs.export_onnx(graph)
+        if self.store is not None:
+            externalize(model, self.store)
+        return model
 
     def save_model(self, data: bytes) -> Path:
         """Keep a candidate model under ``artifacts/models/<sha256[:16]>.onnx``; its path."""
@@ -546,7 +572,7 @@ def save_model(outdir: Path, data: bytes) -> Path:
     Written to a temporary name and renamed, so that two workers writing the same
     model, or a kill midway, never leave a partial file under the final name.
     """
-    path = outdir / "artifacts" / "models" / f"{sha256(data)[:16]}.onnx"
+    path = outdir / MODELS / f"{sha256(data)[:16]}.onnx"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
@@ -581,7 +607,7 @@ def with_base_pipeline(registry: Registry, inputs: TrialInputs, backend: Backend
         data, passes = model.data, []
     else:
         candidate = Candidate(registry, inputs, backend, reference)
-        state = RouteState(gs.import_onnx(model.proto))
+        state = RouteState(import_graph(model.proto, model.weights))
         passes = []
         for step in steps:
             try:
@@ -591,8 +617,8 @@ def with_base_pipeline(registry: Registry, inputs: TrialInputs, backend: Backend
             except Exception as e:
                 raise SeasoningError(step.name, "base", describe(e)) from e
             passes.append({**record, "base_pipeline": True})
-        exported = gs.export_onnx(state.graph)
-        check_candidate(exported, model.signature, cast_faults(model.proto))
+        exported = candidate.export(state.graph)
+        check_candidate(exported, model.signature, cast_faults(model.proto), model.weights)
         data = exported.SerializeToString()
     inputs = replace(inputs, base_data=data, base_passes=tuple(passes))
     return Candidate(registry, inputs, backend, reference), passes

@@ -17,6 +17,7 @@ from routetune.passes.graph.constants import (
     onnx_dtype,
 )
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
+from routetune.weights import resolving_in
 
 if TYPE_CHECKING:
     from routetune.backend import Backend
@@ -98,7 +99,8 @@ class FoldConstants(Seasoning):
         graph.toposort()
         with inferred_types(graph) as n_inferred:
             float64 = {name for name, t in graph.tensors().items() if _is_float64(t)}
-            graph.fold_constants(partitioning="recursive")
+            with resolving_in(ctx.weights):  # ONNX Runtime reads external data from there
+                graph.fold_constants(partitioning="recursive")
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         leaks = sorted(
             name

@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 
 from routetune.passes.graph.constants import inferred_types, taken_names, unique_name
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
+from routetune.weights import resolving_in
 
 if TYPE_CHECKING:
     from routetune.backend import Backend
@@ -47,7 +48,8 @@ class FoldIf(Seasoning):
         ifs = [n for n in graph.nodes if n.op == "If"]
         if not ifs:
             return PassResult(modified=False, stats={"folded": 0, "if_nodes": 0})
-        conds = _conditions(graph, getattr(ctx.backend, "profile", None))
+        with resolving_in(ctx.weights):  # ONNX Runtime reads external data from there
+            conds = _conditions(graph, getattr(ctx.backend, "profile", None))
         taken = {}
         for node in ifs:
             value = conds.get(node.inputs[0].name)

@@ -138,12 +138,14 @@ class OnnxRuntimeBackend(Backend):
         return dtype == "float16" and settings.get(NS + "execution_provider") in (
             None, "CPUExecutionProvider")
 
-    def evaluate(self, model: Any, feeds: list[Feed]) -> list[dict[str, np.ndarray]]:
-        """Run an in-memory model on the CPU provider, optimisations off; all outputs."""
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.graph_optimization_level = OPT_LEVELS["disable"]
-        session = ort.InferenceSession(model.SerializeToString(), so,
+    def evaluate(self, model: Any, feeds: list[Feed], weights: Path | None = None
+                 ) -> list[dict[str, np.ndarray]]:
+        """Run an in-memory model on the CPU provider, optimisations off; all outputs.
+
+        External data is read from `weights` (ONNX Runtime's session option
+        ``session.model_external_initializers_file_folder_path``).
+        """
+        session = ort.InferenceSession(model.SerializeToString(), reference_options(weights),
                                        providers=["CPUExecutionProvider"])
         runner = OnnxRuntimeRunner(session)
         return [runner.infer(feed) for feed in feeds]
@@ -180,6 +182,25 @@ class OnnxRuntimeRunner(Runner):
     def close(self) -> None:
         """Drop the session."""
         self.session = None  # type: ignore[assignment]
+
+
+EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+"""ONNX Runtime's session config key for the folder of a model given as bytes whose
+initializers are external data (onnxruntime_session_options_config_keys.h)."""
+
+
+def reference_options(weights: Path | None = None) -> ort.SessionOptions:
+    """Session options of an FP32 reference run: quiet, every graph optimisation off.
+
+    Args:
+        weights: The folder a model given as bytes has its external data in, or None.
+    """
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = OPT_LEVELS["disable"]
+    if weights is not None:
+        so.add_session_config_entry(EXTERNAL_FOLDER, str(weights.resolve()))
+    return so
 
 
 def session_options(settings: Mapping[str, Any]) -> ort.SessionOptions:

@@ -52,6 +52,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from routetune.backend import Backend
 from routetune.model import FLOAT_TYPES, name_nodes, with_intermediates
 from routetune.passes.graph.constants import replace_graph
+from routetune.plugins.onnxruntime.backend import reference_options
 from routetune.seasoning import (
     Lowering,
     Param,
@@ -138,6 +139,7 @@ def range_mismatches(
     feeds: Sequence[Mapping[str, Any]],
     op_types: Iterable[str],
     max_ratio: float = MAX_RANGE_RATIO,
+    weights: Path | None = None,
 ) -> dict[str, str]:
     """Find the nodes whose one Q/DQ scale would cover inputs of very different ranges.
 
@@ -153,6 +155,7 @@ def range_mismatches(
         feeds: Input sets, name to array.
         op_types: The op types that will be quantized.
         max_ratio: The largest ratio of magnitudes that may share a scale.
+        weights: The folder of the model's external data, or None.
 
     Returns:
         Node name to a one-line reason, e.g. ``concat: inputs boxes 640, scores 1 (640x)``.
@@ -172,7 +175,7 @@ def range_mismatches(
         affected += [c for c in consumers.get(node.output[0], []) if c.op_type in op_types]
         if len(inputs) > 1 and affected:
             merges.append((node, inputs, affected))
-    amax = _amax(model, {t for _, inputs, _ in merges for t in inputs}, feeds)
+    amax = _amax(model, {t for _, inputs, _ in merges for t in inputs}, feeds, weights)
     found: dict[str, str] = {}
     for node, inputs, affected in merges:
         peaks = {t: amax[t] for t in inputs if amax.get(t, 0.0) > 0.0}
@@ -186,12 +189,13 @@ def range_mismatches(
     return found
 
 
-def _amax(model: onnx.ModelProto, names: set[str], feeds: Sequence[Mapping[str, Any]]
-          ) -> dict[str, float]:
+def _amax(model: onnx.ModelProto, names: set[str], feeds: Sequence[Mapping[str, Any]],
+          weights: Path | None = None) -> dict[str, float]:
     """The largest finite |x| of each float tensor in `names` over every input set."""
     if not names:
         return {}
-    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+    base = str(weights) if weights is not None else ""
+    constants = {t.name: numpy_helper.to_array(t, base) for t in model.graph.initializer
                  if t.name in names}
     probe = with_intermediates(model, names - constants.keys())
     wanted = sorted(o.name for o in probe.graph.output if o.name in names
@@ -199,10 +203,7 @@ def _amax(model: onnx.ModelProto, names: set[str], feeds: Sequence[Mapping[str, 
     amax = {n: _peak(v) for n, v in constants.items() if v.dtype.kind == "f"}
     if not wanted:  # run([]) would return every output
         return amax
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(probe.SerializeToString(), so,
+    session = ort.InferenceSession(probe.SerializeToString(), reference_options(weights),
                                    providers=["CPUExecutionProvider"])
     for feed in feeds:
         values = session.run(wanted, {k: np.asarray(v) for k, v in feed.items()})
@@ -292,7 +293,8 @@ class _QdqSeasoning(Seasoning):
         moved = _constants_to_initializers(model)
         mismatched: dict[str, str] = {}
         if self.max_range_ratio is not None and p.get("range_check", False):
-            found = range_mismatches(model, ctx.feeds, op_types, self.max_range_ratio)
+            found = range_mismatches(model, ctx.feeds, op_types, self.max_range_ratio,
+                                     ctx.weights)
             mismatched = {k: v for k, v in found.items() if k not in p["nodes_to_exclude"]}
         notes = [f"{moved} Constant nodes became initializers"] if moved else []
         if p["per_channel"] and _opset(model) < _PER_CHANNEL_OPSET:
@@ -306,16 +308,23 @@ class _QdqSeasoning(Seasoning):
             notes.append("biases kept in FP32 (TensorRT dequantizes no INT32)")
         with tempfile.TemporaryDirectory(prefix="routetune-qdq-") as tmp:
             src, pre, out = (str(Path(tmp) / f) for f in ("in.onnx", "pre.onnx", "q.onnx"))
-            onnx.save(model, src)
+            external = ctx.weights is not None  # over 2 GiB, say: files stay files
+            if external:  # onnx refuses links to data files: a copy, next to src
+                onnx.load_external_data_for_model(model, str(ctx.weights))
+            onnx.save(model, src, save_as_external_data=external,
+                      all_tensors_to_one_file=True, location="in.onnx.data")
             # ONNX shape inference only: the optimizer step is routetune's graph stage
             # (fold-constants, fuse-bn-into-conv), and symbolic shape inference needs sympy.
-            quant_pre_process(src, pre, skip_optimization=True, skip_symbolic_shape=True)
+            quant_pre_process(src, pre, skip_optimization=True, skip_symbolic_shape=True,
+                              save_as_external_data=external,
+                              all_tensors_to_one_file=external)
             cache = Path(tmp) / "ranges.json"
             with contextlib.redirect_stdout(io.StringIO()):  # histogram calibrators print
                 if p["calibration"] == "entropy":
                     calibrator = create_calibrator(
                         Path(pre), list(op_types), str(Path(tmp) / "augmented.onnx"),
-                        CalibrationMethod.Entropy, extra_options=ENTROPY_BINS)
+                        CalibrationMethod.Entropy, extra_options=ENTROPY_BINS,
+                        use_external_data_format=external)
                     calibrator.collect_data(_Feeds(ctx.feeds))
                     save_tensors_data(calibrator.compute_data(), cache)
                 quantize_static(
@@ -325,6 +334,7 @@ class _QdqSeasoning(Seasoning):
                     nodes_to_exclude=sorted(set(p["nodes_to_exclude"]) | mismatched.keys()),
                     calibrate_method=CALIBRATION[p["calibration"]], extra_options=extra,
                     calibration_cache_path=cache if cache.exists() else None,
+                    use_external_data_format=external,
                 )
             quantized = onnx.load(out)
         name_nodes(quantized)  # the quantizer leaves some of its nodes unnamed
