@@ -8,6 +8,7 @@ The rules are the README's "What the speed-up means, and how a winner is decided
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from routetune.errors import one_line
@@ -29,6 +30,22 @@ def _short(reason: str) -> str:
 
 CONFIRM_TRIES = 3
 """Routes re-measured at most after the search before the base route is kept."""
+
+
+def _none_accurate(trials: Sequence[Trial], base: Trial) -> str:
+    """Why no route but the base is a candidate: what became of the others, counted.
+
+    ``no other route was tried``; ``no other route built and ran (2 crashed, 1
+    build-failed)``; or ``no other route met the accuracy constraint (3
+    accuracy-failed, 1 crashed)``.
+    """
+    counts = Counter(t.status for t in trials if t is not base)
+    if not counts:
+        return "no other route was tried"
+    what = ", ".join(f"{n} {status}" for status, n in counts.most_common())
+    if counts.keys() <= set(FAILED):
+        return f"no other route built and ran ({what})"
+    return f"no other route met the accuracy constraint ({what})"
 
 
 def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDUP,
@@ -57,7 +74,7 @@ def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDU
                     "no route built, ran and met the accuracy constraint: there is no "
                     "engine to deploy")
     if not accurate:
-        return [], "no route met the accuracy constraint; the base route is the fallback"
+        return [], _none_accurate(trials, base) + "; the base route is the fallback"
     trusted = [t for t in accurate if not t.noisy or busy_machine == "ignore"]
     faster = sorted((t for t in trusted if (t.speedup or 0) > min_speedup), key=rank_key)
     busy = sorted((t for t in accurate if t not in trusted and (t.speedup or 0) > min_speedup),

@@ -93,3 +93,16 @@ def test_a_failed_base_route_is_never_retimed(status: str) -> None:
     winner, reason, _ = confirm_winner([base, fixed], confirm)
     assert winner is fixed and asked == []
     assert "no base to compare against" in reason and "absolute latency" in reason
+
+
+def test_when_no_route_is_accurate_the_reason_says_what_became_of_them() -> None:
+    crashed = [trial("base", None), trial("a", None, status="crashed"),
+               trial("b", None, status="crashed"), trial("c", None, status="build-failed")]
+    _, why = pick_winner(crashed)
+    assert why == ("no other route built and ran (2 crashed, 1 build-failed); "
+                   "the base route is the fallback")
+    inaccurate = [trial("base", None), trial("a", None, status="accuracy-failed"),
+                  trial("b", None, status="crashed")]
+    assert pick_winner(inaccurate)[1].startswith(
+        "no other route met the accuracy constraint (1 accuracy-failed, 1 crashed)")
+    assert pick_winner([trial("base", None)])[1].startswith("no other route was tried")

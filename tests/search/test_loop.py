@@ -146,7 +146,7 @@ def test_nothing_accurate_falls_back_to_base(test_registry: Registry, tmp_path: 
                  shapes="x:1x3x32x32", accuracy="unit_error<=0.5")
     assert {t.status for t in result.trials} == {"accuracy-failed"}
     assert result.winner.route == "base" and result.fallback
-    assert "no route met the accuracy constraint" in result.winner_reason
+    assert "no other route met the accuracy constraint" in result.winner_reason
     assert (tmp_path / "out" / "winner.onnx").exists()
 
 
