@@ -134,6 +134,25 @@ def quantized_ops(graph: gs.Graph) -> list[str]:
                    if n.op in QUANTIZED_OPS or n.op.startswith("QLinear")})
 
 
+def low_precision(graph: gs.Graph, op_types: Iterable[str]) -> str | None:
+    """Why a graph whose quantizable nodes compute in float16 or bfloat16 is declined.
+
+    ONNX Runtime's quantizer writes float32 scales, which a ``DequantizeLinear`` of
+    float16 data cannot take (its scale must be of the output type), so the result is
+    an invalid model. None when every such node computes in float32.
+    """
+    op_types = set(op_types)
+    for node in graph.nodes:
+        if node.op in op_types:
+            for t in node.inputs:
+                if t.dtype is not None and np.dtype(t.dtype) != np.float32 and (
+                        np.dtype(t.dtype).kind == "f" or str(t.dtype) == "bfloat16"):
+                    return (f"the model computes in {np.dtype(t.dtype).name} already "
+                            f"({node.op} '{node.name}' reads '{t.name}'); Q/DQ "
+                            "quantization takes an FP32 model: quantize that one instead")
+    return None
+
+
 def range_mismatches(
     model: onnx.ModelProto,
     feeds: Sequence[Mapping[str, Any]],
@@ -274,7 +293,7 @@ class _QdqSeasoning(Seasoning):
         op_types = self.params["op_types"]
         if not any(n.op in op_types for n in graph.nodes):
             return f"no {'/'.join(op_types)} node to quantize"
-        return None
+        return low_precision(graph, op_types)
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Quantize `state.graph` with `quantize_static` and copy the result into it.
@@ -288,6 +307,9 @@ class _QdqSeasoning(Seasoning):
             raise ValueError(f"{self.info.name} calibrates on the validation inputs; none given")
         p = self.params
         op_types = tuple(p["op_types"])
+        low = low_precision(state.graph, op_types)  # after fp16 in a route, say
+        if low:
+            raise ValueError(low)
         before = state.graph.copy()
         model = gs.export_onnx(state.graph)
         moved = _constants_to_initializers(model)

@@ -363,3 +363,21 @@ def test_tune_int8_ppocr_cls(model_path: Callable[[str], Path], registry: Regist
         # and failed the default l0 bound; on the example's text images per-tensor routes pass
         (accuracy,) = trial.accuracy.values()
         assert accuracy["cos"] > 0.95
+
+
+def test_a_model_that_computes_in_float16_is_declined_not_broken() -> None:
+    """Zoo sweep: int8-qdq on an FP16 classifier wrote a float32 DequantizeLinear scale
+    for float16 data, an invalid model. Declined up front, and inside a route (after
+    fp16) with the same reason."""
+    w = (np.arange(80, dtype=np.float32).reshape(8, 10) / 80).astype(np.float16)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 8])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 10])],
+                       {"w": w})
+    reason = Int8Qdq().applicable(gs.import_onnx(model), BACKEND)
+    assert reason is not None and reason.startswith(
+        "the model computes in float16 already (MatMul 'mm' reads 'x')")
+    feeds = ({"x": np.ones((2, 8), np.float16)},)
+    with pytest.raises(ValueError, match="Q/DQ quantization takes an FP32 model"):
+        Int8Qdq()(RouteState(gs.import_onnx(model)), RouteContext(BACKEND, feeds))
+    assert Int8Qdq().applicable(gs.import_onnx(conv_matmul()), BACKEND) is None
