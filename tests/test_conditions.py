@@ -13,7 +13,7 @@ from pathlib import Path
 from graphs import conv_bn
 from load import foreign_load
 
-from routetune.conditions import BusyPolicy, Watch, measure_watched, read_statuses
+from routetune.conditions import SLACK_CORES, BusyPolicy, Watch, measure_watched, read_statuses
 from routetune.store import TrialStore
 
 
@@ -111,7 +111,9 @@ def test_a_search_under_foreign_load_marks_its_trials_and_crowns_nothing(
     store.close()
     assert len(measured) >= 3 and all(t.noisy.startswith("other processes used")
                                       for t in measured)
-    assert all(t.conditions["foreign_cores"] > 0.5 for t in measured)  # shared with us
+    # shared with us: above what a quiet machine's daemons use (the exact figure depends on
+    # how the scheduler split the cores between the load and the measurer)
+    assert all(t.conditions["foreign_cores"] > SLACK_CORES for t in measured)
     assert f"{len(measured)} of {len(measured)} measured trials noisy" in done.stdout
     run = json.loads((out / "run.json").read_text())
     assert run["result"]["winner"] == "base" and run["conditions"]["noisy"] == len(measured)
