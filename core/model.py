@@ -167,12 +167,22 @@ def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:
     3. Input and output dimensions stored as ``dim_value <= 0`` or named ``?`` become
        named dynamic dimensions (``<input>_dim<i>``), so that unrelated unknown
        dimensions do not share one name.
+    4. ``value_info`` entries that repeat a graph input or output, in subgraphs too, are
+       dropped: the input or output declares its type, and ONNX GraphSurgeon lets a
+       weaker repeat (an output's type without its shape, as ONNX Runtime's optimiser
+       saves it) replace the declaration, which the ONNX checker then rejects ("Field
+       'shape' of 'type' is required but missing").
 
     Returns:
         The same model object, changed in place.
     """
     toposort(model.graph)
     name_nodes(model)
+    for graph in _all_graphs(model.graph):
+        declared = {v.name for v in (*graph.input, *graph.output)}
+        repeats = [v for v in graph.value_info if v.name in declared]
+        for value in repeats:
+            graph.value_info.remove(value)
     inits = {t.name for t in model.graph.initializer}
     keep = [i for i in model.graph.input if i.name not in inits]
     if len(keep) != len(model.graph.input):

@@ -144,3 +144,32 @@ def test_subgraph_nodes_get_unique_names_too(tmp_path: Path) -> None:
         a.g.node[0].name for a in proto.graph.node[0].attribute]
     assert all(names) and len(set(names)) == 3, names
     check_candidate(proto, prepare(path).signature)  # the base model meets the contract
+
+
+# --- value_info repeating a graph output (real-models issue, kind 6) -------------------
+
+def _with_repeat(graph: onnx.GraphProto, name: str, elem: int) -> None:
+    repeat = graph.value_info.add()  # the type without its shape
+    repeat.name = name
+    repeat.type.tensor_type.elem_type = elem
+
+
+@pytest.mark.parametrize("where", ["output", "input"])
+def test_a_value_info_repeating_an_input_or_output_is_dropped(tmp_path: Path,
+                                                              where: str) -> None:
+    # ddddocr 1.6.1's common_old.onnx, saved by ONNX Runtime's optimiser, repeats its output
+    # '387' in value_info without the shape; ONNX GraphSurgeon then exported the output
+    # without a shape and every graph pass was build-failed by the checker.
+    import onnx_graphsurgeon as gs
+
+    model = onnx.load(conv_bn(tmp_path / "m.onnx"))
+    _with_repeat(model.graph, "y" if where == "output" else "x", TensorProto.FLOAT)
+    onnx.checker.check_model(model)  # valid as given
+    exported = gs.export_onnx(gs.import_onnx(model))
+    with pytest.raises(onnx.checker.ValidationError, match="'shape' of 'type' is required"):
+        onnx.checker.check_model(exported)
+    path = tmp_path / "repeat.onnx"
+    onnx.save(model, path)
+    prepared = prepare(path).proto
+    assert not [v for v in prepared.graph.value_info if v.name in ("x", "y")]
+    onnx.checker.check_model(gs.export_onnx(gs.import_onnx(prepared)))
