@@ -16,6 +16,7 @@ from routetune.passes.graph.constants import (
     normalize_constant_node,
     onnx_dtype,
 )
+from routetune.passes.graph.fold_if import inline_constant_ifs
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
 from routetune.weights import resolving_in
 
@@ -60,7 +61,13 @@ class FoldConstants(Seasoning):
        initializer also listed as a graph input, which ONNX Runtime treats as an
        overridable initializer, not as a user input) are removed from the inputs; the
        importer already drops them, this catches ones added later.
-    5. The nodes are sorted topologically.
+    5. An ``If`` whose condition folded to a constant, in the graph or a subgraph, is
+       replaced by the branch it takes (`inline_constant_ifs`), and what the branch
+       computes is folded again, until no such ``If`` is left. onnx-graphsurgeon's own
+       ``flatten_subgraphs`` is off: it leaves a branch output that is a constant (or an
+       outer value) without a producer, so the model is invalid (Silero VAD 6.2.3's
+       nested decoder ``If``).
+    6. The nodes are sorted topologically.
 
     The pass reports ``modified=False`` when the set of nodes (op, inputs, outputs) and
     the graph inputs are the same before and after; node order does not count.
@@ -100,7 +107,12 @@ class FoldConstants(Seasoning):
         with inferred_types(graph) as n_inferred:
             float64 = {name for name, t in graph.tensors().items() if _is_float64(t)}
             with resolving_in(ctx.weights):  # ONNX Runtime reads external data from there
-                graph.fold_constants(partitioning="recursive")
+                graph.fold_constants(partitioning="recursive", flatten_subgraphs=False)
+                inlined = 0
+                while count := inline_constant_ifs(graph):  # what they computed may fold
+                    inlined += count
+                    graph.toposort()
+                    graph.fold_constants(partitioning="recursive", flatten_subgraphs=False)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         leaks = sorted(
             name
@@ -116,6 +128,7 @@ class FoldConstants(Seasoning):
             "removed_nodes": n_nodes - len(graph.nodes),
             "normalized_constants": normalized,
             "inferred_tensors": n_inferred,
+            "inlined_ifs": inlined,
         }
         return PassResult(modified=_signature(graph) != before, stats=stats)
 

@@ -57,20 +57,57 @@ class FoldIf(Seasoning):
                 taken[id(node)] = bool(value.reshape(()))
         names = taken_names(graph)
         for node in ifs:
-            if id(node) not in taken:
-                continue
-            branch = node.attrs["then_branch" if taken[id(node)] else "else_branch"]
-            graph.nodes.extend(branch.nodes)
-            outs = list(node.outputs)
-            node.inputs.clear()
-            node.outputs.clear()
-            for inner, outer in zip(branch.outputs, outs, strict=True):
-                graph.nodes.append(gs.Node("Identity", unique_name(f"{outer.name}_fold_if", names),
-                                           inputs=[inner], outputs=[outer]))
-        graph.nodes = [n for n in graph.nodes if not (n.op == "If" and id(n) in taken)]
+            if id(node) in taken:
+                inline_branch(graph, node, taken[id(node)], names)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         return PassResult(modified=bool(taken), stats={"folded": len(taken),
                                                        "if_nodes": len(ifs)})
+
+
+def inline_branch(graph: gs.Graph, node: gs.Node, cond: bool, names: set[str]) -> None:
+    """Replace the ``If`` `node` of `graph` by the nodes of the branch `cond` takes, in place.
+
+    Each branch output feeds the matching ``If`` output through an ``Identity``, so a
+    branch output that no branch node produces (a constant, or a value of an outer
+    graph) stays bound. (onnx-graphsurgeon's own ``flatten_subgraphs`` rebinds only
+    outputs that a branch node produces, and leaves the others without a producer.)
+    The nodes are appended; sort `graph` afterwards.
+
+    Args:
+        graph: The graph that holds `node` (the main graph or a subgraph).
+        node: An ``If`` node.
+        cond: The value of its condition.
+        names: Names in use (`taken_names`), for the ``Identity`` nodes; updated.
+    """
+    branch = node.attrs["then_branch" if cond else "else_branch"]
+    graph.nodes.extend(branch.nodes)
+    outs = list(node.outputs)
+    node.inputs.clear()
+    node.outputs.clear()
+    for inner, outer in zip(branch.outputs, outs, strict=True):
+        graph.nodes.append(gs.Node("Identity", unique_name(f"{outer.name}_fold_if", names),
+                                   inputs=[inner], outputs=[outer]))
+    graph.nodes.remove(node)
+
+
+def inline_constant_ifs(graph: gs.Graph, names: set[str] | None = None) -> int:
+    """Inline every ``If`` whose condition is a constant, in `graph` and its subgraphs.
+
+    Args:
+        graph: The graph, changed in place; sort it afterwards.
+        names: Names in use; `taken_names` of `graph` when None.
+
+    Returns:
+        How many ``If`` nodes were inlined.
+    """
+    names = taken_names(graph) if names is None else names
+    count = sum(inline_constant_ifs(sub, names) for sub in graph.subgraphs())
+    for node in [n for n in graph.nodes if n.op == "If"]:
+        cond = node.inputs[0]
+        if isinstance(cond, gs.Constant) and cond.values.size == 1:
+            inline_branch(graph, node, bool(cond.values.reshape(())), names)
+            count += 1
+    return count
 
 
 def _conditions(graph: gs.Graph, profile: ShapeProfile | None) -> dict[str, np.ndarray]:

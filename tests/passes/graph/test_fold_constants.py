@@ -203,3 +203,36 @@ def test_leaves_what_onnx_runtime_cannot_evaluate(season):
     assert out.result.modified
     assert out.ops == ["Mystery", "Mul"]
     assert list(initializer_types(out.model)) == ["ab"]
+
+
+@pytest.mark.parametrize("returned", ["a constant", "an outer value"])
+def test_a_nested_if_with_a_constant_condition_is_inlined_with_its_outputs_bound(
+        season, assert_equivalent, returned):
+    # Silero VAD 6.2.3: inside If_0's branches, the decoder's If_1 has a condition that
+    # folds, and its taken branch returns a constant. onnx-graphsurgeon's flattening left
+    # that output without a producer ("... is not output of any previous nodes").
+    value = ("[k] r = Constant <value = float[2] {3.0, 4.0}> ()" if returned == "a constant"
+             else "[id] r = Identity(x)")
+    model = parse(f"""
+    g (float[2] x, bool c) => (float[2] y) {{
+      [if0] y = If(c) <
+        then_branch = t () => (float[2] a) {{
+          [one] one = Constant <value = int64[1] {{1}}> ()
+          [eq] k = Equal(one, one)
+          [if1] inner = If(k) <
+            then_branch = tt () => (float[2] r) {{ {value} }},
+            else_branch = te () => (float[2] s) {{ [neg] s = Neg(x) }}
+          >
+          [add] a = Add(inner, x)
+        }},
+        else_branch = e () => (float[2] b) {{ [relu] b = Relu(x) }}
+      >
+    }}
+    """)
+    out = season(FoldConstants, model)
+    assert out.result.modified and out.result.stats["inlined_ifs"] == 1
+    then_branch = out.model.graph.node[0].attribute[0].g
+    assert "If" not in [n.op_type for n in then_branch.node]
+    x = np.array([1.0, -2.0], np.float32)
+    for c in (True, False):
+        assert_equivalent(model, out.model, {"x": x, "c": np.array(c)})
