@@ -437,6 +437,7 @@ def _tune_locked(
         trials = loop.run(strategy, Budget(opts.max_trials, opts.time_budget_s), on_trial,
                           pinned=run.pinned)
         trials.extend(skipped)
+        executor.release()  # confirmation runs alone, not beside the search's sessions
         winner, reason, confirmations = confirm_winner(
             trials, loop.confirm, opts.min_speedup, opts.busy_machine)
         if winner.status == "ok":

@@ -107,6 +107,14 @@ class Executor:
         """Stop every job in flight now; they are not yielded. `call` still works after."""
         raise NotImplementedError
 
+    def release(self) -> None:
+        """Free what the search holds (workers, engines) once it is over; `call` still works.
+
+        The measuring worker keeps the base route's engine open between trials; the
+        verdict's fresh process must not share the machine, or its memory, with it.
+        """
+        raise NotImplementedError
+
     def close(self) -> None:
         """Stop every worker and release engines."""
         raise NotImplementedError
@@ -146,6 +154,10 @@ class InlineExecutor(Executor):
     def cancel(self) -> None:
         """Forget the job being run (its outcome is not yielded)."""
         self._current = None
+
+    def release(self) -> None:
+        """Release the base route's engine (`call` opens it again when needed)."""
+        self.close()
 
     def close(self) -> None:
         """Release the base route's engine."""

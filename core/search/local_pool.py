@@ -206,16 +206,17 @@ class LocalPool(Executor):
         and is stopped after; on the CPU, no build runs meanwhile (this is called
         between batches).
         """
-        if self._builders is None:
-            self._spawn()
         log = self._inputs.outdir / LOGS / f"{method}.log"
         gpu = (self.gpus or (None,))[0]
-        pool = self._measurers[0]
         if fresh:
             pool = pebble.ProcessPool(1, initializer=worker.init, context=_SPAWN,
                                       initargs=(self._file, gpu,
                                                 None if gpu else self.memory_mb,
                                                 self.timeout_s))
+        else:
+            if not self._measurers:  # released, or never started
+                self._spawn()
+            pool = self._measurers[0]
         start = time.time()
         future = pool.schedule(worker.call, (method, args, log), timeout=self.timeout_s)
         try:
@@ -248,6 +249,10 @@ class LocalPool(Executor):
                 pool.join()
         self._builders, self._measurers = None, []
         self._running.clear()
+
+    def release(self) -> None:
+        """Stop the search's workers; `call` starts what it needs."""
+        self.cancel()
 
     def close(self) -> None:
         """Stop and join every worker, and delete the inputs file."""

@@ -24,7 +24,12 @@ import onnxruntime as ort
 from routetune.backend import Engine, Feed, OptionSpec, Runner
 from routetune.errors import BuildError
 from routetune.plugins.cuda import cuda_versions, event_timed
-from routetune.plugins.onnxruntime.backend import NS, OnnxRuntimeBackend, session_options
+from routetune.plugins.onnxruntime.backend import (
+    NS,
+    OnnxRuntimeBackend,
+    owned,
+    session_options,
+)
 
 CUDA_NS = NS + "cuda."
 PROVIDER = "CUDAExecutionProvider"
@@ -184,8 +189,8 @@ class CudaRunner(Runner):
             call.stage()  # type: ignore[attr-defined]
             call()
             self.synchronize()
-            return dict(zip(self.output_names, self._binding.copy_outputs_to_cpu(), strict=True))
-        return dict(zip(self.output_names, self.session.run(None, self._cast(feed)), strict=True))
+            return owned(self.output_names, self._binding.copy_outputs_to_cpu())
+        return owned(self.output_names, self.session.run(None, self._cast(feed)))
 
     def prepare(self, feed: Feed) -> Callable[[], None]:
         """Copy `feed` to the device and return a call that runs on the bound buffers."""
