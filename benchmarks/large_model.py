@@ -16,8 +16,7 @@ with the seasonings ``fold-constants`` and ``fp16`` (routes up to depth 2), and 
 
 - wall time of the command (s);
 - peak RSS of the whole process tree (routetune and its workers), sampled from
-  ``/proc`` every 0.1 s, and the largest single process's peak RSS (``getrusage``
-  of the children, which the kernel keeps exactly);
+  ``/proc`` every 0.1 s, and each process's peak RSS (the kernel's ``VmHWM``);
 - each trial's status and reason, and the size of ``artifacts/models`` (the candidate
   models and their shared weights store) and of ``winner.onnx`` + ``winner.onnx.data``.
 
@@ -31,7 +30,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import sqlite3
 import subprocess
 import sys
@@ -43,8 +41,6 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def make_model(path: Path, layers: int, width: int) -> int:
@@ -83,8 +79,8 @@ def make_model(path: Path, layers: int, width: int) -> int:
     return offset
 
 
-def tree_rss(root: int) -> int:
-    """RSS (bytes) of `root` and all its descendants, from /proc."""
+def tree(root: int) -> list[int]:
+    """`root` and all its descendants, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -94,20 +90,32 @@ def tree_rss(root: int) -> int:
                 children.setdefault(ppid, []).append(int(entry))
             except (OSError, ValueError, IndexError):
                 continue
-    total, todo = 0, [root]
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
-        try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-        except (OSError, ValueError, IndexError):
-            pass
+        found.append(pid)
         todo.extend(children.get(pid, []))
-    return total
+    return found
+
+
+def memory(pid: int) -> tuple[int, int] | None:
+    """A process's RSS and peak RSS (``VmRSS``, ``VmHWM``) in bytes; None once it is gone."""
+    try:
+        fields = dict(line.split(":", 1) for line in
+                      Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def run(command: list[str]) -> dict[str, Any]:
-    """Run `command`; wall time (s), peak tree RSS and largest process peak (bytes)."""
-    peak = 0
+    """Run `command`; wall time (s), peak tree RSS and each process's peak RSS (bytes).
+
+    The tree's RSS is sampled every 0.1 s; each process's peak is the kernel's
+    ``VmHWM`` (exact), read until the process ends, by pid: the run's
+    ``artifacts/timeline.jsonl`` says which pid built and which measured.
+    """
+    peak, peaks = 0, {}
     t0 = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -116,7 +124,13 @@ def run(command: list[str]) -> dict[str, Any]:
     def sample() -> None:
         nonlocal peak
         while not stop.is_set():
-            peak = max(peak, tree_rss(proc.pid))
+            total = 0
+            for pid in tree(proc.pid):
+                seen = memory(pid)
+                if seen is not None:
+                    total += seen[0]
+                    peaks[pid] = max(peaks.get(pid, 0), seen[1])
+            peak = max(peak, total)
             stop.wait(0.1)
 
     sampler = threading.Thread(target=sample)
@@ -125,9 +139,10 @@ def run(command: list[str]) -> dict[str, Any]:
     stop.set()
     sampler.join()
     wall = time.perf_counter() - t0
-    largest = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     return {"rc": proc.returncode, "wall_s": wall, "peak_tree_rss": peak,
-            "peak_process_rss": largest, "output_tail": output[-3000:]}
+            "peak_process_rss": max(peaks.values(), default=0),
+            "process_peaks": {str(pid): b for pid, b in sorted(peaks.items(), key=lambda kv: -kv[1])},
+            "output_tail": output[-3000:]}
 
 
 def folder_bytes(path: Path) -> int:

@@ -212,9 +212,24 @@ class StoredValues(LazyValues):
         self.base = base
 
     def load(self):  # noqa: ANN201 - numpy array, as LazyValues.load
-        """Read the tensor's values from its external file under `base`."""
+        """Read the tensor's values from its external file under `base`.
+
+        A plain numeric tensor is read straight into its array (``numpy.fromfile``): one
+        copy in memory, where going through a ``TensorProto`` held three at once.
+        """
         import numpy as np
 
+        location, offset, length = _entry(self.tensor)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type)
+        count = int(np.prod(self.tensor.dims, dtype=np.int64))
+        if dtype.kind in "fiub" and dtype.isbuiltin and (
+                length is None or length == count * dtype.itemsize):
+            array = np.fromfile(self.base / location, dtype=dtype.newbyteorder("<"),
+                                count=count, offset=offset)
+            if array.size != count:
+                raise ValueError(f"tensor '{self.tensor.name}': {self.base / location} holds "
+                                 f"{array.size} of its {count} values")
+            return array.astype(dtype, copy=False).reshape(tuple(self.tensor.dims))
         copy = TensorProto()
         copy.CopyFrom(self.tensor)
         onnx.external_data_helper.load_external_data_for_tensor(copy, str(self.base))

@@ -22,6 +22,7 @@ gives status ``crashed``, with the exception and the innermost frame of its trac
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -75,6 +76,12 @@ also its weights store (``weights/``, `routetune.weights`)."""
 
 SNAPSHOTS = 16
 """Model snapshots kept at route prefixes (branch points), least recently used out."""
+
+# Why `gc.collect()` after each pass: onnx-graphsurgeon's graphs are reference cycles
+# (nodes and tensors point at each other), so a pass's discarded graph, and the weights it
+# loaded, wait for Python's cyclic collector, which counts objects, not bytes. For a
+# 2.5 GiB model a finished fp16 pass left 1x the model's size in float32 arrays behind
+# until the next collection (docs/benchmarks.md, "Models over 2 GiB").
 
 BUILT = "built"
 """`Outcome.status` of a build phase that succeeded: the trial goes on to `measure`."""
@@ -211,6 +218,8 @@ class Candidate:
             return Outcome("build-failed", describe(e))
         except Exception as e:  # a bug in a seasoning: the search goes on
             return Outcome("crashed", describe(e))
+        finally:
+            gc.collect()  # the passes' graphs, before the engine needs the memory
         artifact = self.save_model(data)
         fields: dict[str, Any] = {
             "candidate_sha256": sha256(data + json.dumps(settings, sort_keys=True).encode()),
@@ -447,6 +456,7 @@ class Candidate:
         faults = cast_faults(proto) if proto is not None else frozenset()
         for i in range(k, len(model_steps)):
             passes.append(self.step(model_steps[i], state, Route(tuple(model_steps[:i]))))
+            gc.collect()  # the pass's discarded graph (see the note at SNAPSHOTS)
             exported = self.export(state.graph)
             try:
                 faults = check_candidate(exported, signature, faults, self.store)
