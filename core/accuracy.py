@@ -22,6 +22,7 @@ import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -185,6 +186,17 @@ class AccuracyResult:
         return "; ".join(self.failures)
 
 
+def _flat(values: Sequence[Any]) -> np.ndarray:
+    """One output over every input set, as one flat array.
+
+    A sequence output (a list of tensors, which may differ in shape) is its tensors
+    one after another; a tensor is itself.
+    """
+    parts = [np.asarray(t).ravel() for v in values
+             for t in (v if isinstance(v, (list, tuple)) else [v])]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
 def check_accuracy(
     constraint: Constraint,
     registry: Registry,
@@ -196,7 +208,9 @@ def check_accuracy(
     Args:
         constraint: The parsed accuracy expression.
         registry: For the metric functions.
-        outputs: One mapping of output name to array per validation input set.
+        outputs: One mapping of output name to array per validation input set (a
+            sequence output is a list of arrays; outputs that are not numbers, such as
+            strings, are compared exactly, without metrics).
         references: The reference outputs, in the same order and with the same names.
 
     Returns:
@@ -207,13 +221,20 @@ def check_accuracy(
     notes: list[str] = []
     for name in references[0]:
         try:
-            out = np.concatenate([np.asarray(o[name]).ravel() for o in outputs])
+            out = _flat([o[name] for o in outputs])
         except KeyError:
             failures.append(f"{name}: output missing")
             continue
-        ref = np.concatenate([np.asarray(r[name]).ravel() for r in references])
+        ref = _flat([r[name] for r in references])
         if out.shape != ref.shape:
             failures.append(f"{name}: {out.size} elements, reference has {ref.size}")
+            continue
+        if ref.dtype.kind not in "biuf" or out.dtype.kind not in "biuf":  # strings
+            differ = int(np.sum(out.astype(str) != ref.astype(str)))
+            metrics[name] = {}
+            if differ:
+                failures.append(f"{name}: {differ} of {ref.size} values differ from the "
+                                "reference's (compared exactly: not numbers)")
             continue
         finite, mismatches = split_nonfinite(out.astype(np.float64), ref.astype(np.float64))
         if mismatches:

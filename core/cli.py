@@ -36,6 +36,10 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
 
+EXIT_PASS_BROKE = 3
+"""``routetune build``'s exit code when a pass wrote an invalid model or crashed: neither
+the user's input (2) nor an engine that does not match (1)."""
+
 
 @app.command("tune")
 def tune_command(
@@ -187,8 +191,9 @@ def build_command(
 ) -> None:
     """Rebuild one route's engine and check its outputs against the stored ones.
 
-    Exits 1 when the backend refuses the route, or the outputs do not match within the
-    accuracy constraint.
+    Exits 1 when a pass declines the route, the backend refuses it, the engine does not
+    run, or the outputs do not match within the accuracy constraint; 3 when a pass
+    wrote an invalid model or crashed (the pass is named); 2 on bad input.
     """
     registry = load_registry()
     flags = {"model": model, "example": example, "output": output, "backend": backend,
@@ -200,6 +205,10 @@ def build_command(
     from routetune.rebuild import rebuild
 
     done = rebuild(opts, route, registry)
+    if done.broken:  # a pass's fault, not the user's: exit 3, one line naming it
+        console.print(f"[red]not built: {escape(str(done.route))}: {escape(done.broken)} "
+                      f"(log: {escape(str(done.log))})[/]", soft_wrap=True)
+        raise typer.Exit(EXIT_PASS_BROKE)
     if done.failed:  # nothing to deploy: exit 1, one line
         console.print(f"[red]not built: {escape(str(done.route))}: {escape(done.failed)} "
                       f"(log: {escape(str(done.log))})[/]", soft_wrap=True)

@@ -139,7 +139,8 @@ def load_npz(path: Path, specs: Sequence[TensorSpec]) -> list[Feed]:
     """Read validation inputs from one ``.npz`` file or a directory of them.
 
     Each file is one input set mapping input names to arrays. Files load with
-    ``allow_pickle=False``.
+    ``allow_pickle=False``; a string input is therefore given as a NumPy ``str`` array
+    (dtype ``<U``) and handed to the runtime as the object array it takes.
 
     Raises:
         UsageError: A missing path, an empty directory, a file that is not an ``.npz``,
@@ -177,7 +178,13 @@ def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
                 f"add it with numpy.savez(..., {spec.name}=array)"
             )
         arr = arrays[spec.name]
+        if spec.dtype == np.dtype(object) and arr.dtype.kind == "U":
+            arr = arr.astype(object)  # ONNX strings: NumPy str arrays, no pickle needed
         if arr.dtype != spec.dtype:
+            if spec.dtype == np.dtype(object):
+                raise UsageError(
+                    f"--inputs {path}: input '{spec.name}' is {arr.dtype}, the model wants "
+                    "strings; save it as a NumPy str array (numpy.array([...], dtype=str))")
             raise UsageError(
                 f"--inputs {path}: input '{spec.name}' is {arr.dtype}, the model wants "
                 f"{spec.dtype}; convert it with .astype(numpy.{spec.dtype})"

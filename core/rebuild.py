@@ -16,12 +16,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from routetune.accuracy import AccuracyResult, check_accuracy
-from routetune.errors import BuildError, EngineNotRunnable, UsageError
+from routetune.errors import (
+    BuildError,
+    EngineNotRunnable,
+    PostconditionError,
+    SeasoningError,
+    UsageError,
+)
 from routetune.logs import LOGS, captured
 from routetune.outdir import locked
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.search.candidate import TrialInputs, describe, with_base_pipeline
+from routetune.search.candidate import (
+    SeasoningCrashed,
+    TrialInputs,
+    describe,
+    with_base_pipeline,
+)
 from routetune.tune import (
     WINNER_OUTPUTS,
     TuneOptions,
@@ -46,8 +57,11 @@ class Rebuilt:
         verdict: The accuracy verdict; None when this device cannot run the engine, or
             when the backend refused to build it.
         not_run: Why the engine was not run ("" when it was).
-        failed: The backend's refusal in one line ("" when the engine was built); then
-            there is no engine file.
+        failed: Why there is nothing to deploy, in one line ("" when the engine was built
+            and ran): a pass declined the route, the backend refused the model (then
+            there is no engine file), or the engine does not run on the inputs.
+        broken: A pass wrote a model that breaks the contract (the ONNX checker, the
+            signature, node names) or crashed, in one line naming the pass; "" otherwise.
         log: The log file holding what the libraries printed meanwhile
             (``artifacts/logs/build.log`` in the output directory).
     """
@@ -60,6 +74,7 @@ class Rebuilt:
     verdict: AccuracyResult | None
     not_run: str = ""
     failed: str = ""
+    broken: str = ""
     log: Path | None = None
 
 
@@ -94,7 +109,12 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
         candidate, _ = with_base_pipeline(registry, inputs, run.backend, reference,
                                           list(run.base))
         t0 = time.perf_counter_ns()
-        data, _, settings = candidate.apply(resolved)
+        try:
+            data, _, settings = candidate.apply(resolved)
+        except SeasoningError as e:  # the pass declined, with its reason
+            return Rebuilt(resolved, None, 0, 0.0, "", None, failed=describe(e), log=log)
+        except (PostconditionError, SeasoningCrashed) as e:  # the pass broke the model
+            return Rebuilt(resolved, None, 0, 0.0, "", None, broken=describe(e), log=log)
         try:
             engine = run.backend.build(candidate.save_model(data), settings, Path(tmp))
         except BuildError as e:  # the backend's own refusal, in one line
@@ -107,8 +127,13 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
         except EngineNotRunnable as e:
             return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, "", None,
                            str(e), log=log)
-        with runner:
-            outputs = [runner.infer(feed) for feed in run.feeds]
+        try:
+            with runner:
+                outputs = [runner.infer(feed) for feed in run.feeds]
+        except Exception as e:  # the runtime's own error types: the engine cannot run them
+            return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, "", None,
+                           failed=f"the engine does not run on the inputs: {describe(e)}",
+                           log=log)
         stored, what = _expected(run.outdir, resolved, run.settings_hash)
         if stored is None:
             stored, what = (_references(reference, run),

@@ -63,3 +63,17 @@ def test_load_npz_refuses_pickles_and_junk(tmp_path: Path) -> None:
         load_npz(tmp_path / "empty", [X])
     with pytest.raises(UsageError, match="no such file"):
         load_npz(tmp_path / "missing.npz", [X])
+
+
+def test_string_inputs_are_given_as_str_arrays(tmp_path: Path) -> None:
+    # onnx node test test_equal_string: x and y are ONNX strings; .npz holds no object
+    # arrays without pickle, so a NumPy str array is the form, converted for the runtime
+    specs = [TensorSpec("x", np.dtype(object), (2,)), TensorSpec("s", np.dtype(object), ())]
+    np.savez(tmp_path / "a.npz", x=np.array(["cat", "dog"]), s=np.array("one"))
+    (feed,) = load_npz(tmp_path / "a.npz", specs)
+    assert feed["x"].dtype == object and list(feed["x"]) == ["cat", "dog"]
+    assert feed["s"].shape == () and feed["s"].item() == "one"  # rank 0 too
+    np.savez(tmp_path / "b.npz", x=np.array([1.0, 2.0]), s=np.array("one"))
+    with pytest.raises(UsageError, match=r"wants strings; save it as a NumPy str array") as e:
+        load_npz(tmp_path / "b.npz", specs)
+    assert "numpy.object" not in str(e.value)  # NumPy 2 has no such name

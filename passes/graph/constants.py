@@ -152,6 +152,25 @@ def inferred_types(graph: gs.Graph) -> Iterator[int]:
                 tensor.shape = shape
 
 
+def copy_graph(graph: gs.Graph) -> gs.Graph:
+    """``graph.copy()``, with each variable's kind (sequence, optional) kept.
+
+    onnx-graphsurgeon 0.6.1's ``Variable.copy`` drops ``type``, so a sequence output of
+    the copy exports as a tensor and ONNX Runtime refuses the model ("does not match
+    expected type (seq(tensor(float)))"; onnx node test ``test_split_to_sequence_2``).
+    """
+    copy = graph.copy()
+    kinds = {name: t.type for g in (graph, *graph.subgraphs(recursive=True))
+             for name, t in g.tensors().items()
+             if isinstance(t, gs.Variable) and t.type != "tensor_type"}
+    if kinds:
+        for g in (copy, *copy.subgraphs(recursive=True)):
+            for name, t in g.tensors().items():
+                if name in kinds and isinstance(t, gs.Variable):
+                    t.type = kinds[name]
+    return copy
+
+
 def taken_names(graph: gs.Graph) -> set[str]:
     """Every tensor and node name of `graph` and its subgraphs, for `unique_name`.
 

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -15,6 +16,7 @@ from routetune.passes.graph.constants import (
     inferred_types,
     normalize_constant_node,
     onnx_dtype,
+    unique_name,
 )
 from routetune.passes.graph.fold_if import inline_constant_ifs
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
@@ -103,6 +105,7 @@ class FoldConstants(Seasoning):
         n_nodes = len(graph.nodes)
         normalized = sum(normalize_constant_node(n) for n in _all_nodes(graph))
         graph.inputs = [t for t in graph.inputs if not isinstance(t, gs.Constant)]
+        sliced = _slice_shapes(graph)
         graph.toposort()
         with inferred_types(graph) as n_inferred:
             float64 = {name for name, t in graph.tensors().items() if _is_float64(t)}
@@ -113,6 +116,7 @@ class FoldConstants(Seasoning):
                     inlined += count
                     graph.toposort()
                     graph.fold_constants(partitioning="recursive", flatten_subgraphs=False)
+        _unslice_shapes(sliced)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         leaks = sorted(
             name
@@ -139,6 +143,59 @@ def _is_float64(tensor: gs.Tensor) -> bool:
     if node is not None and isinstance(node.attrs.get("value"), gs.Constant):
         tensor = node.attrs["value"]
     return onnx_dtype(tensor) == onnx.TensorProto.DOUBLE
+
+
+def _slice_shapes(graph: gs.Graph) -> list[tuple[gs.Node, gs.Node]]:
+    """Write each ``Shape`` with ``start``/``end`` as a plain ``Shape`` and a ``Slice``.
+
+    onnx-graphsurgeon's shape folding reads ``Shape`` as the whole shape, whatever its
+    ``start`` and ``end`` (opset 15): ``Shape(end=1)`` of a [3, 4, 5] tensor folded to
+    [3, 4, 5] instead of [3] (onnx node test ``test_shape_end_1``). The ``Slice`` on
+    axis 0 computes the same (both clamp ``start`` and ``end`` to [0, rank] after
+    adding the rank to negative ones) and folds correctly.
+
+    Returns:
+        The (Shape, Slice) pairs made, for `_unslice_shapes`.
+    """
+    pairs = []
+    graphs = [g for f in (graph, *graph.functions) for g in (f, *f.subgraphs(recursive=True))]
+    for g in graphs:
+        names = {n.name for n in g.nodes} | set(g.tensors())
+        for node in [n for n in g.nodes if n.op == "Shape"]:
+            start, end = node.attrs.get("start", 0), node.attrs.get("end")
+            if start == 0 and end is None:
+                continue
+            out = node.outputs[0]
+            whole = gs.Variable(unique_name(f"{out.name}_whole_shape", names), np.int64, None)
+            node.attrs.pop("start", None)
+            node.attrs.pop("end", None)
+            node.outputs = [whole]
+            bounds = [gs.Constant(unique_name(f"{out.name}_{what}", names),
+                                  np.array([v], np.int64))
+                      for what, v in (("start", start), ("end", INT64_MAX if end is None
+                                                          else end), ("axis", 0))]
+            cut = gs.Node("Slice", unique_name(f"{node.name}_slice", names),
+                          inputs=[whole, *bounds], outputs=[out])
+            g.nodes.append(cut)
+            pairs.append((node, cut))
+    return pairs
+
+
+def _unslice_shapes(pairs: list[tuple[gs.Node, gs.Node]]) -> None:
+    """Give back ``start``/``end`` to each `_slice_shapes` pair that did not fold."""
+    for shape, cut in pairs:
+        if not cut.outputs or not shape.outputs or cut.inputs[0] is not shape.outputs[0]:
+            continue  # folded: the Slice is a constant now, cleanup removes the rest
+        start, end = (int(t.values[0]) for t in cut.inputs[1:3])
+        shape.attrs["start"] = start
+        if end != INT64_MAX:
+            shape.attrs["end"] = end
+        shape.outputs = list(cut.outputs)
+        cut.inputs.clear()
+        cut.outputs.clear()
+
+
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def _all_nodes(graph: gs.Graph) -> Iterator[gs.Node]:

@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from routetune.passes.graph.constants import inferred_types, taken_names, unique_name
+from routetune.passes.graph.constants import (
+    copy_graph,
+    inferred_types,
+    taken_names,
+    unique_name,
+)
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
 from routetune.weights import resolving_in
 
@@ -112,7 +117,7 @@ def inline_constant_ifs(graph: gs.Graph, names: set[str] | None = None) -> int:
 
 def _conditions(graph: gs.Graph, profile: ShapeProfile | None) -> dict[str, np.ndarray]:
     """The values of the ``If`` conditions that fold to constants, by tensor name."""
-    copy = graph.copy()
+    copy = copy_graph(graph)
     fixed = profile.shapes if profile is not None else {}
     for tensor in copy.inputs:
         if tensor.name in fixed and tensor.shape is not None:

@@ -23,6 +23,7 @@ from routetune.backend import Backend
 from routetune.passes.graph.casts import tidy_casts
 from routetune.passes.graph.constants import (
     constant_value,
+    copy_graph,
     inferred_types,
     subgraphs,
     taken_names,
@@ -55,6 +56,12 @@ ALWAYS_FP32 = frozenset({
 whose float inputs the ONNX spec or good practice keeps FP32 (Range bounds,
 NonMaxSuppression thresholds), generators, and quantization ops."""
 
+TYPE_ATTRS = frozenset({"to", "dtype", "output_dtype", "output_datatype"})
+"""Attributes that fix a node's output type (BitCast's and CastLike's ``to``, EyeLike's
+and RandomNormalLike's ``dtype``, QuantizeLinear's ``output_dtype``): converting such a
+node's float inputs would change a type the attribute fixes (BitCast's bit width), and
+its float outputs keep the attribute's type. Cast is handled by rule 4 instead."""
+
 KEEP_INPUTS = {"Resize": {1, 2}, "Upsample": {1}, "Dropout": {1}}
 """Inputs that keep their type whatever the node's precision: Resize's roi and scales,
 Upsample's scales, Dropout's ratio (ONNX operator spec)."""
@@ -74,7 +81,9 @@ class MixedPrecision(Seasoning):
 
     1. A node runs in the low type unless it is in `ALWAYS_FP32`, the user's
        ``op_types_to_exclude`` or ``nodes_to_exclude`` (added to that block list, never
-       replacing it), its operator schema does not admit the low type, one of its float
+       replacing it), its operator schema does not admit the low type, it reads or
+       writes a sequence or optional, an attribute fixes its types (`TYPE_ATTRS`), one
+       of its float
        inputs or outputs exceeds ``data_max`` in magnitude on the calibration inputs (or
        the type's largest value), a reduction's partial sums exceed the type's largest
        value, or a constant input holds values that overflow the type (``init_max``) or
@@ -112,8 +121,9 @@ class MixedPrecision(Seasoning):
         quantized = sorted({n.op for n in graph.nodes if n.op in QUANTIZED_OPS})
         if quantized:
             return f"the model is already quantized ({', '.join(quantized)})"
-        floats = Counter(t.dtype for t in graph.tensors().values() if t.dtype is not None
-                         and np.dtype(t.dtype).kind == "f")
+        floats = Counter(numpy_dtype(t.dtype) for t in graph.tensors().values()
+                         if t.dtype is not None and getattr(numpy_dtype(t.dtype), "kind", "")
+                         == "f")
         lowish = floats[np.dtype(np.float16)] + floats.get(self.low, 0)
         if lowish and lowish >= floats[FLOAT32]:
             return "the model is already in low precision (mostly float16 tensors)"
@@ -124,7 +134,7 @@ class MixedPrecision(Seasoning):
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Decide each node's precision, then rewrite the graph (rules 1–6)."""
         graph = state.graph
-        before = graph.copy()
+        before = copy_graph(graph)
         ranges = tensor_ranges(graph, ctx)
         with inferred_types(graph):
             decisions, counts = self._decide(graph, ranges)
@@ -167,6 +177,11 @@ class MixedPrecision(Seasoning):
                 keep(node, "kept_excluded", "in op_types_to_exclude or nodes_to_exclude")
             elif not _schema_admits(node, opset, self.onnx_low):
                 keep(node, "kept_blocked", f"{node.op} has no {self.low.name} kernel in the spec")
+            elif any(_not_tensor(t) for t in (*node.inputs, *node.outputs)):
+                keep(node, "kept_typed", f"{node.op} reads or writes a sequence or optional")
+            elif node.op != "Cast" and TYPE_ATTRS & set(node.attrs):
+                fixed = sorted(TYPE_ATTRS & set(node.attrs))[0]
+                keep(node, "kept_typed", f"{node.op}'s '{fixed}' attribute fixes its types")
             elif any(id(t) in outer for t in node.outputs):
                 keep(node, "kept_subgraph", "its output is read inside a subgraph")
             else:
@@ -225,11 +240,31 @@ def _float_outputs(node: gs.Node) -> list[gs.Tensor]:
 
 
 def _is_f32(tensor: gs.Tensor) -> bool:
+    """Whether `tensor` is a float32 tensor (not a sequence, optional or map of them)."""
     if tensor.name == "" or tensor.dtype is None:
         return False
+    if _not_tensor(tensor):
+        return False
     value = constant_value(tensor)
-    dtype = value.dtype if value is not None else np.dtype(tensor.dtype)
-    return dtype == FLOAT32
+    return (value.dtype if value is not None else numpy_dtype(tensor.dtype)) == FLOAT32
+
+
+def _not_tensor(tensor: gs.Tensor) -> bool:
+    """Whether `tensor` is a sequence, optional or map (their element types stay)."""
+    return isinstance(tensor, gs.Variable) and getattr(tensor, "type",
+                                                       "tensor_type") != "tensor_type"
+
+
+def numpy_dtype(dtype: Any) -> np.dtype | None:
+    """onnx-graphsurgeon's dtype as NumPy's; None where NumPy lacks it.
+
+    onnx-graphsurgeon keeps such types (float8, int4) as the ONNX enum value, and
+    ``np.dtype(17)`` raises ``TypeError`` (onnx node test ``test_cast_FLOAT_to_FLOAT8E4M3FN``).
+    """
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return None
 
 
 def _schema_admits(node: gs.Node, opset: int, onnx_low: int) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from routetune.model import with_intermediates
-from routetune.passes.graph.constants import constant_value
+from routetune.passes.graph.constants import constant_value, copy_graph
 from routetune.seasoning import RouteContext
 
 REDUCTIONS = {"ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2"}
@@ -47,15 +47,16 @@ def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
             (``ctx.evaluate``).
 
     Returns:
-        The ranges; empty when ``ctx`` has no runtime or no inputs.
+        The ranges, of tensors only (sequence outputs are left out: the pass never
+        converts them); empty when ``ctx`` has no runtime or no inputs.
     """
     if ctx.evaluate is None or not ctx.feeds:
         return Ranges()
-    runs = ctx.evaluate(with_intermediates(gs.export_onnx(graph.copy(), do_type_check=False)))
+    runs = ctx.evaluate(with_intermediates(gs.export_onnx(copy_graph(graph), do_type_check=False)))
     amax: dict[str, float] = {}
     for outputs in runs:
         for name, array in outputs.items():
-            if array.dtype.kind == "f" and array.size:
+            if isinstance(array, np.ndarray) and array.dtype.kind == "f" and array.size:
                 finite = np.abs(array[np.isfinite(array)])
                 peak = float(finite.max()) if finite.size else 0.0
                 amax[name] = max(amax.get(name, 0.0), peak)
@@ -71,7 +72,7 @@ def _partial_sums(graph: gs.Graph, runs: list[dict[str, np.ndarray]]) -> dict[st
         squared = node.op in ("ReduceSumSquare", "ReduceL2")
         for outputs in runs:
             x = outputs.get(node.inputs[0].name)
-            if x is None or x.dtype.kind != "f":
+            if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
                 continue
             mag = np.abs(x.astype(np.float64))
             acc = np.sum(mag * mag if squared else mag, axis=axes)

@@ -17,7 +17,7 @@ import math
 import onnx
 import onnx_graphsurgeon as gs
 
-from routetune.passes.graph.constants import replace_graph
+from routetune.passes.graph.constants import copy_graph, replace_graph
 from routetune.passes.precision.sensitivity import Sensitivity, rank_nodes
 from routetune.seasoning import (
     Param,
@@ -67,8 +67,8 @@ class PrecisionRepair(Seasoning):
         if ctx.evaluate is None:
             raise ValueError("precision-repair ranks nodes on the FP32 reference runtime; "
                              "none is available")
-        fp32 = gs.export_onnx(lowered.graph.copy(), do_type_check=False)
-        low = gs.export_onnx(state.graph.copy(), do_type_check=False)
+        fp32 = gs.export_onnx(copy_graph(lowered.graph), do_type_check=False)
+        low = gs.export_onnx(copy_graph(state.graph), do_type_check=False)
         overflows = _overflows(fp32, low, state, ctx)
         first = {s.node for s in overflows}
         ranking = overflows + [s for s in rank_nodes(fp32, low, ctx.evaluate)
@@ -79,7 +79,7 @@ class PrecisionRepair(Seasoning):
         chosen = ranking[:count]
         excluded = set(previous.params["nodes_to_exclude"]) | {s.node for s in chosen}
         redo = type(previous)({**previous.params, "nodes_to_exclude": tuple(sorted(excluded))})
-        again = RouteState(lowered.graph.copy(), state.settings)
+        again = RouteState(copy_graph(lowered.graph), state.settings)
         result = redo(again, ctx)
         replace_graph(state.graph, again.graph)
         state.lowered = again.lowered

@@ -156,17 +156,25 @@ class OnnxRuntimeBackend(Backend):
         return self.open(self.build(model_path, settings, model_path.parent))
 
 
-def owned(names: Sequence[str], arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+def owned(names: Sequence[str], arrays: Sequence[Any]) -> dict[str, Any]:
     """Outputs by name, each an array that owns its memory.
 
     ONNX Runtime can return an output as a view of its own allocation (with graph
     optimisations off, on the CPU provider, as of 1.32); the view keeps that whole
     allocation alive after the session is closed: 0.55 GiB of a 1 GiB model for two
     kept outputs (large-model benchmark). Kept outputs (references, accuracy checks)
-    must not hold a closed session's memory, so views are copied.
+    must not hold a closed session's memory, so views are copied. A sequence output is a
+    list of arrays (each copied the same way); a map output is returned as it came.
     """
-    return {name: a if a.flags.owndata else a.copy()
-            for name, a in zip(names, arrays, strict=True)}
+    return {name: _owned(a) for name, a in zip(names, arrays, strict=True)}
+
+
+def _owned(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value if value.flags.owndata else value.copy()
+    if isinstance(value, list):
+        return [_owned(v) for v in value]
+    return value
 
 
 class OnnxRuntimeRunner(Runner):
@@ -183,8 +191,14 @@ class OnnxRuntimeRunner(Runner):
         return owned(self.output_names, self.session.run(None, self._cast(feed)))
 
     def _cast(self, feed: Feed) -> dict[str, Any]:
-        """The feed, float32 arrays cast to float16 where the model takes float16."""
-        return {k: np.asarray(v).astype(self.low_inputs[k]) if k in self.low_inputs else v
+        """A private copy of the feed, cast to float16 where the model takes float16.
+
+        A copy, because ONNX Runtime may write into an input: a training-mode
+        BatchNormalization updates its ``input_mean``/``input_var`` in place (onnx node test
+        ``test_batchnorm_epsilon_training_mode``), and the next run on the same feed (the
+        FP32 reference) would read the changed values.
+        """
+        return {k: np.array(v, dtype=self.low_inputs.get(k), copy=True)
                 for k, v in feed.items()}
 
     def prepare(self, feed: Feed) -> Callable[[], None]:

@@ -51,7 +51,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from routetune.backend import Backend
 from routetune.model import FLOAT_TYPES, name_nodes, with_intermediates
-from routetune.passes.graph.constants import replace_graph
+from routetune.passes.graph.constants import copy_graph, replace_graph
 from routetune.plugins.onnxruntime.backend import reference_options
 from routetune.seasoning import (
     Lowering,
@@ -310,7 +310,7 @@ class _QdqSeasoning(Seasoning):
         low = low_precision(state.graph, op_types)  # after fp16 in a route, say
         if low:
             raise ValueError(low)
-        before = state.graph.copy()
+        before = copy_graph(state.graph)
         model = gs.export_onnx(state.graph)
         moved = _constants_to_initializers(model)
         mismatched: dict[str, str] = {}
