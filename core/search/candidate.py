@@ -60,7 +60,7 @@ from routetune.measure import (
     measure_blocks,
     paired_speedup,
 )
-from routetune.model import PreparedModel, cast_faults, check_candidate, sha256
+from routetune.model import PreparedModel, cast_faults, check_candidate, sha256, toposort
 from routetune.profile import ShapeProfile
 from routetune.registry import Registry
 from routetune.route import Route, Step
@@ -560,13 +560,17 @@ class Candidate:
         return data, passes, lowered
 
     def export(self, graph: gs.Graph) -> onnx.ModelProto:
-        """`gs.export_onnx`; with external data, new large tensors go to the store.
+        """`gs.export_onnx`, nodes sorted; with external data, new large tensors go to the store.
 
+        Nodes are put in topological order (`routetune.model.toposort`, subgraphs' outer
+        reads counted): a pass that appends nodes, or a tool that writes them out of
+        order (ONNX Runtime's quantizer on graphs with ``If``), leaves a valid graph.
         The model stays small whatever its weights' size: tensors a pass left alone
         keep their locations, and those it wrote (`weights.MIN_EXTERNAL_BYTES` or more)
         are stored once each under ``artifacts/models/weights/``.
         """
         model = gs.export_onnx(graph)
+        toposort(model.graph)  # a pass may leave nodes out of order: sorting is enforced
         if self.store is not None:
             externalize(model, self.store)
         return model

@@ -51,7 +51,8 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from routetune.backend import Backend
 from routetune.model import FLOAT_TYPES, name_nodes, with_intermediates
-from routetune.passes.graph.constants import copy_graph, replace_graph
+from routetune.passes.graph.casts import tidy_casts
+from routetune.passes.graph.constants import copy_graph, inferred_types, replace_graph
 from routetune.plugins.onnxruntime.backend import reference_options
 from routetune.seasoning import (
     Lowering,
@@ -372,6 +373,9 @@ class _QdqSeasoning(Seasoning):
         if count == 0:
             return PassResult(False, stats, "; ".join(notes + ["no node was quantized"]))
         new = gs.import_onnx(quantized)
+        with inferred_types(new):  # a Cast whose input a DequantizeLinear now feeds
+            stats.update(tidy_casts(new))  # may cast to the type it already has
+        new.cleanup()
         replace_graph(state.graph, new)
         state.lowered = Lowering(self, before)
         return PassResult(True, stats, "; ".join(notes))
