@@ -187,7 +187,8 @@ def _unslice_shapes(pairs: list[tuple[gs.Node, gs.Node]]) -> None:
         if not cut.outputs or not shape.outputs or cut.inputs[0] is not shape.outputs[0]:
             continue  # folded: the Slice is a constant now, cleanup removes the rest
         start, end = (int(t.values[0]) for t in cut.inputs[1:3])
-        shape.attrs["start"] = start
+        if start != 0:
+            shape.attrs["start"] = start
         if end != INT64_MAX:
             shape.attrs["end"] = end
         shape.outputs = list(cut.outputs)

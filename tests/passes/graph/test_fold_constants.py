@@ -236,3 +236,45 @@ def test_a_nested_if_with_a_constant_condition_is_inlined_with_its_outputs_bound
     x = np.array([1.0, -2.0], np.float32)
     for c in (True, False):
         assert_equivalent(model, out.model, {"x": x, "c": np.array(c)})
+
+
+def test_shape_start_and_end_fold_to_the_slice_of_the_shape(season, random_feeds,
+                                                           assert_equivalent):
+    # onnx node test test_shape_end_1: Shape(end=1) of a [3, 4, 5] tensor is [3];
+    # onnx-graphsurgeon folded the whole shape
+    model = parse("""
+    g (float[3,4,5] x) => (int64[1] y) { [shape] y = Shape <end = 1> (x) }
+    """)
+    out = season(FoldConstants, model)
+    assert [list(onnx.numpy_helper.to_array(t)) for t in out.model.graph.initializer] == [[3]]
+    assert_equivalent(model, out.model, random_feeds(model))
+
+
+def test_a_shape_with_start_folds_the_dims_it_selects(season, assert_equivalent):
+    # Shape(start=1) of [N, 3, 4] then Gather(1): the answer is 4 (the dims it selects
+    # are static, N is not among them); onnx-graphsurgeon's Shape-Gather folding read
+    # index 1 of the whole shape and gave 3
+    model = parse("""
+    g (float[N,3,4] x) => (int64 y) {
+      [shape] s = Shape <start = 1> (x)
+      [one] i = Constant <value = int64 {1}> ()
+      [gather] y = Gather(s, i)
+    }
+    """)
+    out = season(FoldConstants, model)
+    x = np.zeros((2, 3, 4), np.float32)
+    assert_equivalent(model, out.model, {"x": x})
+    (y,) = ort.InferenceSession(out.model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert int(y) == 4 and out.ops == []  # folded whole, to the right value
+
+
+def test_a_shape_with_start_that_cannot_fold_keeps_its_attributes(season, assert_equivalent):
+    model = parse("""
+    g (float[N,3,4] x) => (int64[2] y) { [shape] y = Shape <end = 2> (x) }
+    """)
+    out = season(FoldConstants, model)
+    assert [(n.op_type, [a.name for a in n.attribute]) for n in out.model.graph.node] == [
+        ("Shape", ["end"])]  # N is dynamic: left as it was, not as Shape and Slice
+    assert not out.result.modified
+    assert_equivalent(model, out.model, {"x": np.zeros((2, 3, 4), np.float32)})

@@ -65,3 +65,17 @@ def test_kept_outputs_do_not_hold_a_closed_sessions_memory(tmp_path: Path) -> No
     gc.collect()
     held = rss_anon() - before
     assert len(kept) == 2 and held < intermediate // 2, f"{held / 2**20:.0f} MiB still held"
+
+
+def test_each_run_gets_a_private_copy_of_its_inputs(tmp_path: Path) -> None:
+    # Conformance K9: a run that writes into an input (a training-mode
+    # BatchNormalization updating its mean and variance) must not change the caller's
+    # arrays, which the FP32 reference reads next
+    model = conv_bn(tmp_path / "m.onnx")
+    feed = {"x": np.ones((1, 3, 32, 32), np.float32)}
+    with OnnxRuntimeBackend().reference(model) as runner:
+        handed = runner._cast(feed)  # what the session receives
+        call = runner.prepare(feed)
+        call()
+    assert not np.shares_memory(handed["x"], feed["x"])
+    assert np.array_equal(feed["x"], np.ones((1, 3, 32, 32), np.float32))
