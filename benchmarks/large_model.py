@@ -141,7 +141,8 @@ def run(command: list[str]) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     return {"rc": proc.returncode, "wall_s": wall, "peak_tree_rss": peak,
             "peak_process_rss": max(peaks.values(), default=0),
-            "process_peaks": {str(pid): b for pid, b in sorted(peaks.items(), key=lambda kv: -kv[1])},
+            "process_peaks": {str(pid): b for pid, b in
+                              sorted(peaks.items(), key=lambda kv: -kv[1])},
             "output_tail": output[-3000:]}
 
 

@@ -8,7 +8,7 @@ through `Runner.prepare`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -184,6 +184,23 @@ class Backend:
                 ``float8e4m3fn``).
         """
         return None
+
+    def kernel_gaps(self, model: Any, feeds: Sequence[Feed]) -> dict[str, str]:
+        """The nodes of `model` this backend has no kernel for, found by running it.
+
+        A precision pass asks before it hands over a converted model: a schema may admit
+        float16 where a backend's kernel does not (ONNX Runtime's CPU provider has no
+        float16 ScatterND with ``reduction='max'``, and says so only when the node runs).
+
+        Args:
+            model: An ``onnx.ModelProto`` that holds its data.
+            feeds: Input sets to run it on.
+
+        Returns:
+            Node name to the backend's message, one line each; empty when it runs, or
+            when this backend cannot tell (the default).
+        """
+        return {}
 
     def emulates(self, dtype: str, settings: Mapping[str, Any]) -> bool:
         """Whether engines built with `settings` compute `dtype` in a wider type inside.

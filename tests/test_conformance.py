@@ -79,15 +79,13 @@ def test_each_kind_is_fixed(cases: dict[str, Any], registry: Registry, tmp_path:
 
 
 @pytest.mark.parametrize("name", ["test_scatternd_max", "test_scatter_elements_with_reduction_max"])
-def test_a_converted_op_without_a_kernel_is_one_line_not_a_traceback(
+def test_a_node_without_a_kernel_of_the_low_type_stays_fp32(
         cases: dict[str, Any], registry: Registry, tmp_path: Path, name: str) -> None:
     # K4: ONNX Runtime's CPU provider has no float16 ScatterND/ScatterElements with a
-    # reduction; it fails when the node runs, not when the session is made
+    # reduction, which it says only when the node runs: fp16 asks the backend
+    # (Backend.kernel_gaps) and keeps such a node in FP32
     row = run(cases, name, "fp16", registry, tmp_path)
-    assert row.outcome in ("ok", "refused"), f"{row.outcome}: {row.reason}"
-    assert "\n" not in row.reason
-    if row.outcome == "refused":
-        assert "Scatter" in row.reason
+    assert row.outcome == "ok", f"{row.outcome}: {row.reason}"
 
 
 def test_a_seeded_sample_meets_the_targets(cases: dict[str, Any], registry: Registry,

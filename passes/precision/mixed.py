@@ -12,6 +12,7 @@ operator cannot run in the low type.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import ml_dtypes
@@ -25,6 +26,7 @@ from routetune.passes.graph.constants import (
     constant_value,
     copy_graph,
     inferred_types,
+    replace_graph,
     subgraphs,
     taken_names,
     unique_name,
@@ -102,6 +104,11 @@ class MixedPrecision(Seasoning):
     7. No Cast casts a tensor to the type it already has, and no tensor is cast to one
        type twice (`tidy_casts`): a model already partly in the low type, whose
        ``Cast(to=FLOAT)`` rule 4 turns into a low-to-low Cast, comes out clean.
+    8. The converted model is run once by the backend (`Backend.kernel_gaps`, on the
+       first input set); a low node it has no kernel for is kept in FP32 and the
+       conversion is redone, until it runs. ONNX Runtime's CPU provider has no float16
+       ScatterND or ScatterElements with a reduction, though the schema admits it
+       (onnx node test ``test_scatternd_max``).
     """
 
     low: ClassVar[np.dtype]
@@ -132,18 +139,26 @@ class MixedPrecision(Seasoning):
         return None
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
-        """Decide each node's precision, then rewrite the graph (rules 1–6)."""
+        """Decide each node's precision, then rewrite the graph (rules 1–8)."""
         graph = state.graph
         before = copy_graph(graph)
         ranges = tensor_ranges(graph, ctx)
-        with inferred_types(graph):
-            decisions, counts = self._decide(graph, ranges)
-            low = {id(n) for n in graph.nodes if decisions[n.name] is None}
-            kept = {name: why for name, why in decisions.items() if why}
-            casts = _rewrite(graph, low, self.low, self.onnx_low,
-                             bool(self.params["keep_io_types"]))
-            tidied = tidy_casts(graph)  # rule 7
-        graph.cleanup().toposort()
+        no_kernel: dict[str, str] = {}
+        while True:
+            with inferred_types(graph):
+                decisions, counts = self._decide(graph, ranges, no_kernel)
+                low = {id(n) for n in graph.nodes if decisions[n.name] is None}
+                kept = {name: why for name, why in decisions.items() if why}
+                casts = _rewrite(graph, low, self.low, self.onnx_low,
+                                 bool(self.params["keep_io_types"]))
+                tidied = tidy_casts(graph)  # rule 7
+            graph.cleanup().toposort()
+            gaps = self._kernel_gaps(graph, ctx, {n for n, why in decisions.items()
+                                                  if why is None})
+            if not gaps:
+                break
+            no_kernel.update(gaps)  # rule 8: convert again, those nodes kept in FP32
+            replace_graph(graph, copy_graph(before))
         state.lowered = Lowering(self, before)
         stats = {"low_nodes": len(low), "fp32_nodes": len(kept), "casts": casts, **counts,
                  **tidied}
@@ -152,7 +167,21 @@ class MixedPrecision(Seasoning):
             note += f"; … {len(kept) - 20} more"
         return PassResult(modified=bool(low), stats=stats, note=note)
 
-    def _decide(self, graph: gs.Graph, ranges: Ranges) -> tuple[dict[str, str | None], Counter]:
+    def _kernel_gaps(self, graph: gs.Graph, ctx: RouteContext, low: set[str]
+                     ) -> dict[str, str]:
+        """Low nodes the backend has no kernel for (`Backend.kernel_gaps`), on one set.
+
+        Not asked for a model with external data (over 2 GiB, say): that would build
+        one more session over the weights; the build reports such a node instead.
+        """
+        if ctx.weights is not None or not ctx.feeds:
+            return {}
+        model = gs.export_onnx(copy_graph(graph), do_type_check=False)
+        gaps = ctx.backend.kernel_gaps(model, ctx.feeds[:1])
+        return {name: why for name, why in gaps.items() if name in low}
+
+    def _decide(self, graph: gs.Graph, ranges: Ranges, no_kernel: Mapping[str, str]
+                ) -> tuple[dict[str, str | None], Counter]:
         data_max = min(float(self.params["data_max"]), self.type_max)
         init_max = min(float(self.params["init_max"]), self.type_max)
         excluded_ops = set(self.params["op_types_to_exclude"])
@@ -177,6 +206,9 @@ class MixedPrecision(Seasoning):
                 keep(node, "kept_excluded", "in op_types_to_exclude or nodes_to_exclude")
             elif not _schema_admits(node, opset, self.onnx_low):
                 keep(node, "kept_blocked", f"{node.op} has no {self.low.name} kernel in the spec")
+            elif node.name in no_kernel:
+                keep(node, "kept_no_kernel", f"the backend has no {self.low.name} kernel: "
+                     f"{no_kernel[node.name]}")
             elif any(_not_tensor(t) for t in (*node.inputs, *node.outputs)):
                 keep(node, "kept_typed", f"{node.op} reads or writes a sequence or optional")
             elif node.op != "Cast" and TYPE_ATTRS & set(node.attrs):

@@ -259,9 +259,17 @@ def test_bf16_is_not_applicable_on_the_cpu_provider_and_that_is_true() -> None:
         "ONNX Runtime's CPUExecutionProvider has no bfloat16 kernels "
         "(MatMul and Add give NOT_IMPLEMENTED)")
     feed = {"x": np.ones((2, 4), np.float32)}
-    _, out = convert(model, [feed], cls=Bf16)  # the rewrite itself is valid ONNX
+    graph = gs.import_onnx(model)  # converted without asking the backend: valid ONNX...
+    Bf16()(RouteState(graph), RouteContext(BACKEND))
+    out = gs.export_onnx(graph)
+    onnx.checker.check_model(out, full_check=True)
     with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
-        run(out, feed)
+        run(out, feed)  # ...that the CPU provider cannot run
+    # asked (rule 8), the backend names the MatMul and bf16 keeps it in FP32
+    result, out = convert(model, [feed], cls=Bf16)
+    assert result.stats["kept_no_kernel"] == 1 and not result.modified
+    assert "matmul: the backend has no bfloat16 kernel: " in result.note
+    run(out, feed)
 
 
 def test_a_tensor_declared_with_unknown_dims_still_becomes_float16() -> None:
