@@ -6,7 +6,10 @@ as functions, each with input sets). `run_route` runs what ``routetune build MOD
 --route R --inputs DIR`` runs (`routetune.rebuild.rebuild`, in this process) on one
 written test and classifies the result:
 
-- ``ok``: built, and its outputs match the FP32 reference under the default constraint;
+- ``ok``: the pass changed the model, which built, and its outputs match the FP32
+  reference under the default constraint;
+- ``unchanged``: the pass ran and found nothing to change;
+- ``not-applicable``: the pass declined up front (`Seasoning.applicable`), with why;
 - ``tolerance-miss``: a precision route whose outputs do not (allowed);
 - ``wrong-output``: an exact pass whose outputs do not (a defect);
 - ``refused``: the pass or the backend declined, in one line (the reason is kept);
@@ -129,12 +132,16 @@ def run_route(folder: Path, route: str, registry: Registry) -> Row:
         if done.broken:
             row.outcome, row.reason = "invalid-model", done.broken
         elif done.failed:
-            row.outcome, row.reason = "refused", done.failed
+            applicable = "not applicable: " not in done.failed
+            row.outcome = "refused" if applicable else "not-applicable"
+            row.reason = done.failed
         elif done.verdict is None:
             row.outcome, row.reason = "refused", done.not_run
         elif not done.verdict.passed:
             row.outcome = "wrong-output" if ROUTES[route] == "exact" else "tolerance-miss"
             row.reason = done.verdict.reason
+        elif not done.changed:
+            row.outcome = "unchanged"
     row.seconds = round(time.perf_counter() - t0, 3)
     if "\n" in row.reason and row.outcome in ("refused", "skipped"):
         row.outcome, row.reason = "traceback", "a refusal of several lines: " + row.reason
@@ -143,7 +150,8 @@ def run_route(folder: Path, route: str, registry: Registry) -> Row:
 
 def summary(rows: list[Row], tests: int, skipped: dict[str, str], wall_s: float) -> str:
     """The Markdown counts: per route and outcome, and the defects listed."""
-    outcomes = ["ok", "tolerance-miss", "refused", "skipped", *DEFECTS]
+    outcomes = ["ok", "unchanged", "not-applicable", "tolerance-miss", "refused", "skipped",
+                *DEFECTS]
     lines = [f"{tests} node tests ({len(skipped)} not writable as .npz inputs), "
              f"{len(rows)} (test, route) runs, {wall_s:.0f} s.", "",
              "| route | " + " | ".join(outcomes) + " | applied and within tolerance |",
@@ -152,7 +160,7 @@ def summary(rows: list[Row], tests: int, skipped: dict[str, str], wall_s: float)
         mine = [r for r in rows if r.route == route]
         counts = Counter(r.outcome for r in mine)
         ran = len(mine) - counts["skipped"]
-        share = f"{counts['ok'] / ran:.1%}" if ran else "-"
+        share = f"{counts['ok'] / ran:.1%}" if ran else "-"  # applied, and within tolerance
         lines.append(f"| {route} | " + " | ".join(str(counts[o]) for o in outcomes)
                      + f" | {share} of {ran} |")
     defects = [r for r in rows if r.outcome in DEFECTS]

@@ -64,6 +64,8 @@ class Rebuilt:
             signature, node names) or crashed, in one line naming the pass; "" otherwise.
         log: The log file holding what the libraries printed meanwhile
             (``artifacts/logs/build.log`` in the output directory).
+        changed: Whether any of the route's passes changed the model or the settings
+            (False: the engine is the base route's).
     """
 
     route: Route
@@ -76,6 +78,7 @@ class Rebuilt:
     failed: str = ""
     broken: str = ""
     log: Path | None = None
+    changed: bool = True
 
 
 def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt:
@@ -106,11 +109,17 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
         inputs = TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (),
                              run.constraint, run.outdir, opts.measure, run.model.data,
                              run.backend_options)
+        # what the engine is checked against, first: a model that does not run is the
+        # user's input to fix (exit 2), whatever a route would do to it
+        stored, what = _expected(run.outdir, resolved, run.settings_hash)
+        if stored is None:
+            stored, what = (_references(reference, run),
+                            "the FP32 reference (ONNX Runtime, CPU)")
         candidate, _ = with_base_pipeline(registry, inputs, run.backend, reference,
                                           list(run.base))
         t0 = time.perf_counter_ns()
         try:
-            data, _, settings = candidate.apply(resolved)
+            data, passes, settings = candidate.apply(resolved)
         except SeasoningError as e:  # the pass declined, with its reason
             return Rebuilt(resolved, None, 0, 0.0, "", None, failed=describe(e), log=log)
         except (PostconditionError, SeasoningCrashed) as e:  # the pass broke the model
@@ -134,12 +143,10 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
             return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, "", None,
                            failed=f"the engine does not run on the inputs: {describe(e)}",
                            log=log)
-        stored, what = _expected(run.outdir, resolved, run.settings_hash)
-        if stored is None:
-            stored, what = (_references(reference, run),
-                            "the FP32 reference (ONNX Runtime, CPU)")
     verdict = check_accuracy(run.constraint, registry, outputs, stored)
-    return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, what, verdict, log=log)
+    changed = any(p.get("modified", True) for p in passes[len(passes) - len(resolved):])
+    return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, what, verdict, log=log,
+                   changed=changed)
 
 
 def _expected(outdir: Path, route: Route, settings_hash: str) -> tuple[list | None, str]:

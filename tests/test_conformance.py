@@ -41,6 +41,7 @@ def run(cases: dict[str, Any], name: str, route: str, registry: Registry,
 
 
 # (kind, node test, route, the outcome expected): each kind's named test, then one more.
+# "unchanged" and "not-applicable" still built the base, ran it and checked its outputs.
 # INT8 on these one-operator tests misses the tolerance (an attention's softmax in INT8):
 # allowed for a precision route; what is pinned is that the model is valid and runs.
 PINNED = [
@@ -50,23 +51,26 @@ PINNED = [
     ("K2 nodes out of order with If", "test_affine_grid_2d_align_corners_expanded",
      "int8-qdq", "tolerance-miss"),
     ("K2", "test_affine_grid_3d_expanded", "int8-qdq", "tolerance-miss"),
-    ("K3 type fixed by an attribute", "test_bitcast_2d_float32_to_int32", "fp16", "ok"),
-    ("K3", "test_eyelike_populate_off_main_diagonal", "fp16", "ok"),
-    ("K3", "test_eyelike_with_dtype", "fp16", "ok"),
-    ("K5 sequence output", "test_split_to_sequence_2", "fp16", "ok"),
-    ("K5 ragged sequence", "test_split_to_sequence_2", "eliminate-noops", "ok"),
-    ("K5", "test_split_to_sequence_nokeepdims", "fp16", "ok"),
-    ("K6 zero-size and rank-0 inputs", "test_cumsum_1d", "fold-constants", "ok"),
-    ("K6", "test_reduce_min_empty_set", "fold-constants", "ok"),
-    ("K7 string inputs", "test_equal_string", "eliminate-noops", "ok"),
+    ("K3 type fixed by an attribute", "test_bitcast_2d_float32_to_int32", "fp16", "unchanged"),
+    ("K3", "test_eyelike_populate_off_main_diagonal", "fp16", "unchanged"),
+    ("K3", "test_eyelike_with_dtype", "fp16", "not-applicable"),
+    ("K5 sequence output", "test_split_to_sequence_2", "fp16", "unchanged"),
+    ("K5 ragged sequence", "test_split_to_sequence_1", "fp16", "unchanged"),
+    ("K5", "test_split_to_sequence_nokeepdims", "fp16", "unchanged"),
+    ("K6 zero-size and rank-0 inputs: loaded, and the reference ran", "test_cumsum_1d",
+     "fp16", "not-applicable"),
+    ("K6", "test_reduce_min_empty_set", "fp16", "ok"),
+    ("K7 string inputs: loaded, and the reference ran", "test_equal_string", "eliminate-noops",
+     "not-applicable"),
     ("K8 Q/DQ types: what int8-qdq writes is valid; ONNX Runtime's own transpose optimiser "
      "then makes a QuantizeLinear it refuses, in one line",
      "test_attention_3d_expanded", "int8-qdq", "refused"),
     ("K8", "test_attention_4d_expanded", "int8-qdq", "tolerance-miss"),
     ("K9 inputs written by a run", "test_batchnorm_epsilon_training_mode", "fp16", "ok"),
-    ("K10 float8 tensors", "test_cast_FLOAT_to_FLOAT8E4M3FN", "fp16", "ok"),
-    ("K10: the pass runs; ONNX Runtime cannot return float8 e5m2 to Python, for the "
-     "original model too", "test_cast_FLOAT_to_FLOAT8E5M2", "fp16", "refused"),
+    ("K10 float8 tensors", "test_cast_FLOAT_to_FLOAT8E4M3FN", "fp16", "unchanged"),
+    ("K10: ONNX Runtime cannot return float8 e5m2 to Python, so the original model "
+     "cannot be checked: skipped, in one line", "test_cast_FLOAT_to_FLOAT8E5M2", "fp16",
+     "skipped"),
 ]
 
 
@@ -85,7 +89,7 @@ def test_a_node_without_a_kernel_of_the_low_type_stays_fp32(
     # reduction, which it says only when the node runs: fp16 asks the backend
     # (Backend.kernel_gaps) and keeps such a node in FP32
     row = run(cases, name, "fp16", registry, tmp_path)
-    assert row.outcome == "ok", f"{row.outcome}: {row.reason}"
+    assert row.outcome in ("ok", "unchanged"), f"{row.outcome}: {row.reason}"
 
 
 def test_a_seeded_sample_meets_the_targets(cases: dict[str, Any], registry: Registry,

@@ -472,8 +472,13 @@ class Candidate:
     def step(self, step: Step, state: RouteState, applied: Route) -> dict[str, Any]:
         """Apply one seasoning to `state`; its pass record.
 
+        A graph or precision seasoning that is not applicable to the model as it stands
+        (`Seasoning.applicable`: int8-qdq on a model with nothing to quantize) declines,
+        whether the search, a pinned route or ``routetune build`` asked for it.
+
         Raises:
-            SeasoningError: The seasoning raised `ValueError` or a routetune error.
+            SeasoningError: The seasoning is not applicable, or raised `ValueError` or a
+                routetune error.
             SeasoningCrashed: The seasoning raised anything else (a bug).
         """
         seasoning = self.registry.seasoning(step.name)(dict(step.params))
@@ -482,6 +487,10 @@ class Candidate:
                            self.store)
         t0 = time.perf_counter_ns()
         try:
+            if state.graph is not None and seasoning.info.stage != "build":
+                why = seasoning.applicable(state.graph, self.backend)
+                if why:
+                    raise SeasoningError(step.name, str(applied), f"not applicable: {why}")
             result = seasoning(state, ctx)
         except (PluginError, SeasoningError):
             raise

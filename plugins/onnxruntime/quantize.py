@@ -258,7 +258,8 @@ def _constants_to_initializers(model: onnx.ModelProto) -> int:
 
 
 def _opset(model: onnx.ModelProto) -> int:
-    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    """The default domain's opset; 0 for a model that imports only other domains."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _count_quantized(model: onnx.ModelProto, op_types: Iterable[str]) -> int:
