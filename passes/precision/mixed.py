@@ -59,10 +59,11 @@ whose float inputs the ONNX spec or good practice keeps FP32 (Range bounds,
 NonMaxSuppression thresholds), generators, and quantization ops."""
 
 TYPE_ATTRS = frozenset({"to", "dtype", "output_dtype", "output_datatype"})
-"""Attributes that fix a node's output type (BitCast's and CastLike's ``to``, EyeLike's
-and RandomNormalLike's ``dtype``, QuantizeLinear's ``output_dtype``): converting such a
-node's float inputs would change a type the attribute fixes (BitCast's bit width), and
-its float outputs keep the attribute's type. Cast is handled by rule 4 instead."""
+"""Attributes that fix a node's output type, whether given or left to their default
+(BitCast's ``to``, EyeLike's and RandomNormalLike's ``dtype``, QuantizeLinear's
+``output_dtype``, the window functions' ``output_datatype``): converting such a node's
+float inputs would change a type the attribute fixes (BitCast's bit width), and its
+float outputs keep the attribute's type. Cast is handled by rule 4 instead."""
 
 KEEP_INPUTS = {"Resize": {1, 2}, "Upsample": {1}, "Dropout": {1}}
 """Inputs that keep their type whatever the node's precision: Resize's roi and scales,
@@ -211,9 +212,8 @@ class MixedPrecision(Seasoning):
                      f"{no_kernel[node.name]}")
             elif any(_not_tensor(t) for t in (*node.inputs, *node.outputs)):
                 keep(node, "kept_typed", f"{node.op} reads or writes a sequence or optional")
-            elif node.op != "Cast" and TYPE_ATTRS & set(node.attrs):
-                fixed = sorted(TYPE_ATTRS & set(node.attrs))[0]
-                keep(node, "kept_typed", f"{node.op}'s '{fixed}' attribute fixes its types")
+            elif node.op != "Cast" and (fixed := _type_attrs(node, opset)):
+                keep(node, "kept_typed", f"{node.op}'s '{fixed[0]}' attribute fixes its types")
             elif any(id(t) in outer for t in node.outputs):
                 keep(node, "kept_subgraph", "its output is read inside a subgraph")
             else:
@@ -279,6 +279,19 @@ def _is_f32(tensor: gs.Tensor) -> bool:
         return False
     value = constant_value(tensor)
     return (value.dtype if value is not None else numpy_dtype(tensor.dtype)) == FLOAT32
+
+
+def _type_attrs(node: gs.Node, opset: int) -> list[str]:
+    """The node's `TYPE_ATTRS`, given or left to their default by its schema.
+
+    HannWindow's ``output_datatype`` defaults to FLOAT: absent, it still fixes the
+    output type (onnx node test ``test_hannwindow``).
+    """
+    try:
+        declared = set(onnx.defs.get_schema(node.op, opset, node.domain or "").attributes)
+    except onnx.defs.SchemaError:
+        declared = set()
+    return sorted(TYPE_ATTRS & (declared | set(node.attrs)))
 
 
 def _not_tensor(tensor: gs.Tensor) -> bool:
