@@ -140,7 +140,10 @@ def load_npz(path: Path, specs: Sequence[TensorSpec]) -> list[Feed]:
 
     Each file is one input set mapping input names to arrays. Files load with
     ``allow_pickle=False``; a string input is therefore given as a NumPy ``str`` array
-    (dtype ``<U``) and handed to the runtime as the object array it takes.
+    (dtype ``<U``) and handed to the runtime as the object array it takes, and a bfloat16,
+    float8 or int4 input as its ``ml_dtypes`` array, which ``.npz`` stores as raw bytes,
+    or as those bytes (``array.view(numpy.uint8)``; NumPy cannot load the ``<f1`` that
+    float8 e5m2 arrays save as), read back as the model's type.
 
     Raises:
         UsageError: A missing path, an empty directory, a file that is not an ``.npz``,
@@ -178,9 +181,21 @@ def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
                 f"add it with numpy.savez(..., {spec.name}=array)"
             )
         arr = arrays[spec.name]
+        if spec.dtype is None:
+            raise UsageError(f"--inputs {path}: input '{spec.name}' is a sequence or optional "
+                             "value, which --inputs cannot give (tensors only)")
         if spec.dtype == np.dtype(object) and arr.dtype.kind == "U":
             arr = arr.astype(object)  # ONNX strings: NumPy str arrays, no pickle needed
+        if arr.dtype.kind in "Vu" and spec.dtype.isbuiltin != 1 and (
+                arr.dtype.itemsize == spec.dtype.itemsize):
+            arr = arr.view(spec.dtype)  # bfloat16, float8, int4: .npz keeps their bytes
         if arr.dtype != spec.dtype:
+            if spec.dtype.isbuiltin != 1:
+                raise UsageError(
+                    f"--inputs {path}: input '{spec.name}' is {arr.dtype}, the model wants "
+                    f"{spec.dtype}; save an ml_dtypes.{spec.dtype.name} array, or its bytes "
+                    f"(array.view(numpy.uint{8 * spec.dtype.itemsize})), which routetune "
+                    "reads as that type")
             if spec.dtype == np.dtype(object):
                 raise UsageError(
                     f"--inputs {path}: input '{spec.name}' is {arr.dtype}, the model wants "

@@ -77,3 +77,23 @@ def test_string_inputs_are_given_as_str_arrays(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"wants strings; save it as a NumPy str array") as e:
         load_npz(tmp_path / "b.npz", specs)
     assert "numpy.object" not in str(e.value)  # NumPy 2 has no such name
+
+
+def test_bfloat16_and_float8_inputs_are_read_from_their_bytes(tmp_path: Path) -> None:
+    # onnx node tests test_cast_BFLOAT16_to_FLOAT, test_cast_FLOAT8E4M3FN_to_FLOAT: .npz
+    # holds an ml_dtypes array as raw bytes (|V2, |V1); read back as the model's type
+    import ml_dtypes
+
+    specs = [TensorSpec("b", np.dtype(ml_dtypes.bfloat16), (3,)),
+             TensorSpec("f", np.dtype(ml_dtypes.float8_e4m3fn), (2,))]
+    b = np.array([1.5, -2.0, 3.25], ml_dtypes.bfloat16)
+    f = np.array([0.5, 448.0], ml_dtypes.float8_e4m3fn)
+    np.savez(tmp_path / "a.npz", b=b, f=f)
+    np.savez(tmp_path / "bytes.npz", b=b.view(np.uint16), f=f.view(np.uint8))
+    for name in ("a.npz", "bytes.npz"):
+        (feed,) = load_npz(tmp_path / name, specs)
+        assert feed["b"].dtype == specs[0].dtype and np.array_equal(feed["b"], b)
+        assert feed["f"].dtype == specs[1].dtype and np.array_equal(feed["f"], f)
+    np.savez(tmp_path / "c.npz", b=np.zeros(3, np.float32), f=f)
+    with pytest.raises(UsageError, match=r"save an ml_dtypes.bfloat16 array"):
+        load_npz(tmp_path / "c.npz", specs)
