@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 LOGS = Path("artifacts") / "logs"
 """Where, under the output directory, the trial and build logs are written."""
@@ -55,3 +59,32 @@ def captured(log: Path, what: str, restore: bool = True) -> Iterator[Path]:
             for fd, copy in zip((1, 2), saved, strict=True):
                 os.dup2(copy, fd)
                 os.close(copy)
+
+
+def quietly(what: str, call: Callable[[], T]) -> tuple[T, bytes]:
+    """Run `call` with file descriptors 1 and 2 captured, before a log's folder is known.
+
+    Preparing a run (loading the model, onnx-graphsurgeon's import and its ``[W] Could
+    not convert: FLOAT8E5M2 …`` lines) happens before the output directory is chosen;
+    what the libraries print meanwhile is returned, for `keep` to write into the run's
+    log. If `call` raises, its output is dropped and the exception propagates.
+
+    Returns:
+        `call`'s result, and the captured output with its header line.
+    """
+    fd, name = tempfile.mkstemp(prefix="routetune-", suffix=".log")
+    os.close(fd)
+    path = Path(name)
+    try:
+        with captured(path, what):
+            result = call()
+        return result, path.read_bytes()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def keep(log: Path, output: bytes) -> None:
+    """Append output captured by `quietly` to `log` (its folder is made)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as f:
+        f.write(output)

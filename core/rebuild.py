@@ -23,7 +23,7 @@ from routetune.errors import (
     SeasoningError,
     UsageError,
 )
-from routetune.logs import LOGS, captured
+from routetune.logs import LOGS, captured, keep, quietly
 from routetune.outdir import locked
 from routetune.registry import Registry
 from routetune.route import Route
@@ -99,11 +99,13 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
                              f"{'; '.join(opts.routes) or 'none'}); give the one to build "
                              "with --route")
         route = opts.routes[0]
-    run = prepare_run(dataclasses.replace(opts, routes=(route,), seasonings=()), registry)
+    run, early = quietly("prepare", lambda: prepare_run(
+        dataclasses.replace(opts, routes=(route,), seasonings=()), registry))
     (resolved,) = run.pinned or (Route(),)
     reference = run.backend if run.backend.name == "onnxruntime" else _backend(
         registry, "onnxruntime")
     log = run.outdir / LOGS / "build.log"
+    keep(log, early)
     with locked(run.outdir), tempfile.TemporaryDirectory(prefix="routetune-build-") as tmp, \
             captured(log, f"build {resolved}"):
         inputs = TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (),

@@ -23,6 +23,7 @@ from routetune.composer import RouteSpace, resolve_route
 from routetune.conditions import MODES, BusyPolicy
 from routetune.errors import BackendError, UsageError, one_line
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
+from routetune.logs import LOGS, keep, quietly
 from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, prepare, sha256, with_weights_in
 from routetune.outdir import locked, make_outdir, move_aside
@@ -392,8 +393,9 @@ def tune(
         UsageError: Bad input (see `prepare_run`).
         StorageError: The trial store cannot be opened or written.
     """
-    run = prepare_run(opts, registry)
+    run, early = quietly("prepare", lambda: prepare_run(opts, registry))
     with locked(run.outdir):
+        keep(run.outdir / LOGS / "prepare.log", early)  # the libraries' lines, not the terminal's
         return _tune_locked(run, opts, on_start, on_trial, on_status)
 
 

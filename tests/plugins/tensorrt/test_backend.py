@@ -298,3 +298,29 @@ def test_a_failure_message_is_tensorrts_error_not_its_routine_warnings() -> None
     logger.log(trt.ILogger.Severity.WARNING, "another routine warning")
     assert logger.errors() == ("IBuilder::buildSerializedNetwork: Error Code 4: Internal "
                                "Error (no implementation for node relu0)")
+
+
+def test_a_candidate_with_external_data_is_parsed_from_its_file(tmp_path: Path) -> None:
+    # Real-models issue, kind 4: TensorRT parses a candidate by path (parse_from_file),
+    # so its weights are read from the run's store next to it, as ONNX Runtime reads them
+    from routetune.weights import externalize
+
+    store = tmp_path / "artifacts" / "models"
+    store.mkdir(parents=True)
+    model = onnx.load(conv(tmp_path / "m.onnx"))
+    w = model.graph.initializer[0]  # as raw bytes, as onnx-graphsurgeon exports weights
+    w.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(w), "w"))
+    externalize(model, store, min_bytes=16)
+    (weight,) = model.graph.initializer
+    assert not weight.HasField("raw_data") and weight.external_data  # in the store
+    onnx.save(model, store / "candidate.onnx")
+    backend = TensorRtBackend(PROFILE)
+    engine = backend.build(store / "candidate.onnx", settings(backend), tmp_path)
+    inline = backend.build(tmp_path / "m.onnx", settings(backend), tmp_path / "inline")
+    assert engine.size_bytes > 0 and abs(engine.size_bytes - inline.size_bytes) < 4096
+    location = next(e.value for e in weight.external_data if e.key == "location")
+    (store / location).unlink()  # the data file gone: TensorRT's parser says so, one line
+    with pytest.raises(BuildError) as err:
+        backend.build(store / "candidate.onnx", settings(backend, builder_optimization_level=2),
+                      tmp_path / "again")
+    assert "\n" not in str(err.value)
