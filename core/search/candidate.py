@@ -27,7 +27,7 @@ import hashlib
 import json
 import logging
 import os
-import pickle
+import re
 import time
 import traceback
 from collections import OrderedDict
@@ -530,43 +530,76 @@ class Candidate:
                     h.update(np.ascontiguousarray(feed[name]).tobytes())
             self._salt = h.hexdigest()
         key = sha256(f"{self._salt} {prefix}".encode())
-        return self.workdir / "prefixes" / f"{key[:32]}.pkl"
+        return self.workdir / "prefixes" / f"{key[:32]}.json"
 
     def _share(self, prefix: Route, snapshot: Snapshot) -> None:
         """Keep a route prefix's model on disk, for the other workers of this search.
 
         The model goes to ``artifacts/models/`` like a candidate; the index entry,
-        ``artifacts/prefixes/<key>.pkl``, holds its path, the pass records and the
-        precision step's `Lowering` (its graph as ONNX bytes). Written atomically.
+        ``artifacts/prefixes/<key>.json``, is data only: the model's sha256, the pass
+        records, and for a precision step's `Lowering` the seasoning's name and
+        parameters and its graph (a model in ``artifacts/models/`` too, by sha256).
+        Never pickle: an output folder may come from someone else, and reading it must
+        not run code. Written atomically.
         """
         path = self._shared_path(prefix)
         if path.exists():
             return
         data, passes, lowered = snapshot
-        model = self.save_model(data).relative_to(self.outdir)
-        packed = None if lowered is None else (
-            lowered.seasoning, self.export(lowered.graph).SerializeToString())
+        self.save_model(data)
+        entry: dict[str, Any] = {"model_sha256": sha256(data), "passes": passes}
+        if lowered is not None:
+            graph = self.export(lowered.graph).SerializeToString()
+            self.save_model(graph)
+            entry["lowered"] = {"seasoning": lowered.seasoning.info.name,
+                                "params": dict(lowered.seasoning.params),
+                                "model_sha256": sha256(graph)}
         try:
-            entry = pickle.dumps((str(model), passes, packed))
-        except (pickle.PicklingError, AttributeError, TypeError) as e:  # a local class
+            text = json.dumps(entry)
+        except (TypeError, ValueError) as e:  # a plugin's pass record that is not data
             logger.debug("route prefix '%s' not shared: %s", prefix, e)
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
-        tmp.write_bytes(entry)
+        tmp.write_text(text)
         tmp.replace(path)
 
     def _shared(self, prefix: Route) -> Snapshot | None:
-        """A route prefix's model that a worker of this search kept (`_share`), or None."""
-        path = self._shared_path(prefix)
+        """A route prefix's model that a worker of this search kept (`_share`), or None.
+
+        An entry that does not read as one `_share` writes, or whose models are missing
+        or do not match their sha256, is ignored: the prefix is built again.
+        """
         try:
-            model, passes, packed = pickle.loads(path.read_bytes())
-            data = (self.outdir / model).read_bytes()
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+            entry = json.loads(self._shared_path(prefix).read_text())
+            data = self._stored(entry["model_sha256"])
+            lowered = None
+            if entry.get("lowered") is not None:
+                low = entry["lowered"]
+                params = {k: tuple(v) if isinstance(v, list) else v  # JSON has no tuple
+                          for k, v in low["params"].items()}
+                seasoning = self.registry.seasoning(low["seasoning"])(params)
+                graph = onnx.load_from_string(self._stored(low["model_sha256"]))
+                lowered = Lowering(seasoning, import_graph(graph, self.store))
+            passes = [dict(p) for p in entry["passes"]]
+        except Exception as e:  # anything a planted or damaged file can cause: rebuild
+            logger.debug("route prefix '%s' not taken from disk: %s", prefix, e)
             return None
-        lowered = None if packed is None else Lowering(
-            packed[0], import_graph(onnx.load_from_string(packed[1]), self.store))
         return data, passes, lowered
+
+    def _stored(self, digest: str) -> bytes:
+        """The model `save_model` kept for this sha256, checked against it.
+
+        Raises:
+            ValueError: `digest` is not a sha256, or the file's content does not match.
+            OSError: No such file.
+        """
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise ValueError(f"not a sha256: {digest!r}")
+        data = (self.outdir / MODELS / f"{digest[:16]}.onnx").read_bytes()
+        if sha256(data) != digest:
+            raise ValueError(f"{digest[:16]}.onnx does not match its sha256")
+        return data
 
     def export(self, graph: gs.Graph) -> onnx.ModelProto:
         """`gs.export_onnx`, nodes sorted; with external data, new large tensors go to the store.
@@ -593,10 +626,11 @@ def save_model(outdir: Path, data: bytes) -> Path:
     """Keep a model under ``OUTDIR/artifacts/models/<sha256[:16]>.onnx``; its path.
 
     Written to a temporary name and renamed, so that two workers writing the same
-    model, or a kill midway, never leave a partial file under the final name.
+    model, or a kill midway, never leave a partial file under the final name. A file
+    already there with other content (damaged, or planted) is replaced.
     """
     path = outdir / MODELS / f"{sha256(data)[:16]}.onnx"
-    if not path.exists():
+    if not path.exists() or path.read_bytes() != data:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
         tmp.write_bytes(data)

@@ -148,7 +148,7 @@ def test_a_route_waits_for_the_build_of_its_prefix_and_reuses_its_model(tmp_path
     for route, e in builds.items():
         if route.startswith("fp16,"):  # fp16's model steps are a prefix of these
             assert e["start"] >= builds["fp16"]["end"], route
-    assert list((out / "artifacts" / "prefixes").glob("*.pkl"))
+    assert list((out / "artifacts" / "prefixes").glob("*.json"))
     store = TrialStore.open(out / "trials.sqlite")
     try:
         trials = {t.route: t for t in store.trials()}
@@ -156,3 +156,42 @@ def test_a_route_waits_for_the_build_of_its_prefix_and_reuses_its_model(tmp_path
         store.close()
     # the extending route starts from the shared model: the same fp16 pass record
     assert trials["fp16,ort-threads"].passes[0] == trials["fp16"].passes[0]
+
+
+def test_a_planted_prefix_entry_runs_no_code_and_is_rebuilt(tmp_path: Path) -> None:
+    # Security issue: route-prefix entries were pickles that workers loaded, so a folder
+    # from someone else could run code as the next user who tunes in it. Entries are
+    # JSON now; a planted or damaged one is ignored and the prefix built again.
+    import pickle
+
+    from graphs import conv_bn
+
+    marker = tmp_path / "pwned"
+
+    class Plant:
+        def __reduce__(self):  # noqa: ANN204 - what a hostile pickle does when loaded
+            return (open, (str(marker), "w"))
+
+    model = conv_bn(tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    args = ("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
+            "--seasonings", "fp16,ort-threads", "--search", "exhaustive", "--max-depth", "2",
+            "--min-runs", "3", "--min-time", "0.01")
+    assert routetune(*args, timeout=240).returncode == 0
+    prefixes = out / "artifacts" / "prefixes"
+    entries = list(prefixes.glob("*.json"))
+    assert entries
+    planted = pickle.dumps(Plant())
+    for entry in entries:  # a pickle where JSON belongs, and a .pkl beside it
+        entry.write_bytes(planted)
+        entry.with_suffix(".pkl").write_bytes(planted)
+    again = routetune(*args, "--fresh", timeout=240)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not marker.exists()
+    models = out / "artifacts" / "models"
+    for model_file in models.glob("*.onnx"):  # a model that no longer matches its hash
+        model_file.write_bytes(b"not the model")
+    for entry in prefixes.glob("*.json"):
+        entry.unlink()
+    third = routetune(*args, "--fresh", timeout=240)
+    assert third.returncode == 0, third.stderr[-2000:]
