@@ -201,7 +201,7 @@ def time_all(result: Any, torch_model: Any, feeds: list[dict[str, np.ndarray]],
 def _feeds(name: str, inputs: Path | None) -> list[dict[str, np.ndarray]]:
     """The validation input sets the search used."""
     if inputs is not None:
-        return [dict(np.load(f)) for f in sorted(inputs.glob("*.npz"))]
+        return [dict(np.load(f, allow_pickle=False)) for f in sorted(inputs.glob("*.npz"))]
     from routetune.examples import get_example
 
     example = get_example(name)

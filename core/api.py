@@ -22,7 +22,7 @@ TYPES: dict[str, tuple[type, ...]] = {
     "routes": (tuple, list, str), "base": (tuple, list, str), "space": (dict,),
     "backend_options": (dict,), "fresh": (bool,), "build_workers": (int,),
     "trial_timeout_s": (int, float), "worker_memory_mb": (int,), "in_process": (bool,),
-    "min_speedup": (int, float), "busy_machine": (str,),
+    "min_speedup": (int, float), "busy_machine": (str,), "allow_external_data_outside": (bool,),
 }
 """The types `tune`'s keyword options take (anything else is refused up front)."""
 
@@ -66,8 +66,9 @@ def tune(
             ``beam_width``, ``max_depth``, ``max_trials``, ``time_budget_s`` (seconds),
             ``space``, ``routes``, ``base``, ``backend_options``, ``fresh``,
             ``build_workers``, ``trial_timeout_s``, ``worker_memory_mb``, ``in_process``,
-            ``min_speedup``, ``busy_machine`` (``wait``, ``warn``, ``ignore``), and
-            ``min_runs`` / ``min_time`` (s) for the measurement.
+            ``min_speedup``, ``busy_machine`` (``wait``, ``warn``, ``ignore``),
+            ``allow_external_data_outside``, and ``min_runs`` / ``min_time`` (s) for
+            the measurement.
 
     Returns:
         The `TuneResult`: ``winner``, ``trials`` (winner first), ``to_dataframe()``,

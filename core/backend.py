@@ -48,6 +48,11 @@ class Engine:
         path: The engine file (for ONNX Runtime, the model itself).
         size_bytes: The engine's size in bytes.
         handle: A backend-private in-memory object (a session), or None.
+        sha256: For an engine the backend keeps in a file under a trial's key (a
+            TensorRT plan): the sha256 of its bytes, hex; empty otherwise.
+        reused: True when `Backend.build` returned that kept file instead of building.
+            The search then opens it only if its `sha256` is the one recorded for the
+            trial when it was built, and otherwise builds again (SECURITY.md).
     """
 
     model_path: Path
@@ -55,6 +60,8 @@ class Engine:
     path: Path
     size_bytes: int
     handle: Any = field(default=None, compare=False, repr=False)
+    sha256: str = ""
+    reused: bool = False
 
 
 class Runner:

@@ -71,6 +71,7 @@ def tune_command(
     in_process: Annotated[bool, typer.Option("--in-process", help="Run trials in this process, one at a time, without isolation or timeouts (for debugging plugins).")] = False,
     min_speedup: Annotated[float, typer.Option(help="A route wins only if the lower end of its confirmed speed-up's 95% interval is above this.")] = DEFAULT_MIN_SPEEDUP,
     busy_machine: Annotated[str, typer.Option(help="While other processes load the machine: wait (for quiet, then measure), warn (measure, mark noisy) or ignore (noisy trials may win).")] = "wait",
+    allow_external_data_outside: Annotated[bool, typer.Option("--allow-external-data-outside", help="Read a model whose external data files lie outside its folder (refused otherwise: see SECURITY.md).")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each trial.")] = False,
 ) -> None:
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
@@ -88,6 +89,7 @@ def tune_command(
         "min_runs": min_runs, "min_time": min_time, "build_workers": build_workers,
         "trial_timeout_s": trial_timeout, "worker_memory_mb": worker_memory,
         "in_process": in_process, "min_speedup": min_speedup, "busy_machine": busy_machine,
+        "allow_external_data_outside": allow_external_data_outside,
     }
     opts = tune_options(flags, recipe, registry,
                         given=lambda name: _given(ctx, name))
@@ -188,6 +190,7 @@ def build_command(
     accuracy: Annotated[str, typer.Option(help="Accuracy constraint.")] = DEFAULT_ACCURACY,
     inputs: Annotated[Path | None, typer.Option(help="Validation inputs (.npz file or folder).")] = None,
     shapes: Annotated[str | None, typer.Option(help="Shapes of dynamic inputs.")] = None,
+    allow_external_data_outside: Annotated[bool, typer.Option("--allow-external-data-outside", help="Read a model whose external data files lie outside its folder (refused otherwise: see SECURITY.md).")] = False,
 ) -> None:
     """Rebuild one route's engine and check its outputs against the stored ones.
 
@@ -198,7 +201,8 @@ def build_command(
     registry = load_registry()
     flags = {"model": model, "example": example, "output": output, "backend": backend,
              "accuracy": accuracy, "inputs": inputs, "shapes": shapes,
-             "min_runs": MeasureSettings.min_runs, "min_time": MeasureSettings.min_time_s}
+             "min_runs": MeasureSettings.min_runs, "min_time": MeasureSettings.min_time_s,
+             "allow_external_data_outside": allow_external_data_outside}
     opts = tune_options(flags, recipe, registry, given=lambda name: _given(ctx, name))
     if route is None and recipe is None:
         raise UsageError("give --route TEXT or --recipe FILE (a recipe that pins one route)")

@@ -6,12 +6,13 @@ Shapes use trtexec's spelling: ``--shapes x:1x3x320x320,mask:1x128``.
 from __future__ import annotations
 
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from routetune.errors import UsageError
+from routetune.errors import UsageError, one_line
 from routetune.model import TensorSpec
 
 Feed = dict[str, np.ndarray]
@@ -160,18 +161,54 @@ def load_npz(path: Path, specs: Sequence[TensorSpec]) -> list[Feed]:
     return [_load_one(f, specs) for f in files]
 
 
-def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
+_UNREADABLE = (OSError, ValueError, EOFError, MemoryError, RuntimeError, NotImplementedError,
+               zipfile.BadZipFile, zlib.error)
+"""What NumPy and zipfile raise on a file that is not a readable ``.npz``: a bad zip, a
+bad or pickled ``.npy`` member, a header that claims more memory than there is, a bad
+deflate stream, an encrypted or unknown-compression member."""
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray | bytes]:
+    """The members of an ``.npz`` file, each read as an array where it is one.
+
+    Raises:
+        UsageError: The file is not an ``.npz`` (a bare ``.npy`` included), a member
+            is unreadable, or one would take more than `MAX_INPUT_BYTES`.
+    """
+    fix = "save with numpy.savez"
+    if not path.is_file():  # a folder named x.npz, a FIFO (reading it never ends)
+        raise UsageError(f"--inputs {path}: not a regular file; {fix}")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-        raise UsageError(
-            f"--inputs {path}: not a readable .npz file ({e}); save with numpy.savez"
-        ) from e
+        data = np.load(path, allow_pickle=False)
+    except _UNREADABLE as e:
+        raise UsageError(f"--inputs {path}: not a readable .npz file ({one_line(e)}); "
+                         f"{fix}") from e
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise UsageError(f"--inputs {path}: one .npy array, not an .npz file of named "
+                         f"inputs; {fix}(path, name=array)")
+    with data:
+        for info in data.zip.infolist():
+            if info.file_size > MAX_INPUT_BYTES:
+                raise UsageError(f"--inputs {path}: {info.filename!r} takes "
+                                 f"{info.file_size / 2**30:.1f} GiB; give inputs of at most "
+                                 f"{MAX_INPUT_BYTES // 2**30} GiB each")
+        try:
+            return {k: data[k] for k in data.files}
+        except _UNREADABLE as e:
+            raise UsageError(f"--inputs {path}: not a readable .npz file ({one_line(e)}); "
+                             f"{fix}") from e
+
+
+def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
+    arrays = _read_npz(path)
+    for name, value in arrays.items():
+        if not isinstance(value, np.ndarray):  # a member that is not .npy: its raw bytes
+            raise UsageError(f"--inputs {path}: {name!r} is not a NumPy array (not an .npy "
+                             "member); save with numpy.savez")
     names = [s.name for s in specs]
     for extra in set(arrays) - set(names):
         raise UsageError(
-            f"--inputs {path}: '{extra}' is not a model input; inputs: {', '.join(names)}"
+            f"--inputs {path}: {extra!r} is not a model input; inputs: {', '.join(names)}"
         )
     feed: Feed = {}
     for spec in specs:

@@ -80,8 +80,13 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def load_model(path: Path) -> tuple[onnx.ModelProto, str]:
+def load_model(path: Path, allow_outside: bool = False) -> tuple[onnx.ModelProto, str]:
     """Read and parse an ONNX file; external data stays in its files.
+
+    Args:
+        path: The ``.onnx`` file.
+        allow_outside: Accept external data outside the model's folder
+            (`routetune.weights.check_files`).
 
     Returns:
         The model (its external tensors, if any, not loaded: see `routetune.weights`)
@@ -89,9 +94,12 @@ def load_model(path: Path) -> tuple[onnx.ModelProto, str]:
 
     Raises:
         UsageError: The file is missing, unreadable, truncated or not an ONNX model, or
-            one of its external data files is missing, unreadable or too short.
+            one of its external data files is missing, unreadable, too short, or
+            outside the model's folder.
     """
     fix = "pass the path of an .onnx model file"
+    if path.exists() and not path.is_file():  # a FIFO or a device: reading it never ends
+        raise UsageError(f"{path}: not a regular file; {fix}")
     try:
         data = path.read_bytes()
     except FileNotFoundError as e:
@@ -107,24 +115,29 @@ def load_model(path: Path) -> tuple[onnx.ModelProto, str]:
     if not weights.has_external_data(model):
         return model, sha256(data)
     del data
-    weights.check_files(model, path.parent, path)
+    weights.check_files(model, path.parent, path, allow_outside)
     return model, weights.source_sha256(path, model)
 
 
-def prepare(path: Path) -> PreparedModel:
+def prepare(path: Path, allow_outside: bool = False) -> PreparedModel:
     """Run the base pipeline on an ONNX file: load, validate, infer shapes, sanitise.
 
     A model with external data is prepared without loading its data: shape inference
     and the checker need only the graph. Its `PreparedModel.weights` is the file's
     folder until `with_weights_in` moves the data to a run's store.
 
+    Args:
+        path: The ``.onnx`` file.
+        allow_outside: Accept external data outside the model's folder.
+
     Raises:
-        UsageError: The file is not a valid ONNX model, or its external data is missing.
+        UsageError: The file is not a valid ONNX model, or its external data is missing
+            or outside the model's folder.
     """
-    model, digest = load_model(path)
+    model, digest = load_model(path, allow_outside)
     try:
         model = sanitize(onnx.shape_inference.infer_shapes(model))
-        weights.check_model(model, path.parent)
+        weights.check_model(model, path.parent, allow_outside)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise UsageError(f"{path}: the ONNX checker rejects the model: {one_line(e)}") from e
     except ValueError as e:  # protobuf's 2 GiB limit: the weights must be external data

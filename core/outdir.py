@@ -34,7 +34,9 @@ def make_outdir(output: Path | None, model_path: Path, model_sha256: str = "",
         Face Optimum export is ``model.onnx``) or two backends never share one.
 
     Raises:
-        UsageError: An empty path, or a directory that cannot be created or written.
+        UsageError: An empty path, a directory that cannot be created or written, one
+            that holds a symbolic link (`refuse_links`), or one that holds other files
+            and no routetune run (`refuse_foreign`).
     """
     if output is not None and not str(output).strip():
         raise UsageError("--output '': empty path; give a directory name")
@@ -42,6 +44,14 @@ def make_outdir(output: Path | None, model_path: Path, model_sha256: str = "",
     outdir = output if output is not None else Path("routetune-out") / name
     try:
         outdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(
+            f"--output {outdir}: cannot create or write this directory ({e.strerror}); "
+            "choose a directory you can write"
+        ) from e
+    refuse_links(outdir)  # before anything is written there
+    refuse_foreign(outdir)
+    try:
         probe = outdir / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
@@ -51,6 +61,51 @@ def make_outdir(output: Path | None, model_path: Path, model_sha256: str = "",
             "choose a directory you can write"
         ) from e
     return outdir
+
+
+MARKERS = ("trials.sqlite", "run.json", LOCK_NAME)
+"""Files that only a routetune run leaves in its output directory."""
+
+
+def refuse_foreign(outdir: Path) -> None:
+    """Refuse an existing directory that holds files but no routetune run.
+
+    A run writes ``run.json``, ``report.*``, ``winner.*`` and ``trials.sqlite`` into its
+    directory, replacing files of those names: pointed at a folder of the user's own
+    (``--output .``, or a recipe's ``output`` from someone else), it could replace the
+    user's files.
+
+    Raises:
+        UsageError: `outdir` is not empty and holds none of `MARKERS`.
+    """
+    with os.scandir(outdir) as entries:
+        names = {e.name for e in entries}
+    if names and not names & set(MARKERS):
+        raise UsageError(
+            f"--output {outdir}: this folder holds other files and no routetune run; a run "
+            "writes run.json, report.* and winner.* there and could replace files of yours: "
+            "choose a new or empty folder")
+
+
+def refuse_links(outdir: Path) -> None:
+    """Refuse an output directory that holds a symbolic link anywhere inside it.
+
+    routetune never makes links in its folders, and it writes, appends to and
+    truncates files there (the lock file, logs, the winner's files); a link planted in a
+    folder from elsewhere would make it write outside the folder (SECURITY.md). The
+    folder itself may be a link: that is the user's own choice.
+
+    Raises:
+        UsageError: A link inside `outdir`, named, with the fix.
+    """
+    for root, dirs, files in os.walk(outdir):  # links to folders are listed, not entered
+        for name in (*dirs, *files):
+            entry = Path(root) / name
+            if entry.is_symlink():
+                raise UsageError(
+                    f"--output {outdir}: {entry} is a symbolic link, which routetune never "
+                    "writes (a folder from elsewhere may hold links that lead out of it); "
+                    "remove it, or choose another --output")
 
 
 @contextmanager

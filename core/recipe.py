@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from routetune.errors import RoutetuneError, UsageError
+from routetune.errors import RoutetuneError, UsageError, one_line
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -158,12 +158,17 @@ def load_recipe(path: Path, registry: Registry) -> Recipe:
         UsageError: Unreadable TOML, or field-level problems, all in one line, e.g.
             ``r.toml: seasonings[2].params.op_types_to_exclude: unknown op type 'Softmx'``.
     """
+    if path.exists() and not path.is_file():  # a FIFO or a device: reading it never ends
+        raise UsageError(f"--recipe {path}: not a regular file")
     try:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError as e:
         raise UsageError(f"--recipe {path}: no such file") from e
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise UsageError(f"--recipe {path}: not a readable TOML file ({e})") from e
+    except RecursionError as e:  # tomllib recurses per nested array or inline table
+        raise UsageError(f"--recipe {path}: not a readable TOML file (arrays or tables "
+                         "nested too deeply)") from e
+    except (OSError, ValueError) as e:  # TOMLDecodeError, UnicodeDecodeError, int digits
+        raise UsageError(f"--recipe {path}: not a readable TOML file ({one_line(e)})") from e
     if doc.get("schema_version") == 1:
         doc = _upgrade_v1(doc)
     try:
@@ -171,11 +176,19 @@ def load_recipe(path: Path, registry: Registry) -> Recipe:
     except ValidationError as e:
         problems = [f"{_where(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
                     for err in e.errors()]
-        raise UsageError(f"{path}: " + "; ".join(problems)) from e
+        raise UsageError(_one_line(f"{path}: " + "; ".join(problems))) from e
     problems = _check_names(recipe, registry)
     if problems:
-        raise UsageError(f"{path}: " + "; ".join(problems))
+        raise UsageError(_one_line(f"{path}: " + "; ".join(problems)))
     return recipe
+
+
+def _one_line(text: str) -> str:
+    """`text` with every run of whitespace, line breaks included, as one space.
+
+    Problems quote the recipe's values (a route text with a line break in it).
+    """
+    return " ".join(text.split())
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -226,15 +239,25 @@ def _check_names(recipe: Recipe, registry: Registry) -> list[str]:
 
 
 def _upgrade_v1(doc: dict[str, Any]) -> dict[str, Any]:
-    """A version-1 winner recipe as version 2: its route pinned, nothing searched."""
-    model = {k: v for k, v in doc.get("model", {}).items() if k in ("path", "example",
-                                                                    "sha256")}
-    return {"schema_version": 2, "model": model,
-            "backend": {"name": doc.get("backend", {}).get("name", "onnxruntime")},
-            "routes": [doc.get("route", {}).get("text", "base")], "seasonings": [],
-            "accuracy": {"expr": doc.get("accuracy", {}).get("expr")},
-            "inputs": {k: v for k, v in doc.get("inputs", {}).items()
-                       if k in ("path", "shapes")},
+    """A version-1 winner recipe as version 2: its route pinned, nothing searched.
+
+    A table that is not a table (``model = "m.onnx"``) is passed on as it is, for the
+    schema to name it.
+    """
+    def table(name: str, keys: tuple[str, ...]) -> Any:
+        value = doc.get(name, {})
+        return {k: v for k, v in value.items() if k in keys} if isinstance(
+            value, dict) else value
+
+    def entry(name: str, key: str, default: Any) -> Any:
+        value = doc.get(name, {})
+        return value.get(key, default) if isinstance(value, dict) else value
+
+    return {"schema_version": 2, "model": table("model", ("path", "example", "sha256")),
+            "backend": {"name": entry("backend", "name", "onnxruntime")},
+            "routes": [entry("route", "text", "base")], "seasonings": [],
+            "accuracy": {"expr": entry("accuracy", "expr", None)},
+            "inputs": table("inputs", ("path", "shapes")),
             "result": doc.get("result")}
 
 

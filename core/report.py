@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from routetune import runinfo
-from routetune.errors import UsageError
+from routetune.errors import StorageError, UsageError, one_line
 from routetune.route import parse_route
 from routetune.store import FILENAME, Trial, TrialStore
 
@@ -59,16 +59,37 @@ def build_report(outdir: Path, records: Path | None = None) -> dict[str, Any]:
         trials = store.trials()
     finally:
         store.close()
-    if run.get("settings_hash"):
-        trials = [t for t in trials if t.settings_hash == run["settings_hash"]
-                  and t.model_sha256 == run["model"]["sha256"]
-                  and t.backend == run["backend"]["name"]]
-    rows = [trial_row(t) for t in trials]
-    result = dict(run.get("result", {}))
-    route = result.pop("winner", None)
+    try:
+        if run.get("settings_hash"):
+            trials = [t for t in trials if t.settings_hash == run["settings_hash"]
+                      and t.model_sha256 == run["model"]["sha256"]
+                      and t.backend == run["backend"]["name"]]
+        result = dict(run.get("result", {}))
+        route = result.pop("winner", None)
+    except UNREADABLE as e:
+        raise unreadable_record(records or outdir, e) from e
+    try:
+        rows = [trial_row(t) for t in trials]
+        effects = seasoning_effects(trials)
+    except (UsageError, ArithmeticError) as e:  # a stored route that does not parse
+        raise StorageError(f"{path}: a stored trial cannot be reported ({one_line(e)}); "
+                           "move the file away, or run `routetune tune --fresh`") from e
     winner = next((r for r in rows if r["route"] == route), None)
-    return {"run": run, "trials": rows, "seasonings": seasoning_effects(trials),
+    return {"run": run, "trials": rows, "seasonings": effects,
             "winner": {**(winner or {}), **result} if winner else None}
+
+
+UNREADABLE = (KeyError, IndexError, TypeError, AttributeError, ValueError, ArithmeticError,
+              RecursionError)
+"""What reading a run record of the wrong shape raises: a field missing, or of another
+type (``"result": []``, ``"min_speedup": "high"``), nested too deeply to render."""
+
+
+def unreadable_record(folder: Path, error: BaseException) -> UsageError:
+    """The one-line error for a ``run.json`` in `folder` that the report cannot use."""
+    what = f"no field {error}" if isinstance(error, KeyError) else one_line(error, 200)
+    return UsageError(f"{folder / runinfo.FILENAME}: not a run record this routetune can "
+                      f"read ({what}); delete it, or run `routetune tune` again")
 
 
 def trial_row(trial: Trial) -> dict[str, Any]:
@@ -145,19 +166,21 @@ def write_reports(outdir: Path, dest: Path | None = None) -> dict[str, Path]:
     from routetune.report_html import render_html
 
     data = build_report(store_dir(outdir), outdir)
-    try:
-        environment(data["run"])
-    except (KeyError, TypeError, AttributeError) as e:
-        raise UsageError(f"{outdir / runinfo.FILENAME}: not a run record this routetune "
-                         f"can read (missing or wrong {e}); delete it, or run `routetune "
-                         "tune` again") from e
+    try:  # every report rendered before any is written
+        texts = {"md": render_markdown(data), "html": render_html(data),
+                 "json": json.dumps(data, indent=1, default=str) + "\n"}
+    except UNREADABLE as e:  # the trials are checked as they are read (routetune.store)
+        raise unreadable_record(outdir, e) from e
     dest = dest or outdir
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{dest}: cannot create the folder for the reports ({e.strerror})"
+                         ) from e
     paths = {"json": dest / "report.json", "md": dest / "report.md",
              "html": dest / "report.html"}
-    paths["json"].write_text(json.dumps(data, indent=1, default=str) + "\n")
-    paths["md"].write_text(render_markdown(data))
-    paths["html"].write_text(render_html(data))
+    for kind, path in paths.items():
+        runinfo.replace_text(path, texts[kind])  # a planted link is replaced, not followed
     return paths
 
 

@@ -16,14 +16,16 @@ were. Running the same command again (a resume) updates the folder's own.
 from __future__ import annotations
 
 import json
+import os
 import platform
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import routetune
-from routetune.errors import UsageError
+from routetune.errors import UsageError, one_line
 
 if TYPE_CHECKING:
     from routetune.tune import Prepared, TuneOptions, TuneResult
@@ -112,8 +114,6 @@ def machine_now() -> dict[str, Any]:
         load = Path("/proc/loadavg").read_text().split()[:3]
     except OSError:
         load = []
-    import os
-
     return {"loadavg": [float(x) for x in load], "cpus": os.cpu_count()}
 
 
@@ -151,12 +151,34 @@ def record_dir(outdir: Path, record: dict[str, Any]) -> Path:
 
 
 def write(outdir: Path, record: dict[str, Any]) -> Path:
-    """Write ``run.json`` atomically; return its path."""
+    """Write ``run.json`` atomically (`replace_text`); return its path."""
     path = outdir / FILENAME
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    tmp.replace(path)
+    replace_text(path, json.dumps(record, indent=1, default=str) + "\n")
     return path
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write `text` as `path`, atomically: into a new file beside it, then renamed over it.
+
+    The new file has a fresh name (``tempfile.mkstemp``), so a link planted in a
+    results folder (``report.html`` pointing elsewhere) is replaced, never written
+    through.
+
+    Raises:
+        UsageError: The folder or `path` cannot be written (`path` is a folder, say).
+    """
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot write ({e.strerror}); check the folder") from e
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write ({e.strerror}); move it away") from e
 
 
 def read(outdir: Path) -> dict[str, Any]:
@@ -168,11 +190,17 @@ def read(outdir: Path) -> dict[str, Any]:
     path = outdir / FILENAME
     if not path.exists():
         return {}
+    if not path.is_file():  # a FIFO or a device: reading it never ends
+        raise UsageError(f"{path}: not a regular file; delete it, or run `routetune tune` "
+                         "again to rewrite it")
     try:
         record = json.loads(path.read_text())
+    except RecursionError as e:  # json recurses per nested array or object
+        raise UsageError(f"{path}: not a readable run record (nested too deeply); delete "
+                         "it, or run `routetune tune` again to rewrite it") from e
     except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: not a readable run record ({e}); delete it, or run "
-                         "`routetune tune` again to rewrite it") from e
+        raise UsageError(f"{path}: not a readable run record ({one_line(e)}); delete it, or "
+                         "run `routetune tune` again to rewrite it") from e
     if not isinstance(record, dict) or not isinstance(record.get("model", {}), dict):
         raise UsageError(f"{path}: not a routetune run record; delete it, or run "
                          "`routetune tune` again to rewrite it")

@@ -9,6 +9,7 @@ updated in place; ``--fresh`` moves the old file aside instead of deleting it.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
@@ -17,11 +18,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from routetune.errors import StorageError
+from routetune.errors import StorageError, one_line
 from routetune.measure import Latency, Speedup
 
 APPLICATION_ID = 0x52545430  # "RTT0"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FILENAME = "trials.sqlite"
 
 _SCHEMA = """
@@ -49,6 +50,7 @@ CREATE TABLE trials (
     paired TEXT,
     conditions TEXT,
     noisy TEXT NOT NULL DEFAULT '',
+    engine_sha256 TEXT,
     UNIQUE (model_sha256, route, backend, device, settings_hash)
 );
 """
@@ -57,9 +59,11 @@ _MIGRATIONS = {
     1: "ALTER TABLE trials ADD COLUMN paired TEXT; "
        "ALTER TABLE trials ADD COLUMN conditions TEXT; "
        "ALTER TABLE trials ADD COLUMN noisy TEXT NOT NULL DEFAULT '';",
+    2: "ALTER TABLE trials ADD COLUMN engine_sha256 TEXT;",
 }
 """Per schema version, the SQL that brings a store to the next version: version 2 adds
-the paired speed-up, the machine conditions and the noisy mark of each trial."""
+the paired speed-up, the machine conditions and the noisy mark of each trial; version 3
+the sha256 of a kept engine file."""
 
 STATUSES = ("ok", "accuracy-failed", "build-failed", "build-only", "crashed", "timed-out",
             "skipped")
@@ -103,6 +107,9 @@ class Trial:
             seconds waited for a quiet machine.
         noisy: Why the measurement is not trusted (the machine was busy while it was
             timed), or empty.
+        engine_sha256: sha256 of the engine file the backend kept for this trial (a
+            TensorRT plan), hex: such a file is opened again only if it still has this
+            hash (`routetune.search.candidate.Candidate.engine`). Empty or None: none.
     """
 
     fingerprint: str
@@ -127,6 +134,7 @@ class Trial:
     paired: Speedup | None = None
     conditions: Mapping[str, Any] = field(default_factory=dict)
     noisy: str = ""
+    engine_sha256: str | None = None
 
     @property
     def relative(self) -> Latency | None:
@@ -176,15 +184,26 @@ class TrialStore:
     def open(cls, path: Path) -> TrialStore:
         """Open or create the store at `path`.
 
+        A symbolic link is refused: the store is the output folder's own, and SQLite
+        would write beside the file it leads to. So is anything else but a regular file
+        (reading a FIFO never ends), a file whose ``trials`` is not a table, or whose
+        schema holds views or triggers (a view can make every read run forever):
+        routetune writes neither.
+
         Raises:
             StorageError: The file is not a routetune store, has a newer schema, or
                 cannot be opened.
         """
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise StorageError(f"{path}: not a regular file (a link, a folder, a FIFO), not a "
+                               "trial store; move it away or use another --output")
         try:
             conn = sqlite3.connect(path, isolation_level=None)
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            kinds = conn.execute("SELECT type FROM sqlite_master WHERE name = 'trials' OR "
+                                 "type IN ('view', 'trigger')").fetchall()
         except sqlite3.DatabaseError as e:
             raise StorageError(
                 f"{path}: not a routetune trial store ({e}); move it away or use another --output"
@@ -195,6 +214,15 @@ class TrialStore:
                 f"{path}: a SQLite file that routetune did not write; "
                 "move it away or use another --output"
             )
+        if tables and kinds != [("table",)]:
+            conn.close()
+            raise StorageError(f"{path}: not a routetune trial store (its schema holds views "
+                               "or triggers, or no trials table); move it away or use another "
+                               "--output")
+        if tables and version < SCHEMA_VERSION and version not in _MIGRATIONS:
+            conn.close()
+            raise StorageError(f"{path}: schema version {version}, which no routetune wrote; "
+                               "move it away or use another --output")
         if version > SCHEMA_VERSION:
             conn.close()
             raise StorageError(
@@ -276,25 +304,95 @@ class TrialStore:
             rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
         except sqlite3.Error as e:
             raise StorageError(f"{self.path}: {e}") from e
-        return [_trial(r) for r in rows]
+        return [_trial(r, self.path) for r in rows]
 
 
-def _trial(row: dict[str, Any]) -> Trial:
+def _trial(row: dict[str, Any], path: Path | str = FILENAME) -> Trial:
+    """A stored row as a `Trial`, every column checked for what routetune writes there.
+
+    Args:
+        row: The row, by column name.
+        path: The store, for the message.
+
+    Raises:
+        StorageError: A column is corrupt (a hand-edited or planted store): not JSON
+            where JSON is kept, or a value of another type or shape, or a latency or
+            speed-up that is not a positive number (it divides).
+    """
+    try:
+        return _checked_trial(dict(row))
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+        what = f"no {e}" if isinstance(e, KeyError) else one_line(e, 200)
+        raise StorageError(f"{path}: trial {row.get('id')!r} is corrupt ({what}); move the "
+                           "file away, or run `routetune tune --fresh`") from e
+
+
+_TEXT = ("fingerprint", "model_sha256", "route", "backend", "device", "settings_hash",
+         "status", "reason", "noisy")
+_TEXT_OR_NULL = ("candidate_sha256", "artifact", "engine_sha256")
+_MAPPINGS = ("accuracy", "settings", "versions", "conditions")
+_NUMERIC_CONDITIONS = ("waited_s", "foreign_cores", "steal_pct")
+"""Condition entries that reports and verdicts do arithmetic with (`routetune.conditions`)."""
+
+
+def _number(value: Any, what: str, positive: bool = False) -> None:
+    """Check that `value` is a real number (with `positive`, finite and above 0).
+
+    Raises:
+        TypeError: It is not a number (a bool is not one).
+        ValueError: It is not positive, finite, as `positive` asks.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} is {type(value).__name__}, not a number")
+    if positive and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{what} is {value}, not a positive number")
+
+
+def _checked_trial(row: dict[str, Any]) -> Trial:
     row.pop("id")
+    for key in _TEXT:
+        if not isinstance(row[key], str):
+            raise TypeError(f"{key} is {type(row[key]).__name__}, not text")
+    for key in _TEXT_OR_NULL:
+        if row.get(key) is not None and not isinstance(row[key], str):
+            raise TypeError(f"{key} is {type(row[key]).__name__}, not text")
+    for key in ("build_ms", "engine_bytes"):
+        if row[key] is not None:
+            _number(row[key], key)
+    _number(row["created_at"], "created_at")
+    for key in ("latency", "base_latency", "paired", *_MAPPINGS, "passes"):
+        if row[key] is not None and not isinstance(row[key], str):
+            raise TypeError(f"{key} is {type(row[key]).__name__}, not JSON text")
     latency, base, paired = (json.loads(raw) if (raw := row.pop(k)) else None
                              for k in ("latency", "base_latency", "paired"))
-    for lat in (latency, base):
+    for name, lat in (("latency", latency), ("base_latency", base)):
         if lat is not None:
             lat["blocks"] = tuple(lat.get("blocks", ()))
+            for key, value in lat.items():
+                for v in value if key == "blocks" else (value,):
+                    _number(v, f"{name}.{key}", positive=key == "p50")
+    if paired:
+        for key, value in paired.items():
+            _number(value, f"paired.{key}", positive=key in ("value", "ci_low", "ci_high"))
+    mappings = {k: json.loads(row[k] or "{}") for k in _MAPPINGS}
+    for key, value in mappings.items():
+        if not isinstance(value, dict):
+            raise TypeError(f"{key} is not a JSON object")
+    for output, metrics in mappings["accuracy"].items():
+        if not isinstance(metrics, dict):
+            raise TypeError(f"accuracy of {output!r} is not a JSON object")
+        for metric, value in metrics.items():
+            _number(value, f"accuracy {output!r} {metric}")
+    for key in _NUMERIC_CONDITIONS:
+        if mappings["conditions"].get(key) is not None:
+            _number(mappings["conditions"][key], f"conditions.{key}")
+    passes = json.loads(row["passes"] or "[]")
+    if not isinstance(passes, list) or not all(isinstance(p, dict) for p in passes):
+        raise TypeError("passes is not a JSON list of objects")
     return Trial(
-        **{k: v for k, v in row.items()
-           if k not in ("accuracy", "passes", "settings", "versions", "conditions")},
+        **{k: v for k, v in row.items() if k not in (*_MAPPINGS, "passes")},
         latency=Latency(**latency) if latency else None,
         base_latency=Latency(**base) if base else None,
         paired=Speedup(**paired) if paired else None,
-        conditions=json.loads(row["conditions"] or "{}"),
-        accuracy=json.loads(row["accuracy"]),
-        passes=tuple(json.loads(row["passes"])),
-        settings=json.loads(row["settings"]),
-        versions=json.loads(row["versions"]),
+        passes=tuple(passes), **mappings,
     )

@@ -21,7 +21,7 @@ from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
 from routetune.backend import Backend
 from routetune.composer import RouteSpace, resolve_route
 from routetune.conditions import MODES, BusyPolicy
-from routetune.errors import BackendError, UsageError, one_line
+from routetune.errors import BackendError, StorageError, UsageError, one_line
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
 from routetune.logs import LOGS, keep, quietly
 from routetune.measure import MeasureSettings
@@ -33,7 +33,7 @@ from routetune.recipe import write_winner_recipe
 from routetune.registry import Registry
 from routetune.report import write_reports
 from routetune.route import Route, Step, parse_route
-from routetune.search.candidate import MODELS, Confirmation
+from routetune.search.candidate import MODELS, Confirmation, matches_record, save_model
 from routetune.search.executor import Executor, InlineExecutor
 from routetune.search.local_pool import DEFAULT_TIMEOUT_S, TIMELINE, LocalPool
 from routetune.search.loop import Budget, SearchLoop
@@ -96,6 +96,9 @@ class TuneOptions:
             it (unitless).
         busy_machine: What a measurement does while other processes load the machine:
             ``wait``, ``warn`` or ``ignore`` (`routetune.conditions`).
+        allow_external_data_outside: Read a model whose external data files lie outside
+            its folder (``..``, absolute paths, links out). Off: refused, one line. Never
+            from a recipe, which is data (SECURITY.md).
     """
 
     model: Path | None = None
@@ -127,6 +130,7 @@ class TuneOptions:
     in_process: bool = False
     min_speedup: float = DEFAULT_MIN_SPEEDUP
     busy_machine: str = "wait"
+    allow_external_data_outside: bool = False
 
 
 @dataclass(frozen=True)
@@ -314,7 +318,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         source["path"] = str(opts.model.resolve())
     else:
         raise UsageError("no model given; pass MODEL.onnx or --example NAME (e.g. ppocr-det)")
-    model = prepare(path)
+    model = prepare(path, opts.allow_external_data_outside)
     if opts.model_sha256 and opts.model_sha256 != model.source_sha256:
         raise UsageError(f"{path}: sha256 {model.source_sha256} is not the recipe's "
                          f"{opts.model_sha256}; the model changed since the recipe was written")
@@ -493,11 +497,18 @@ def load_outputs(path: Path) -> list[dict[str, np.ndarray]]:
 def _references(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
     """The FP32 reference outputs of the original model, one mapping per input set.
 
+    A model with external data runs from its copy in the run's store (the same graph
+    and bytes, `with_weights_in`): its own locations may lead out of its folder, which
+    ONNX Runtime refuses, when ``--allow-external-data-outside`` let them in.
+
     Raises:
         UsageError: The reference runtime cannot load or run the model on these inputs.
     """
+    source = run.model.source
+    if run.model.weights is not None:
+        source = save_model(run.outdir, run.model.data)
     try:
-        with backend.reference(run.model.source) as runner:
+        with backend.reference(source) as runner:
             return [runner.infer(feed) for feed in run.feeds]
     except Exception as e:  # the runtime's own error types
         raise UsageError(
@@ -528,7 +539,12 @@ def _write_winner(run: Prepared, result: TuneResult, opts: TuneOptions, records:
     winner, reason = result.winner, result.winner_reason
     model_path = records / "winner.onnx"
     if winner.artifact:  # with external data: winner.onnx and one winner.onnx.data
-        copy_model(run.outdir / winner.artifact, model_path)
+        source = run.outdir / winner.artifact
+        if not matches_record(source, winner.settings, winner.candidate_sha256):
+            raise StorageError(f"{source}: not the candidate model the trial store recorded "
+                               f"for the winner '{winner.route}' (changed on disk); "
+                               "tune again with --fresh")
+        copy_model(source, model_path)
     else:
         save_standalone(run.model.proto, run.model.weights, model_path)
     settings = {

@@ -24,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -86,42 +88,64 @@ def _set_entry(tensor: TensorProto, location: str, offset: int, length: int) -> 
         tensor.external_data.add(key=key, value=value)
 
 
-def check_files(model: onnx.ModelProto, base: Path, path: Path) -> None:
+def check_files(model: onnx.ModelProto, base: Path, path: Path,
+                allow_outside: bool = False) -> None:
     """Check that every external tensor's file exists, is readable and long enough.
+
+    A location must name a file inside `base` (relative, without ``..``, and not a
+    symbolic link that leads out of it): a model from elsewhere must not make routetune
+    read, and copy into an output folder, any file the user can read (SECURITY.md).
 
     Args:
         model: The model, read without its external data.
         base: The folder the locations are relative to (the model file's).
         path: The model file, for the message.
+        allow_outside: Accept locations outside `base` (``--allow-external-data-outside``).
 
     Raises:
-        UsageError: A location is absolute or leaves `base`, a file is missing or
-            unreadable, or shorter than a tensor's offset plus length.
+        UsageError: A location is empty, or leaves `base` without `allow_outside`; a
+            file is missing or unreadable, or shorter than a tensor's offset plus length.
     """
     fix = "keep the data files next to the model, as onnx.save_model wrote them"
+    inside = base.resolve()
     for tensor in tensors(model):
         if not is_external(tensor):
             continue
-        location, offset, length = _entry(tensor)
-        if not location or os.path.isabs(location) or ".." in Path(location).parts:
-            raise UsageError(f"{path}: tensor '{tensor.name}' has the external data location "
-                             f"'{location}', which is not a path inside the model's folder; "
+        name = repr(tensor.name)  # quoted and escaped: a name may hold a line break
+        try:
+            location, offset, length = _entry(tensor)
+        except ValueError:
+            location, offset, length = "", -1, None
+        if offset < 0 or (length is not None and length < 0):
+            raise UsageError(f"{path}: tensor {name} has an external data offset or length "
+                             "that is not a number of bytes; save the model again with "
+                             "onnx.save_model")
+        if not location or "\0" in location:
+            raise UsageError(f"{path}: tensor {name} has no usable external data location; "
                              "save the model again with onnx.save_model")
         file = base / location
+        if not allow_outside and not file.resolve().is_relative_to(inside):
+            raise UsageError(f"{path}: tensor {name} has the external data location "
+                             f"{location!r}, which leads outside the model's folder {base}; "
+                             "move the data file next to the model, or pass "
+                             "--allow-external-data-outside if you trust this model")
         try:
-            size = file.stat().st_size
+            info = file.stat()
+            if not stat.S_ISREG(info.st_mode):  # a FIFO blocks the open below forever
+                raise UsageError(f"{path}: external data file {str(file)!r} is not a regular "
+                                 f"file (tensor {name}); {fix}")
             with open(file, "rb"):
                 pass
         except FileNotFoundError:
-            raise UsageError(f"{path}: external data file {file} is missing (tensor "
-                             f"'{tensor.name}'); {fix}") from None
+            raise UsageError(f"{path}: external data file {str(file)!r} is missing (tensor "
+                             f"{name}); {fix}") from None
         except OSError as e:
-            raise UsageError(f"{path}: cannot read external data file {file} "
+            raise UsageError(f"{path}: cannot read external data file {str(file)!r} "
                              f"({e.strerror}); {fix}") from None
-        if offset + (length or 0) > size:
-            raise UsageError(f"{path}: external data file {file} holds {size} bytes, but "
-                             f"tensor '{tensor.name}' needs bytes {offset}–{offset + (length or 0)}"
-                             f" (truncated?); {fix}")
+        if offset + (length or 0) > info.st_size:
+            raise UsageError(f"{path}: external data file {str(file)!r} holds {info.st_size} "
+                             f"bytes, but tensor {name} needs bytes "
+                             f"{offset}–{offset + (length or 0)} (truncated?); {fix}")
 
 
 def source_sha256(path: Path, model: onnx.ModelProto) -> str:
@@ -143,7 +167,10 @@ def source_sha256(path: Path, model: onnx.ModelProto) -> str:
 def _store(data: bytes | Iterable[bytes], store: Path) -> tuple[str, int]:
     """Write bytes to ``store/weights/<sha256>.bin`` (atomically, once); location and length.
 
-    Streamed to a temporary file while hashed, then renamed: never held whole.
+    Streamed to a temporary file while hashed, then renamed: never held whole. The new
+    file always takes the name, so a file already there under that hash (damaged, or
+    planted in a shared output folder) is never read in its place; a reader that has
+    the old file open keeps its own copy (a rename replaces the entry, not the inode).
     """
     folder = store / WEIGHTS
     folder.mkdir(parents=True, exist_ok=True)
@@ -155,10 +182,7 @@ def _store(data: bytes | Iterable[bytes], store: Path) -> tuple[str, int]:
             f.write(part)
             length += len(part)
     name = f"{digest.hexdigest()}.bin"
-    if (folder / name).exists():
-        tmp.unlink()
-    else:
-        tmp.replace(folder / name)
+    tmp.replace(folder / name)  # even over a file of that name: it may be planted
     return f"{WEIGHTS}/{name}", length
 
 
@@ -297,6 +321,32 @@ def save_standalone(model: onnx.ModelProto, store: Path | None, path: Path) -> N
     path.write_bytes(copy.SerializeToString())
 
 
+def intact(model: onnx.ModelProto, store: Path) -> bool:
+    """Whether every external tensor of `model` is in `store` under its own sha256.
+
+    The store's files are named by their content's hash (`_store`); a file whose bytes
+    no longer hash to its name was damaged or planted. Each file is hashed once,
+    streamed in `CHUNK` pieces.
+
+    Args:
+        model: A model under ``artifacts/models/``, read without its external data.
+        store: That folder.
+    """
+    for location in dict.fromkeys(_entry(t)[0] for t in tensors(model) if is_external(t)):
+        name = Path(location)
+        if name.parent != Path(WEIGHTS) or name.suffix != ".bin":
+            return False
+        digest = hashlib.sha256()
+        try:
+            for chunk in _read(store / name, 0, None):
+                digest.update(chunk)
+        except OSError:
+            return False
+        if digest.hexdigest() != name.stem:
+            return False
+    return True
+
+
 def copy_model(src: Path, dest: Path) -> None:
     """Copy a model file out of a run: as is, or with its weights as ``<dest>.data``.
 
@@ -311,19 +361,44 @@ def copy_model(src: Path, dest: Path) -> None:
         dest.write_bytes(src.read_bytes())
 
 
-def check_model(model: onnx.ModelProto, folder: Path | None) -> None:
+def check_model(model: onnx.ModelProto, folder: Path | None,
+                allow_outside: bool = False) -> None:
     """``onnx.checker.check_model(model, full_check=True)``, external data read in `folder`.
 
     The checker resolves an in-memory model's external data locations against the
     working directory and refuses symbolic links, so for a model with external data
     it runs with `folder` as the working directory (`resolving_in`), briefly.
 
+    The checker also refuses locations outside that folder. With `allow_outside`
+    (``--allow-external-data-outside``; `check_files` has checked the real files),
+    it checks a copy whose locations name sparse stand-in files of the same sizes in a
+    temporary folder, so the rest of its checks still run.
+
     Raises:
         onnx.checker.ValidationError, onnx.shape_inference.InferenceError: As the
             checker.
     """
-    with resolving_in(folder if has_external_data(model) else None):
-        onnx.checker.check_model(model, full_check=True)
+    if not (allow_outside and folder is not None and has_external_data(model)):
+        with resolving_in(folder if has_external_data(model) else None):
+            onnx.checker.check_model(model, full_check=True)
+        return
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model)
+    with tempfile.TemporaryDirectory(prefix="routetune-check-") as tmp:
+        stand_ins: dict[str, str] = {}
+        for tensor in tensors(proto):
+            if not is_external(tensor):
+                continue
+            location = _entry(tensor)[0]
+            if location not in stand_ins:
+                stand_ins[location] = f"data{len(stand_ins)}.bin"
+                with open(Path(tmp) / stand_ins[location], "wb") as f:
+                    f.truncate((folder / location).stat().st_size)  # sparse: no disk used
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = stand_ins[location]
+        with resolving_in(Path(tmp)):
+            onnx.checker.check_model(proto, full_check=True)
 
 
 def resolving_in(folder: Path | None) -> contextlib.AbstractContextManager[object]:

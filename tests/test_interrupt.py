@@ -85,7 +85,6 @@ def test_sigterm_stops_like_ctrl_c_with_exit_143(model: Path, tmp_path: Path) ->
     assert proc.returncode == 143, stderr
     assert "interrupted (SIGTERM): no new trials" in " ".join(stdout.split())
     assert (out / "report.html").exists() and "Traceback" not in stderr
-    assert not list((out / "artifacts").glob("inputs-*"))  # the workers' input file
 
 
 def test_a_second_ctrl_c_stops_at_once_and_the_store_stays_consistent(model: Path,

@@ -3,8 +3,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from graphs import matmul_chain
 
+from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.model import sha256
 from routetune.outdir import make_outdir, move_aside
@@ -59,3 +61,20 @@ def test_a_folder_that_holds_another_models_run_keeps_it(registry, tmp_path: Pat
     assert records.parent == out / "runs" and (records / "winner.onnx").exists()
     assert json.loads((records / "run.json").read_text())["model"]["sha256"] == sha256(
         second.read_bytes())
+
+
+def test_a_folder_of_other_files_is_refused_and_an_empty_or_routetune_one_taken(
+        tmp_path: Path) -> None:
+    # A recipe's output (or --output .) pointed at a folder of the user's own files:
+    # report.html, run.json and winner.* there would replace files of theirs.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.html").write_text("my report")
+    with pytest.raises(UsageError, match="holds other files and no routetune run"):
+        make_outdir(mine, tmp_path / "m.onnx")
+    assert (mine / "report.html").read_text() == "my report"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert make_outdir(empty, tmp_path / "m.onnx") == empty
+    (mine / "trials.sqlite").write_bytes(b"")  # a routetune folder (its store)
+    assert make_outdir(mine, tmp_path / "m.onnx") == mine

@@ -94,6 +94,7 @@ def test_a_schema_1_store_migrates_on_open(tmp_path: Path) -> None:
     store = TrialStore.open(path)
     old = store.get("f")
     assert old.paired is None and old.conditions == {} and old.noisy == ""
+    assert old.engine_sha256 is None  # schema 3: a plan it kept is not vouched for
     assert old.speedup == pytest.approx(1.5) and old.latency.blocks == ()
     store.add(trial("f2", "fp16,x"))  # the new columns take writes
     store.close()

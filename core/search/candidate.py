@@ -41,7 +41,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from routetune.accuracy import Constraint, check_accuracy
-from routetune.backend import Backend, Runner
+from routetune.backend import Backend, Engine, Runner
 from routetune.conditions import BusyPolicy, measure_watched
 from routetune.errors import (
     BuildError,
@@ -63,10 +63,10 @@ from routetune.measure import (
 from routetune.model import PreparedModel, cast_faults, check_candidate, sha256, toposort
 from routetune.profile import ShapeProfile
 from routetune.registry import Registry
-from routetune.route import Route, Step
+from routetune.route import Route, Step, parse_route
 from routetune.seasoning import Lowering, RouteContext, RouteState
 from routetune.strict_fp16 import mentions_float16, strict_fp16_overflows
-from routetune.weights import externalize, import_graph
+from routetune.weights import externalize, import_graph, intact
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,21 @@ class TrialInputs:
     base_passes: tuple[Mapping[str, Any], ...] = ()
     reference: bool = True
     busy: BusyPolicy = BusyPolicy()
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the trial store recorded of a trial's build, to check files against.
+
+    Args:
+        candidate: `Trial.candidate_sha256`: sha256 of the candidate model's bytes
+            followed by its full settings as sorted JSON, hex.
+        engine: `Trial.engine_sha256`: sha256 of the kept engine file, hex; empty when
+            the backend keeps none.
+    """
+
+    candidate: str
+    engine: str = ""
 
 
 CONFIRM_BLOCKS = 30
@@ -209,8 +224,9 @@ class Candidate:
 
         Returns:
             `BUILT` with ``candidate_sha256``, ``passes``, ``settings``, ``artifact``,
-            ``build_ms`` (ms) and ``engine_bytes`` (bytes); else ``build-failed`` or
-            ``crashed`` with the reason.
+            ``build_ms`` (ms), ``engine_bytes`` (bytes) and ``engine_sha256`` (of a kept
+            engine file, else empty); else ``build-failed`` or ``crashed`` with the
+            reason.
         """
         try:
             data, passes, settings = self.apply(route)
@@ -228,9 +244,10 @@ class Candidate:
         }
         try:
             t0 = time.perf_counter_ns()
-            engine = self.backend.build(artifact, settings, self.workdir, fingerprint)
+            engine = self.engine(artifact, settings, fingerprint, "")
             fields["build_ms"] = (time.perf_counter_ns() - t0) / 1e6
             fields["engine_bytes"] = engine.size_bytes
+            fields["engine_sha256"] = engine.sha256
         except Exception as e:  # a backend may raise anything for a model it refuses
             return Outcome("build-failed", describe(e), fields)
         return Outcome(BUILT, "", fields)
@@ -251,8 +268,8 @@ class Candidate:
         fields = dict(built)
         settings = fields["settings"]
         try:
-            engine = self.backend.build(self.outdir / fields["artifact"], settings,
-                                        self.workdir, fingerprint)
+            engine = self.engine(self.outdir / fields["artifact"], settings, fingerprint,
+                                 fields.get("engine_sha256", ""))
             runner = self.backend.open(engine)
         except EngineNotRunnable as e:
             built_text = (f"built ({fields['engine_bytes']} bytes in "
@@ -291,7 +308,7 @@ class Candidate:
         return Outcome("ok", "; ".join(notes), fields)
 
     def confirm(self, route: str, artifact: str, settings: Mapping[str, Any],
-                fingerprint: str) -> Confirmation:
+                fingerprint: str, recorded: Recorded) -> Confirmation:
         """Re-measure a route against the base route, both engines built anew.
 
         Meant for a fresh worker process: nothing of the search's sessions is reused.
@@ -303,10 +320,12 @@ class Candidate:
             artifact: Its candidate model's path relative to the output directory.
             settings: Its full build settings.
             fingerprint: Its trial fingerprint.
+            recorded: What the trial store recorded for it (`Recorded`).
 
         Raises:
             BuildError: An engine could not be rebuilt.
         """
+        path = self.checked_model(route, artifact, settings, recorded)
         base_path = self.save_model(self.inputs.base_data)
         base_settings = self.backend.full_settings(self.inputs.base_settings)
         m = self.inputs.measure
@@ -314,10 +333,9 @@ class Candidate:
                             min_time_s=3 * m.min_time_s, max_time_s=3 * m.max_time_s)
         runners: list[Runner] = []
         try:
-            for path, options, key in ((self.outdir / artifact, settings, fingerprint),
-                                       (base_path, base_settings, "")):
-                runners.append(self.backend.open(self.backend.build(path, options,
-                                                                    self.workdir, key)))
+            for model, options, key, sha in ((path, settings, fingerprint, recorded.engine),
+                                             (base_path, base_settings, "", "")):
+                runners.append(self.backend.open(self.engine(model, options, key, sha)))
 
             def timed() -> tuple[list[Latency], Speedup]:
                 latencies, blocks = measure_blocks(runners, self.inputs.feeds, settings_)
@@ -330,21 +348,48 @@ class Candidate:
                 runner.close()
         return Confirmation(route, latencies[0], latencies[1], paired, conditions)
 
-    def outputs(self, artifact: str, settings: Mapping[str, Any], fingerprint: str
-                ) -> list[dict[str, np.ndarray]] | None:
-        """Build an engine and run it on every input set.
+    def outputs(self, route: str, artifact: str, settings: Mapping[str, Any],
+                fingerprint: str, recorded: Recorded) -> list[dict[str, np.ndarray]] | None:
+        """Build a stored trial's engine and run it on every input set.
+
+        Args: as `confirm`'s.
 
         Returns:
             One mapping of output name to array per input set; None when this device
             cannot run the engine.
         """
-        engine = self.backend.build(self.outdir / artifact, settings, self.workdir, fingerprint)
+        path = self.checked_model(route, artifact, settings, recorded)
+        engine = self.engine(path, settings, fingerprint, recorded.engine)
         try:
             runner = self.backend.open(engine)
         except EngineNotRunnable:
             return None
         with runner:
             return [runner.infer(feed) for feed in self.inputs.feeds]
+
+    def engine(self, model: Path, settings: Mapping[str, Any], key: str, recorded: str
+               ) -> Engine:
+        """`build_engine` with this candidate's backend and ``artifacts`` folder."""
+        return build_engine(self.backend, model, settings, self.workdir, key, recorded)
+
+    def checked_model(self, route: str, artifact: str, settings: Mapping[str, Any],
+                      recorded: Recorded) -> Path:
+        """A stored trial's candidate model, checked against its record, else made again.
+
+        The file under ``artifacts/models/`` is used when the sha256 of its bytes and
+        the settings is the trial's `Trial.candidate_sha256`; otherwise (a damaged or
+        planted file) the route is applied again to make it.
+
+        Raises:
+            SeasoningError: The route no longer applies.
+        """
+        path = self.outdir / artifact
+        if matches_record(path, settings, recorded.candidate):
+            return path
+        logger.info("%s is not the candidate model recorded for '%s'; applying the route "
+                    "again", artifact, route)
+        data, _, _ = self.apply(parse_route(route))
+        return self.save_model(data)
 
     def _strict_fp16(self, data: bytes, settings: Mapping[str, Any]) -> dict[str, str] | None:
         """Overflows a float16 device would show, where this one emulates float16.
@@ -620,6 +665,68 @@ class Candidate:
     def save_model(self, data: bytes) -> Path:
         """Keep a candidate model under ``artifacts/models/<sha256[:16]>.onnx``; its path."""
         return save_model(self.outdir, data)
+
+
+def build_engine(backend: Backend, model: Path, settings: Mapping[str, Any], workdir: Path,
+                 key: str, recorded: str) -> Engine:
+    """`Backend.build`, opening a kept engine file only if it is the one recorded.
+
+    A backend may hand back an engine file it kept under `key` (a TensorRT plan, on
+    resume) instead of building (`Engine.reused`). That file came from the output
+    folder, which someone else may have written, so it is used only when its sha256 is
+    `recorded`, the hash this trial's build phase returned (and the trial store keeps);
+    otherwise it is deleted and the engine built again. A sidecar beside the file
+    cannot vouch for it: whoever edits one can edit both.
+
+    Args:
+        backend: The backend.
+        model: The candidate model.
+        settings: Full build settings.
+        workdir: ``OUTDIR/artifacts``.
+        key: The trial's fingerprint, or empty for an engine that is not kept.
+        recorded: The engine's recorded sha256, hex; empty when none is (the build
+            phase, or a store written before it was recorded).
+
+    Raises:
+        BuildError: The backend refused the model, or kept handing back a file.
+    """
+    engine = backend.build(model, settings, workdir, key)
+    if engine.reused and engine.sha256 != recorded:
+        logger.info("%s is not the engine recorded for this trial; building it again",
+                    engine.path)
+        engine.path.unlink(missing_ok=True)
+        engine = backend.build(model, settings, workdir, key)
+        if engine.reused:
+            raise BuildError(f"the {backend.name} backend reused {engine.path} after it was "
+                             "deleted; it must build an engine it has no file for")
+    return engine
+
+
+def matches_record(path: Path, settings: Mapping[str, Any], candidate_sha256: str | None
+                   ) -> bool:
+    """Whether a candidate model file is the one a trial recorded, weights included.
+
+    Args:
+        path: The model under ``artifacts/models/``.
+        settings: The trial's full build settings.
+        candidate_sha256: The trial's `Trial.candidate_sha256`.
+
+    Returns:
+        True when the sha256 of the file's bytes followed by the settings as sorted
+        JSON is `candidate_sha256`, and each external data file it names still hashes
+        to its name (`routetune.weights.intact`).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if sha256(data + json.dumps(settings, sort_keys=True).encode()) != candidate_sha256:
+        return False
+    try:
+        model = onnx.load_from_string(data)
+    except Exception:  # protobuf's DecodeError and others: not a model
+        return False
+    return intact(model, path.parent)
 
 
 def save_model(outdir: Path, data: bytes) -> Path:

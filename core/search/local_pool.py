@@ -32,8 +32,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import multiprocessing
-import os
-import pickle
 import signal
 import time
 from collections import deque
@@ -50,6 +48,7 @@ from routetune.registry import Registry
 from routetune.search import worker
 from routetune.search.candidate import BUILT, Outcome, TrialInputs, describe
 from routetune.search.executor import AfterBuild, Executor, Job
+from routetune.search.handoff import Handoff
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Default per-phase timeout in seconds: a large TensorRT build at optimisation level 5
@@ -89,7 +88,7 @@ class LocalPool(Executor):
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self._inputs: TrialInputs | None = None
-        self._file: Path | None = None  # the pickled inputs the workers load
+        self._handoff: Handoff | None = None  # serves the inputs to the workers
         self._builders: pebble.ProcessPool | None = None
         self._measurers: list[pebble.ProcessPool] = []
         self._running: dict[concurrent.futures.Future[Any], Job] = {}
@@ -97,11 +96,11 @@ class LocalPool(Executor):
 
     def warm_up(self, outdir: Path) -> None:
         """Start the workers now; they load their libraries and wait for `start`."""
-        self._file = outdir / "artifacts" / f"inputs-{os.getpid()}-{time.time_ns()}.pkl"
-        self._file.parent.mkdir(parents=True, exist_ok=True)
-        for pattern in ("inputs-*", STATUS_GLOB):  # a killed run's (we hold the folder)
-            for stale in self._file.parent.glob(pattern):
-                stale.unlink(missing_ok=True)
+        artifacts = outdir / "artifacts"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        for stale in artifacts.glob(STATUS_GLOB):  # a killed run's (we hold the folder)
+            stale.unlink(missing_ok=True)
+        self._handoff = Handoff()
         self._spawn()
 
     def start(self, registry: Registry, inputs: TrialInputs) -> None:
@@ -113,26 +112,22 @@ class LocalPool(Executor):
                 "loaded by worker processes; install them as a package with a 'routetune' "
                 "entry point, or run trials in this process (--in-process)")
         self._inputs = inputs
-        if self._file is None:
+        if self._handoff is None:
             self.warm_up(inputs.outdir)
-        tmp = self._file.with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL))
-        tmp.replace(self._file)
+        assert self._handoff is not None
+        self._handoff.give(inputs)
+
+    def _pool(self, size: int, gpu: str | None) -> pebble.ProcessPool:
+        """`size` workers that get their inputs from the handoff; `gpu` for measuring."""
+        assert self._handoff is not None
+        return pebble.ProcessPool(
+            size, initializer=worker.init, context=_SPAWN,
+            initargs=(self._handoff.address, self._handoff.key, gpu,
+                      None if gpu else self.memory_mb, self.timeout_s))
 
     def _spawn(self) -> None:
-        context = _SPAWN
-        inputs = self._file
-        self._builders = pebble.ProcessPool(self.build_workers, initializer=worker.init,
-                                            initargs=(inputs, None, self.memory_mb,
-                                                      self.timeout_s),
-                                            context=context)
-        self._measurers = [
-            pebble.ProcessPool(1, initializer=worker.init,
-                               initargs=(inputs, gpu, None if gpu else self.memory_mb,
-                                         self.timeout_s),
-                               context=context)
-            for gpu in self.gpus or (None,)
-        ]
+        self._builders = self._pool(self.build_workers, None)
+        self._measurers = [self._pool(1, gpu) for gpu in self.gpus or (None,)]
         for pool in [self._builders, *self._measurers]:  # pebble starts a pool lazily
             pool.schedule(worker.ping)
 
@@ -209,10 +204,7 @@ class LocalPool(Executor):
         log = self._inputs.outdir / LOGS / f"{method}.log"
         gpu = (self.gpus or (None,))[0]
         if fresh:
-            pool = pebble.ProcessPool(1, initializer=worker.init, context=_SPAWN,
-                                      initargs=(self._file, gpu,
-                                                None if gpu else self.memory_mb,
-                                                self.timeout_s))
+            pool = self._pool(1, gpu)
         else:
             if not self._measurers:  # released, or never started
                 self._spawn()
@@ -227,7 +219,7 @@ class LocalPool(Executor):
             if fresh:
                 pool.stop()
                 pool.join()
-            self._event({"phase": method, "route": args[0] if fresh else None,
+            self._event({"phase": method, "route": args[0],
                          "status": None, "start": start, "end": time.time(), "pid": None,
                          "gpu": gpu})
 
@@ -255,10 +247,10 @@ class LocalPool(Executor):
         self.cancel()
 
     def close(self) -> None:
-        """Stop and join every worker, and delete the inputs file."""
+        """Stop and join every worker, and stop serving the inputs."""
         self.cancel()
-        if self._file is not None:
-            self._file.unlink(missing_ok=True)
+        if self._handoff is not None:
+            self._handoff.close()
 
     def _log(self, job: Job) -> Path:
         return self._inputs.outdir / LOGS / f"{job.fingerprint[:16]}.log"

@@ -33,7 +33,13 @@ from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, sha256
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.search.candidate import Confirmation, Outcome, TrialInputs, with_base_pipeline
+from routetune.search.candidate import (
+    Confirmation,
+    Outcome,
+    Recorded,
+    TrialInputs,
+    with_base_pipeline,
+)
 from routetune.search.executor import Executor, InlineExecutor, Job
 from routetune.search.repair import bisect_repair, repair_route, repairs
 from routetune.search.strategy import Strategy
@@ -304,7 +310,8 @@ class SearchLoop:
             BuildError: An engine could not be rebuilt.
         """
         return self.executor.call("confirm", trial.route, trial.artifact,
-                                  dict(trial.settings), trial.fingerprint, fresh=True)
+                                  dict(trial.settings), trial.fingerprint, _recorded(trial),
+                                  fresh=True)
 
     def outputs(self, trial: Trial) -> list[dict[str, np.ndarray]] | None:
         """Rebuild a stored trial's engine and run it on every input set.
@@ -315,8 +322,8 @@ class SearchLoop:
         """
         if not trial.artifact:
             return None
-        return self.executor.call("outputs", trial.artifact, dict(trial.settings),
-                                  trial.fingerprint)
+        return self.executor.call("outputs", trial.route, trial.artifact,
+                                  dict(trial.settings), trial.fingerprint, _recorded(trial))
 
     def record_skipped(self, route: Route, reason: str) -> Trial:
         """Store a route that was not built (a seasoning that does not apply)."""
@@ -336,6 +343,11 @@ class SearchLoop:
     def close(self) -> None:
         """Close the executor (its workers and engines)."""
         self.executor.close()
+
+
+def _recorded(trial: Trial) -> Recorded:
+    """What the store recorded of the trial's build, for the worker to check files against."""
+    return Recorded(trial.candidate_sha256 or "", trial.engine_sha256 or "")
 
 
 def _versions(backend: Backend) -> dict[str, str]:

@@ -15,7 +15,6 @@ import ctypes
 import faulthandler
 import logging
 import os
-import pickle
 import resource
 import signal
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 from routetune.logs import captured
 from routetune.route import Route
 from routetune.search.candidate import Candidate, Outcome, describe
+from routetune.search.handoff import Address, receive
 
 _candidate: Candidate | None = None
 _failed: BaseException | None = None
@@ -38,16 +38,18 @@ PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal a process gets when its parent dies (Linux)."""
 
 
-def init(inputs: Path, gpu: str | None, memory_mb: int | None,
+def init(address: Address, key: bytes, gpu: str | None, memory_mb: int | None,
          timeout_s: float | None = None) -> None:
     """Set up a worker: signals, device, plugins, then the model, then the memory limit.
 
     Workers start before the search's process has its inputs ready (the FP32 reference
     outputs, the base pipeline), so that both load their libraries at once: a worker
-    waits for the pickled `TrialInputs` file to appear.
+    then waits for its `TrialInputs` from the search's `Handoff` (in memory, never a
+    file).
 
     Args:
-        inputs: The file the search writes its pickled `TrialInputs` to.
+        address: The handoff's socket.
+        key: The handoff's authentication key.
         gpu: The value of ``CUDA_VISIBLE_DEVICES`` for this worker (one GPU), or None.
         memory_mb: An address-space limit (``RLIMIT_AS``) in MiB, set after start-up,
             so that a runaway allocation raises `MemoryError` instead of taking the
@@ -68,9 +70,7 @@ def init(inputs: Path, gpu: str | None, memory_mb: int | None,
         from routetune.plugin_manager import load_registry
 
         registry = load_registry()
-        while not inputs.exists():  # the parent kills its workers if it never writes it
-            time.sleep(0.01)
-        _candidate = Candidate(registry, pickle.loads(inputs.read_bytes()))
+        _candidate = Candidate(registry, receive(address, key))
     except BaseException as e:  # told with every task: the pool reports it per trial
         _failed = e
     if memory_mb is not None:

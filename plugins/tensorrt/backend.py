@@ -4,12 +4,14 @@ Built with TensorRT 11 where installed, else TensorRT-RTX (`module.find_tensorrt
 parse the ONNX file (``OnnxParser``), make the builder config and one optimisation
 profile, build a serialized plan (``build_serialized_network``). Precision is the
 graph's own: no FP16/INT8 builder flags exist in TensorRT 11. Plans are kept in
-``OUTDIR/artifacts/engines/<trial fingerprint>.plan`` and reused on resume when the
-model, settings and TensorRT version it was built from are unchanged; one timing
-cache per output directory (``engines/timing.cache``) is loaded before each build and
-saved after it. Engines run through `TensorRtRunner`; where the runtime refuses the
-device (TensorRT-RTX on compute capability 9.0, or no GPU) `open` raises
-`EngineNotRunnable` and the trial is ``build-only``.
+``OUTDIR/artifacts/engines/<trial fingerprint>.plan`` and handed back on resume when the
+model, settings and TensorRT version it was built from are unchanged (the ``.sha256``
+sidecar); the search opens such a plan only if its sha256 is the one its trial
+recorded (`Engine.reused`), and the runtime never runs host code embedded in a plan
+(`make_runtime`). One timing cache per output directory (``engines/timing.cache``) is
+loaded before each build and saved after it. Engines run through `TensorRtRunner`;
+where the runtime refuses the device (TensorRT-RTX on compute capability 9.0, or no
+GPU) `open` raises `EngineNotRunnable` and the trial is ``build-only``.
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ class TensorRtBackend(Backend):
             stamp = plan_path.with_suffix(".sha256")
             if plan_path.exists() and stamp.exists() and stamp.read_text() == source:
                 data = plan_path.read_bytes()
-                return Engine(model_path, dict(settings), plan_path, len(data), handle=data)
+                return Engine(model_path, dict(settings), plan_path, len(data), handle=data,
+                              sha256=hashlib.sha256(data).hexdigest(), reused=True)
         trt = self.trt.module
         logger = make_logger(trt)
         builder = trt.Builder(logger)
@@ -179,7 +182,7 @@ class TensorRtBackend(Backend):
             _write(plan_path, data)
             _write(stamp, source.encode())
         return Engine(model_path, dict(settings), plan_path or model_path, len(data),
-                      handle=data)
+                      handle=data, sha256=hashlib.sha256(data).hexdigest() if plan_path else "")
 
     def _source_digest(self, model_path: Path, settings: Mapping[str, Any]) -> str:
         """sha256 of what a plan is built from: model bytes, settings, TensorRT version.
@@ -204,7 +207,7 @@ class TensorRtBackend(Backend):
             raise EngineNotRunnable(f"no CUDA GPU here for {self.trt} to run engines on")
         trt = self.trt.module
         logger = make_logger(trt)
-        runtime = trt.Runtime(logger)
+        runtime = make_runtime(trt, logger)
         data = engine.handle if engine.handle is not None else engine.path.read_bytes()
         cuda_engine = runtime.deserialize_cuda_engine(data)
         if cuda_engine is None:
@@ -213,6 +216,18 @@ class TensorRtBackend(Backend):
         profile = ShapeProfile.parse(engine.settings.get(NS + "profile", ""))
         return TensorRtRunner(trt, runtime, cuda_engine, profile,
                               bool(engine.settings.get(NS + "cuda_graph")))
+
+
+def make_runtime(trt: Any, logger: Any) -> Any:
+    """A ``trt.Runtime`` that refuses plans carrying host code.
+
+    ``engine_host_code_allowed`` (TensorRT's ``IRuntime::setEngineHostCodeAllowed``)
+    lets a plan run plugin or lean-runtime code embedded in it; a plan from a results
+    folder is data, so it stays off whatever the library's default (SECURITY.md).
+    """
+    runtime = trt.Runtime(logger)
+    runtime.engine_host_code_allowed = False
+    return runtime
 
 
 def configure(trt: Any, config: Any, settings: Mapping[str, Any]) -> None:

@@ -20,9 +20,12 @@ from routetune.plugins.tensorrt.backend import (
     _gpu,
     all_build_routes,
     configure,
+    make_logger,
+    make_runtime,
 )
 from routetune.plugins.tensorrt.module import find_tensorrt
 from routetune.profile import ShapeProfile
+from routetune.search.candidate import build_engine
 
 TRT = find_tensorrt()
 needs_trt = pytest.mark.skipif(TRT.module is None, reason=f"tensorrt backend: {TRT.reason}")
@@ -143,6 +146,39 @@ def test_plans_are_kept_by_fingerprint_and_reused(tmp_path: Path) -> None:
     model.write_bytes(model.read_bytes().replace(b"relu0", b"relu9"))
     rebuilt = backend.build(model, settings(backend), tmp_path, key="f" * 64)
     assert plan.stat().st_mtime_ns != stamp and rebuilt.handle != first.handle
+
+
+def test_a_kept_plan_is_opened_only_when_its_trial_recorded_its_hash(tmp_path: Path) -> None:
+    # Security issue: a plan in a results folder is deserialised only when its sha256 is
+    # the one its trial recorded; the sidecar (what it was built from) cannot vouch for
+    # it, since whoever edits the plan can edit the sidecar too.
+    import hashlib
+
+    model = conv(tmp_path / "m.onnx")
+    backend = TensorRtBackend(PROFILE)
+    key, full = "e" * 64, settings(backend)
+    plan = tmp_path / "engines" / f"{key}.plan"
+    built = build_engine(backend, model, full, tmp_path, key, "")
+    assert not built.reused and built.sha256 == hashlib.sha256(plan.read_bytes()).hexdigest()
+    again = build_engine(backend, model, full, tmp_path, key, built.sha256)
+    assert again.reused and again.handle == built.handle  # recorded: taken as kept
+    plan.write_bytes(b"a plan someone planted")  # the sidecar still matches the model
+    assert backend.build(model, full, tmp_path, key).reused  # the backend alone takes it
+    rebuilt = build_engine(backend, model, full, tmp_path, key, built.sha256)
+    assert not rebuilt.reused and rebuilt.handle != b"a plan someone planted"
+    assert plan.read_bytes() == rebuilt.handle
+    unrecorded = build_engine(backend, model, full, tmp_path, key, "")  # no record: built
+    assert not unrecorded.reused
+
+
+def test_plans_never_run_host_code_and_are_not_version_compatible(tmp_path: Path) -> None:
+    # Host code embedded in a plan (plugins, a lean runtime) would run on deserialising.
+    trt = TRT.module
+    assert make_runtime(trt, make_logger(trt)).engine_host_code_allowed is False
+    backend = TensorRtBackend(PROFILE)
+    config = trt.Builder(make_logger(trt)).create_builder_config()
+    configure(trt, config, settings(backend))
+    assert not config.get_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
 
 
 def test_timing_cache_is_saved_per_output_directory_and_reloaded(

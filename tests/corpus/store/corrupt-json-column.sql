@@ -1,0 +1,1 @@
+UPDATE trials SET latency = '{"n": ' WHERE route = 'base';
