@@ -43,6 +43,7 @@ def external_model(path: Path, seed: int = 0) -> Path:
         [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2"),
          numpy_helper.from_array(b, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every ONNX Runtime here reads (a newer onnx writes more)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=1024)
