@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, Field, fields
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +106,8 @@ def tune(
              "inputs": (inputs, None), "accuracy": (accuracy, DEFAULT_ACCURACY),
              "search": (search, "beam"), "seasonings": (seasonings, None)}
     explicit = set(options) | {k for k, (value, _) in named.items() if value is not None}
-    flags: dict[str, Any] = {f.name: f.default if f.default is not MISSING else f.default_factory()
-                             for f in fields(TuneOptions) if f.name != "measure"}
+    flags: dict[str, Any] = {f.name: _default(f) for f in fields(TuneOptions)
+                             if f.name != "measure"}
     flags.update(min_runs=MeasureSettings.min_runs, min_time=MeasureSettings.min_time_s)
     flags.update({k: default if value is None else value
                   for k, (value, default) in named.items()}, **options)
@@ -120,3 +120,11 @@ def tune(
                         given=lambda name: {v: k for k, v in FLAG_NAMES.items()}.get(name, name)
                         in explicit)
     return _tune(opts, registry)
+
+
+def _default(f: Field[Any]) -> Any:
+    """A dataclass field's default value (from its default factory, if it has one)."""
+    if f.default is not MISSING:
+        return f.default
+    assert f.default_factory is not MISSING, f.name
+    return f.default_factory()

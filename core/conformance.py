@@ -95,7 +95,7 @@ def write_case(case: Any, folder: Path) -> str:
                 return (f"input '{name}' is a {type(value).__name__} (a sequence or "
                         "optional); --inputs takes tensors")
             arrays[name] = value.astype(str) if value.dtype == object else value
-        np.savez(inputs / f"{i}.npz", **arrays)
+        np.savez(inputs / f"{i}.npz", **arrays)  # type: ignore[arg-type]  # numpy's stub
     if not case.data_sets:
         return "the test has no input sets"
     onnx.save(model, folder / "model.onnx")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -52,10 +53,11 @@ def trials_table(
     trial timed while the machine was busy is marked "noisy" in its status.
     """
     table = Table(title=title, show_lines=False, expand=False)
-    for col, justify in (("#", "right"), ("route", "left"), ("status", "left"),
-                         ("p50 ms", "right"), ("p90 ms", "right"), ("±", "right"),
-                         ("base p50 ms", "right"), ("speed-up", "right"),
-                         ("accuracy", "left"), ("reason", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("#", "right"), ("route", "left"), ("status", "left"), ("p50 ms", "right"),
+        ("p90 ms", "right"), ("±", "right"), ("base p50 ms", "right"), ("speed-up", "right"),
+        ("accuracy", "left"), ("reason", "left"))
+    for col, justify in columns:
         table.add_column(col, justify=justify, overflow="fold")
     for i, t in enumerate(trials, 1):
         lat = t.latency

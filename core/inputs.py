@@ -127,6 +127,7 @@ def synthesize(
         feed: Feed = {}
         for spec in specs:
             shape = shapes[spec.name]
+            value: np.ndarray
             if np.issubdtype(spec.dtype, np.floating):
                 value = rng.random(shape)
             else:
@@ -187,6 +188,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray | bytes]:
         raise UsageError(f"--inputs {path}: one .npy array, not an .npz file of named "
                          f"inputs; {fix}(path, name=array)")
     with data:
+        assert data.zip is not None  # open until the with block ends
         for info in data.zip.infolist():
             if info.file_size > MAX_INPUT_BYTES:
                 raise UsageError(f"--inputs {path}: {info.filename!r} takes "
@@ -200,11 +202,12 @@ def _read_npz(path: Path) -> dict[str, np.ndarray | bytes]:
 
 
 def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
-    arrays = _read_npz(path)
-    for name, value in arrays.items():
+    arrays: dict[str, np.ndarray] = {}
+    for name, value in _read_npz(path).items():
         if not isinstance(value, np.ndarray):  # a member that is not .npy: its raw bytes
             raise UsageError(f"--inputs {path}: {name!r} is not a NumPy array (not an .npy "
                              "member); save with numpy.savez")
+        arrays[name] = value
     names = [s.name for s in specs]
     for extra in set(arrays) - set(names):
         raise UsageError(

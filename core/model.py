@@ -32,12 +32,13 @@ class TensorSpec:
 
     Args:
         name: The tensor's name.
-        dtype: Its numpy dtype (``float32``, ``int64`` …).
+        dtype: Its numpy dtype (``float32``, ``int64`` …); None for a value that is not
+            a tensor (a sequence or an optional).
         shape: Its dimensions; a str names a dynamic dimension.
     """
 
     name: str
-    dtype: np.dtype
+    dtype: np.dtype | None
     shape: tuple[Dim, ...]
 
     def __str__(self) -> str:

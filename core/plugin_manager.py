@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import importlib.metadata
-import logging
 import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pluggy
+from pluggy import HookImpl
 
 from routetune import hookspecs
-from routetune.errors import PluginError
+from routetune.errors import PluginError, one_line
 from routetune.registry import Registry
-
-logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "ROUTETUNE_DISABLE_PLUGINS"
 TRACE_ENV = "ROUTETUNE_TRACE_PLUGINS"
@@ -25,9 +26,15 @@ def get_plugin_manager(disabled: tuple[str, ...] = ()) -> pluggy.PluginManager:
         disabled: Entry-point names to block, in addition to the comma-separated names
             in the ``ROUTETUNE_DISABLE_PLUGINS`` environment variable.
 
+    With ``ROUTETUNE_TRACE_PLUGINS=1`` in the environment, every hook call is printed
+    to stderr with the plugins that implement it, through pluggy's hook-call
+    monitoring.
+
     Raises:
-        PluginError: An entry point failed to import; one line naming the plugin, its
-            distribution, the cause and how to disable it.
+        PluginError: An entry point failed to import, or is not a valid plugin (a hook
+            that does not exist, such as a misspelled one, or a hook with arguments its
+            specification lacks); one line naming the plugin, its distribution, the
+            cause and how to disable it.
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
@@ -37,22 +44,37 @@ def get_plugin_manager(disabled: tuple[str, ...] = ()) -> pluggy.PluginManager:
     for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT):
         if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
             continue
+        dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "unknown distribution"
+        fix = f"disable it with {DISABLE_ENV}={ep.name}"
         try:
             plugin = ep.load()
         except Exception as e:
-            dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "unknown distribution"
-            raise PluginError(
-                f"plugin '{ep.name}' ({dist}) failed to load: {e}; "
-                f"disable it with {DISABLE_ENV}={ep.name}"
-            ) from e
-        pm.register(plugin, name=ep.name)
-    pm.check_pending()
+            raise PluginError(f"plugin '{ep.name}' ({dist}) failed to load: {e}; {fix}") from e
+        try:
+            pm.register(plugin, name=ep.name)
+            pm.check_pending()  # each plugin on its own, so that a failure names it
+        except pluggy.PluginValidationError as e:
+            raise PluginError(f"plugin '{ep.name}' ({dist}) is not a valid routetune plugin: "
+                              f"{_unplugged(str(e))}; routetune's hooks: "
+                              f"{', '.join(HOOKS)}; {fix}") from e
     if os.environ.get(TRACE_ENV):
-        pm.add_hookcall_monitoring(
-            lambda name, impls, kw: logger.info("hook %s -> %d impls", name, len(impls)),
-            lambda outcome, name, impls, kw: None,
-        )
+        pm.add_hookcall_monitoring(_trace, lambda outcome, name, impls, kwargs: None)
     return pm
+
+
+HOOKS = tuple(name for name in dir(hookspecs) if name.startswith("routetune_"))
+"""The hook names plugins may implement (`routetune.hookspecs`)."""
+
+
+def _unplugged(message: str) -> str:
+    """The message of pluggy, one line, without the repr and file path of the module."""
+    return one_line(message.split(" in plugin ", 1)[0].split("\nPlugin: ", 1)[0], 200)
+
+
+def _trace(hook_name: str, impls: Sequence[HookImpl], kwargs: Mapping[str, Any]) -> None:
+    """Print one hook call and its plugins (``ROUTETUNE_TRACE_PLUGINS``)."""
+    plugins = ", ".join(impl.plugin_name for impl in impls) or "no plugin"
+    print(f"routetune: hook {hook_name} -> {plugins}", file=sys.stderr)
 
 
 def load_registry(disabled: tuple[str, ...] = ()) -> Registry:

@@ -222,8 +222,8 @@ def _check_names(recipe: Recipe, registry: Registry) -> list[str]:
         for name, values in spec.params.items():
             where = f"seasonings[{i}].params.{name}"
             param = check(where, lambda name=name, cls=cls: cls.info.param(name))
-            for value in values if param is not None else []:
-                value = tuple(value) if isinstance(value, list) else value
+            for raw in values if param is not None else []:
+                value = tuple(raw) if isinstance(raw, list) else raw
                 if check(where, lambda p=param, v=value: p.check(v)) is None:
                     break
     for i, text in enumerate(recipe.routes):

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from routetune.errors import PluginError, UsageError
+from routetune.errors import PluginError, UsageError, one_line
 from routetune.seasoning import Seasoning
 
 if TYPE_CHECKING:
@@ -19,6 +19,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+REGISTRATION_HOOKS = (
+    ("routetune_register_seasonings", "seasonings"),
+    ("routetune_register_backends", "backends"),
+    ("routetune_register_strategies", "search strategies"),
+    ("routetune_register_metrics", "metrics"),
+)
+"""The registration hooks (`routetune.hookspecs`), in call order, with what each adds."""
 
 
 @dataclass(frozen=True)
@@ -48,24 +56,35 @@ class Registry:
     def from_plugin_manager(cls, pm: pluggy.PluginManager, dists: dict[str, str]) -> Registry:
         """Call every registration hook of `pm`, one plugin at a time, and validate.
 
+        Each plugin's hook is called through pluggy's own hook caller (a subset caller
+        holding that plugin alone), so pluggy's tracing and hook-call monitoring see
+        every call, and what a plugin registers, or raises, is attributed to it.
+
         Args:
             pm: A plugin manager from `routetune.plugins.get_plugin_manager`.
             dists: Plugin name to ``"distribution version"``, for introspection.
 
         Raises:
-            PluginError: Two plugins registered one name, or an ordering cycle.
+            PluginError: Two plugins registered one name, a plugin's hook raised (one
+                line naming the plugin, its distribution and the exception), or an
+                ordering cycle.
         """
         registry = cls()
-        for hook in (
-            pm.hook.routetune_register_seasonings,
-            pm.hook.routetune_register_backends,
-            pm.hook.routetune_register_strategies,
-            pm.hook.routetune_register_metrics,
-        ):
-            for impl in hook.get_hookimpls():
-                registry._current = impl.plugin_name
-                registry.plugins.setdefault(impl.plugin_name, dists.get(impl.plugin_name, "?"))
-                impl.function(registry=registry)
+        for hook_name, what in REGISTRATION_HOOKS:
+            for impl in getattr(pm.hook, hook_name).get_hookimpls():
+                name = impl.plugin_name
+                others = [p for p in pm.get_plugins() if p is not impl.plugin]
+                registry._current = name
+                registry.plugins.setdefault(name, dists.get(name, "?"))
+                try:
+                    pm.subset_hook_caller(hook_name, remove_plugins=others)(registry=registry)
+                except PluginError:
+                    raise
+                except Exception as e:  # a bug in the plugin: named, one line
+                    raise PluginError(
+                        f"plugin '{name}' ({dists.get(name, '?')}) failed while registering "
+                        f"its {what}: {type(e).__name__}: {one_line(e, 200)}; disable it "
+                        f"with ROUTETUNE_DISABLE_PLUGINS={name}") from e
         registry._current = "<direct>"
         registry.validate()
         return registry

@@ -78,7 +78,8 @@ def pareto_svg(data: dict[str, Any]) -> str:
         pts = [(r["error"].get(ERROR_METRIC, 0.0), r["relative_p50"]) for r in rows
                if r["status"] == status]
         if pts:
-            ax.scatter(*zip(*pts, strict=True), c=colour, marker=marker, s=36,
+            xs, ys = zip(*pts, strict=True)
+            ax.scatter(xs, ys, c=colour, marker=marker, s=36,
                        label=f"{status} ({len(pts)})", alpha=0.85)
     accurate = {(r["error"].get(ERROR_METRIC, 0.0), r["relative_p50"]): r["route"]
                 for r in rows if r["status"] == "ok"}

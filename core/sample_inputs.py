@@ -105,7 +105,8 @@ def _background(
         # Paper-like: low-frequency blotches plus fine grain and faint ruled lines.
         coarse = rng.normal(0, 1, size=(height // 16 + 2, width // 16 + 2))
         blotch = np.asarray(
-            Image.fromarray(coarse.astype(np.float32)).resize((width, height), Image.BICUBIC)
+            Image.fromarray(coarse.astype(np.float32)).resize(
+                (width, height), Image.Resampling.BICUBIC)
         )
         img = img + 12 * blotch[..., None] + rng.normal(0, 4, size=(height, width, 1))
         step = rnd.randint(18, 40)
@@ -145,10 +146,10 @@ def det_image(rng: np.random.Generator, rnd: random.Random, height: int, width: 
         size = rnd.randint(max(10, height // 24), max(14, height // 9))
         font = _font(size)
         text = random_text(rnd)
-        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        left, top, right, bottom = map(int, draw.textbbox((0, 0), text, font=font))
         while right - left > width - 8 and " " in text:
             text = text.rsplit(" ", 1)[0]
-            left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+            left, top, right, bottom = map(int, draw.textbbox((0, 0), text, font=font))
         if y + bottom > height - 2:
             break
         x = rnd.randint(2, max(2, width - 2 - (right - left)))
@@ -211,7 +212,7 @@ def text_line(rng: np.random.Generator, rnd: random.Random, max_ratio: float) ->
     text = random_text(rnd, max_words=3)
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     while True:
-        left, top, right, bottom = probe.textbbox((0, 0), text, font=font)
+        left, top, right, bottom = map(int, probe.textbbox((0, 0), text, font=font))
         mx, my = rnd.randint(2, size // 3), rnd.randint(2, size // 4)
         width, height = right - left + 2 * mx, bottom - top + 2 * my
         if width / height <= max_ratio or len(text) <= 2:
@@ -242,7 +243,7 @@ def resize_norm_rec(img: Image.Image, height: int, width: int) -> np.ndarray:
     """
     w, h = img.size
     new_w = min(width, max(1, math.ceil(height * w / h)))
-    resized = np.asarray(img.convert("RGB").resize((new_w, height), Image.BILINEAR))
+    resized = np.asarray(img.convert("RGB").resize((new_w, height), Image.Resampling.BILINEAR))
     chw = (resized[..., ::-1].astype(np.float32) / 255.0 - 0.5) / 0.5
     out = np.zeros((3, height, width), dtype=np.float32)
     out[:, :, :new_w] = chw.transpose(2, 0, 1)

@@ -281,11 +281,11 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
     if opts.seasonings is not None and not opts.seasonings and not opts.routes:
         raise UsageError("--seasonings: no names given; list seasonings (see `routetune "
                          "seasonings`) or leave the flag out for all")
-    pinned = [n for n in opts.seasonings or () if "{" in n]
-    if pinned:
-        raise UsageError(f"--seasonings {pinned[0]}: takes seasoning names only; the search "
+    with_params = [n for n in opts.seasonings or () if "{" in n]
+    if with_params:
+        raise UsageError(f"--seasonings {with_params[0]}: takes seasoning names only; the search "
                          f"tries each seasoning's parameter choices itself; give "
-                         f"'{pinned[0].split('{')[0]}'")
+                         f"'{with_params[0].split('{')[0]}'")
     for flag, given in (("--shapes", opts.shapes), ("--opt-shapes", opts.opt_shapes)):
         if opts.inputs is not None and given:
             raise UsageError(f"{flag} with --inputs: the inputs fix the (opt) shapes; give one "
@@ -480,8 +480,9 @@ def save_outputs(path: Path, outputs: Sequence[Mapping[str, np.ndarray]] | None)
     """Write outputs, one mapping per input set, as ``.npz`` (keys ``<set>/<name>``)."""
     if outputs is None:
         return
-    np.savez(path, **{f"{i}/{name}": array for i, out in enumerate(outputs)
-                      for name, array in out.items()})
+    arrays: dict[str, Any] = {f"{i}/{name}": array for i, out in enumerate(outputs)
+                              for name, array in out.items()}
+    np.savez(path, **arrays)
 
 
 def load_outputs(path: Path) -> list[dict[str, np.ndarray]]:

@@ -401,11 +401,21 @@ def check_model(model: onnx.ModelProto, folder: Path | None,
             onnx.checker.check_model(proto, full_check=True)
 
 
-def resolving_in(folder: Path | None) -> contextlib.AbstractContextManager[object]:
+@contextlib.contextmanager
+def resolving_in(folder: Path | None) -> Iterator[None]:
     """A context in which in-memory models resolve external data in `folder`.
 
     The onnx checker and ONNX Runtime given a model as bytes (as onnx-graphsurgeon's
     ``fold_constants`` gives it) resolve external data locations against the working
-    directory, so this is `contextlib.chdir`; with `folder` None, nothing.
+    directory, so this changes into `folder` and back (`contextlib.chdir`, which
+    Python 3.10 lacks); with `folder` None, nothing.
     """
-    return contextlib.chdir(folder) if folder is not None else contextlib.nullcontext()
+    if folder is None:
+        yield
+        return
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)

@@ -45,3 +45,28 @@ def test_broken_plugin_is_one_line_naming_it(demo_installed: None) -> None:
     assert done.stderr.strip() == (
         "routetune: error: plugin 'demo' (routetune-demo 0.1.0) failed to load: routetune_demo "
         "was told to break; disable it with ROUTETUNE_DISABLE_PLUGINS=demo")
+
+
+@pytest.mark.parametrize(("mode", "says"), [
+    ("hook", "plugin 'demo' (routetune-demo 0.1.0) is not a valid routetune plugin: unknown "
+             "hook 'routetune_register_seasonnings'"),
+    ("register", "plugin 'demo' (routetune-demo 0.1.0) failed while registering its "
+                 "seasonings: KeyError: 'demo-single-thread'"),
+])
+def test_a_plugin_that_breaks_in_registration_is_one_line_naming_it(
+        demo_installed: None, mode: str, says: str) -> None:
+    done = routetune("seasonings", ROUTETUNE_DEMO_BREAK=mode)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"routetune: error: {says}"), lines[0]
+    assert lines[0].endswith("disable it with ROUTETUNE_DISABLE_PLUGINS=demo")
+
+
+def test_tracing_prints_each_hook_call_with_its_plugin(demo_installed: None) -> None:
+    done = routetune("seasonings", ROUTETUNE_TRACE_PLUGINS="1")
+    assert done.returncode == 0, done.stderr
+    traced = [line for line in done.stderr.splitlines() if line.startswith("routetune: hook")]
+    assert "routetune: hook routetune_register_seasonings -> demo" in traced
+    assert "routetune: hook routetune_register_backends -> onnxruntime" in traced
+    assert len(traced) >= 8  # one line per plugin and hook it implements

@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -214,8 +214,9 @@ class Candidate:
         self.workdir = inputs.outdir / "artifacts"
         self.store = inputs.model.weights  # external data: the folder it lives in
         self._snapshots: OrderedDict[Route, Snapshot] = OrderedDict()
-        self._snapshots[Route()] = (inputs.base_data, list(inputs.base_passes), None)
-        self._base: Runner | bool | None = None
+        self._snapshots[Route()] = (inputs.base_data, [dict(p) for p in inputs.base_passes],
+                                    None)
+        self._base: Runner | Literal[False] | None = None  # False: cannot be built
         self._salt: str | None = None  # see _shared_path
         self._gpu: str | None = None  # see _policy
 
@@ -767,12 +768,12 @@ def with_base_pipeline(registry: Registry, inputs: TrialInputs, backend: Backend
     """
     steps = [Step(name) for name in backend.base_pipeline] + list(base)
     model = inputs.model
+    passes: list[dict[str, Any]] = []
     if not steps:
-        data, passes = model.data, []
+        data = model.data
     else:
         candidate = Candidate(registry, inputs, backend, reference)
         state = RouteState(import_graph(model.proto, model.weights))
-        passes = []
         for step in steps:
             try:
                 record = candidate.step(step, state, Route())
@@ -804,6 +805,6 @@ def describe(e: BaseException, where: bool = False) -> str:
     frames = traceback.extract_tb(e.__traceback__) if where else []
     if frames:
         f = frames[-1]
-        where = Path(f.filename)
-        text += f" (at {where.parent.name}/{where.name}:{f.lineno} in {f.name})"
+        file = Path(f.filename)
+        text += f" (at {file.parent.name}/{file.name}:{f.lineno} in {f.name})"
     return one_line(text, 600)

@@ -163,6 +163,7 @@ class LocalPool(Executor):
                         pending.append(job)
                     continue
                 pending.remove(job)
+                assert self._builders is not None
                 future = self._builders.schedule(
                     worker.build, (job.route, job.fingerprint, self._log(job)),
                     timeout=self.timeout_s)
@@ -176,11 +177,11 @@ class LocalPool(Executor):
             done, _ = concurrent.futures.wait([*builds, *measuring], timeout=1.0,
                                               return_when=concurrent.futures.FIRST_COMPLETED)
             self._poll_status()
-            for future in sorted(done, key=lambda f: self._running[f].fingerprint):
-                job = self._running.pop(future)
-                if future in builds:
-                    del builds[future]
-                    outcome = self._outcome(future, job, "build", {}, None)
+            for finished in sorted(done, key=lambda f: self._running[f].fingerprint):
+                job = self._running.pop(finished)
+                if finished in builds:
+                    del builds[finished]
+                    outcome = self._outcome(finished, job, "build", {}, None)
                     if outcome.status == BUILT:
                         final = after_build(job, outcome)
                         if final is None:
@@ -188,9 +189,9 @@ class LocalPool(Executor):
                             continue
                         outcome = final
                 else:
-                    _, built, slot = measuring.pop(future)
+                    _, built, slot = measuring.pop(finished)
                     free.append(slot)
-                    outcome = self._outcome(future, job, "measure", built.fields,
+                    outcome = self._outcome(finished, job, "measure", built.fields,
                                             (self.gpus or (None,))[slot])
                 yield job, outcome
 
@@ -201,7 +202,7 @@ class LocalPool(Executor):
         and is stopped after; on the CPU, no build runs meanwhile (this is called
         between batches).
         """
-        log = self._inputs.outdir / LOGS / f"{method}.log"
+        log = self._outdir / LOGS / f"{method}.log"
         gpu = (self.gpus or (None,))[0]
         if fresh:
             pool = self._pool(1, gpu)
@@ -225,9 +226,15 @@ class LocalPool(Executor):
 
     def _poll_status(self) -> None:
         """Pass on what a worker waiting for a quiet machine says (`on_status`)."""
-        statuses = read_statuses(self._inputs.outdir / "artifacts")
+        statuses = read_statuses(self._outdir / "artifacts")
         if statuses:
             self.on_status(statuses[0])
+
+    @property
+    def _outdir(self) -> Path:
+        """The run's output directory (`start` has given the inputs)."""
+        assert self._inputs is not None, "LocalPool.start first"
+        return self._inputs.outdir
 
     def in_flight(self) -> list[Job]:
         """The jobs whose phase is running on a worker."""
@@ -253,7 +260,7 @@ class LocalPool(Executor):
             self._handoff.close()
 
     def _log(self, job: Job) -> Path:
-        return self._inputs.outdir / LOGS / f"{job.fingerprint[:16]}.log"
+        return self._outdir / LOGS / f"{job.fingerprint[:16]}.log"
 
     def _outcome(self, future: concurrent.futures.Future[Any], job: Job, phase: str,
                  fields: Mapping[str, Any], gpu: str | None) -> Outcome:
@@ -279,7 +286,7 @@ class LocalPool(Executor):
     def _event(self, event: dict[str, Any]) -> None:
         """Append one phase to the timeline."""
         event.update(start=round(event["start"], 4), end=round(event["end"], 4))
-        with open(self._inputs.outdir / "artifacts" / TIMELINE, "a") as f:
+        with open(self._outdir / "artifacts" / TIMELINE, "a") as f:
             f.write(json.dumps(event) + "\n")
 
     def _pid(self, job: Job) -> int | None:

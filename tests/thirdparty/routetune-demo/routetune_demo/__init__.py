@@ -6,7 +6,11 @@ import os
 
 from routetune import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo, hookimpl
 
-if os.environ.get("ROUTETUNE_DEMO_BREAK"):
+BREAK = os.environ.get("ROUTETUNE_DEMO_BREAK", "")
+"""How the tests break this plugin: ``import`` (or ``1``), ``hook`` (a misspelled hook),
+``register`` (its registration raises)."""
+
+if BREAK in ("1", "import"):
     raise ImportError("routetune_demo was told to break")
 
 
@@ -32,4 +36,12 @@ class SingleThread(Seasoning):
 @hookimpl
 def routetune_register_seasonings(registry) -> None:  # noqa: ANN001
     """Register the demo seasoning."""
+    if BREAK == "register":
+        raise KeyError("demo-single-thread")
     registry.add_seasoning(SingleThread)
+
+
+if BREAK == "hook":
+    @hookimpl
+    def routetune_register_seasonnings(registry) -> None:  # noqa: ANN001 - misspelled
+        """A hook routetune does not have."""
