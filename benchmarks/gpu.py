@@ -73,7 +73,7 @@ def main() -> None:
 def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: Any
                 ) -> dict[str, Any]:
     """Tune one model, then time everything side by side; figures by row name."""
-    from routetune.tune import TuneOptions, tune
+    from routetune.tuning import TuneOptions, tune
 
     out = args.out / name
     out.mkdir(parents=True, exist_ok=True)

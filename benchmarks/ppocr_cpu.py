@@ -24,7 +24,7 @@ import onnxruntime as ort
 import routetune
 from routetune.plugin_manager import load_registry
 from routetune.route import parse_route
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from routetune.accuracy import DEFAULT_ACCURACY
 from routetune.display import verdict_text
 from routetune.plugin_manager import load_registry
 from routetune.store import Trial
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 SEASONINGS = ("fp16", "bf16", "int8-qdq", "fp8-qdq", "precision-repair")
 RANGE_KEEPS = ("kept_data_max", "kept_init_range", "kept_partial_sums")

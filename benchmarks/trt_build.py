@@ -28,7 +28,7 @@ from pathlib import Path
 import routetune
 from routetune.plugin_manager import load_registry
 from routetune.plugins.tensorrt.backend import TIMING_CACHE, TensorRtBackend
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 SEASONINGS = ("fp16", "int8-qdq", "trt-opt-level", "trt-tiling", "trt-aux-streams",
               "trt-tf32", "trt-build-route")

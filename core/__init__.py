@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import pluggy
 
 from routetune.backend import Backend, Engine, OptionSpec, Runner
@@ -33,7 +35,21 @@ __version__ = "0.1.0"
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Marker for hook implementations: ``@routetune.hookimpl``."""
 
-from routetune.api import tune  # noqa: E402 - last: it imports the whole tuner
+if TYPE_CHECKING:
+    from routetune.api import tune
+
+
+def __getattr__(name: str) -> Any:
+    """Import ``routetune.tune`` on first use.
+
+    It pulls in the whole tuner (ONNX, the recipe schema, the worker pool), which
+    ``import routetune`` alone should not.
+    """
+    if name == "tune":
+        from routetune.api import tune
+
+        return tune
+    raise AttributeError(f"module 'routetune' has no attribute {name!r}")
 
 __all__ = [
     "Backend",

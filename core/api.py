@@ -11,8 +11,8 @@ from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.options import FLAG_NAMES, tune_options
 from routetune.plugin_manager import load_registry
-from routetune.tune import TuneOptions, TuneResult
-from routetune.tune import tune as _tune
+from routetune.tuning import TuneOptions, TuneResult
+from routetune.tuning import tune as _tune
 
 TYPES: dict[str, tuple[type, ...]] = {
     "beam_width": (int,), "max_depth": (int,), "max_trials": (int,), "min_runs": (int,),

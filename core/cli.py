@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -14,20 +14,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from routetune import signals
 from routetune.accuracy import DEFAULT_ACCURACY
-from routetune.display import (
-    components_table,
-    conditions_lines,
-    seasonings_table,
-    trials_table,
-)
 from routetune.errors import RoutetuneError, UsageError
 from routetune.measure import MeasureSettings
-from routetune.options import blame_recipe, tune_options
 from routetune.plugin_manager import load_registry
 from routetune.search.local_pool import DEFAULT_TIMEOUT_S
 from routetune.space import parse_space
-from routetune.tune import Prepared, tune
 from routetune.verdict import DEFAULT_MIN_SPEEDUP, FAILED
+
+if TYPE_CHECKING:
+    from routetune.tuning import Prepared
+
+# The tuner (ONNX, the recipe schema, the tables) is imported by the commands that use
+# it, so that `routetune --help` and `routetune seasonings` start fast.
 
 app = typer.Typer(
     add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -75,6 +73,10 @@ def tune_command(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each trial.")] = False,
 ) -> None:
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
+    from routetune.display import conditions_lines, trials_table
+    from routetune.options import blame_recipe, tune_options
+    from routetune.tuning import tune
+
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     registry = load_registry()
@@ -168,6 +170,8 @@ def report_command(
 def seasonings_command() -> None:
     """List the installed seasonings, backends, search strategies and metrics."""
     registry = load_registry()
+    from routetune.display import components_table, seasonings_table
+
     console.print(seasonings_table(registry))
     console.print(components_table(registry))
 
@@ -198,6 +202,8 @@ def build_command(
     run, or the outputs do not match within the accuracy constraint; 3 when a pass
     wrote an invalid model or crashed (the pass is named); 2 on bad input.
     """
+    from routetune.options import tune_options
+
     registry = load_registry()
     flags = {"model": model, "example": example, "output": output, "backend": backend,
              "accuracy": accuracy, "inputs": inputs, "shapes": shapes,

@@ -105,7 +105,7 @@ def write_case(case: Any, folder: Path) -> str:
 def run_route(folder: Path, route: str, registry: Registry) -> Row:
     """`routetune build` of one route on one written test, classified."""
     from routetune.rebuild import rebuild  # imports the search; not needed to list tests
-    from routetune.tune import TuneOptions
+    from routetune.tuning import TuneOptions
 
     opts = TuneOptions(model=folder / "model.onnx", inputs=folder / "inputs",
                        output=folder / "out")

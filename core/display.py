@@ -12,7 +12,7 @@ from routetune.registry import Registry
 from routetune.store import Trial
 
 if TYPE_CHECKING:
-    from routetune.tune import TuneResult
+    from routetune.tuning import TuneResult
 
 STATUS_STYLE = {
     "ok": "green", "accuracy-failed": "yellow", "build-failed": "red",

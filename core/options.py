@@ -11,7 +11,7 @@ from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.recipe import load_recipe, recipe_options
 from routetune.registry import Registry
-from routetune.tune import TuneOptions
+from routetune.tuning import TuneOptions
 
 FLAG_NAMES = {"time_budget_s": "time_budget", "trial_timeout_s": "trial_timeout",
               "worker_memory_mb": "worker_memory"}

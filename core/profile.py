@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from routetune.errors import UsageError
-from routetune.inputs import parse_shapes, resolve_shapes
-from routetune.model import TensorSpec
+
+if TYPE_CHECKING:
+    from routetune.model import TensorSpec
 
 Shape = tuple[int, ...]
 
@@ -84,6 +85,8 @@ def make_profile(
             dimension, min > opt or opt > max in some dimension, or an input set
             outside the profile.
     """
+    from routetune.inputs import parse_shapes, resolve_shapes  # ONNX: only when used
+
     given = {"--min-shapes": parse_shapes(min_text, "--min-shapes"),
              "--max-shapes": parse_shapes(max_text, "--max-shapes")}
     if feeds:  # the inputs' own span, per dimension (rank 0 and size 0 included)

@@ -33,7 +33,7 @@ from routetune.search.candidate import (
     describe,
     with_base_pipeline,
 )
-from routetune.tune import (
+from routetune.tuning import (
     WINNER_OUTPUTS,
     TuneOptions,
     _backend,

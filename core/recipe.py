@@ -48,7 +48,7 @@ else:  # pragma: no cover - Python 3.10
 
 if TYPE_CHECKING:
     from routetune.registry import Registry
-    from routetune.tune import Prepared, TuneOptions, TuneResult
+    from routetune.tuning import Prepared, TuneOptions, TuneResult
 
 SCHEMA_VERSION = 2
 Value = bool | int | float | str | list[Any]

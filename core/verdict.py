@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from routetune.errors import one_line
-from routetune.search.candidate import Confirmation
 from routetune.search.strategy import rank_key
 from routetune.store import Trial
+
+if TYPE_CHECKING:
+    from routetune.search.candidate import Confirmation
 
 DEFAULT_MIN_SPEEDUP = 1.03
 """``--min-speedup``: smaller effects are not worth a different engine, and sit within

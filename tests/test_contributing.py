@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 DOC = Path(__file__).parents[1] / "CONTRIBUTING.md"
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)

@@ -55,3 +55,18 @@ def test_every_module_imports_without_a_warning() -> None:
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.strip()) > 60  # core, search, passes and plugins were walked
+
+
+def test_import_routetune_loads_no_tuner_and_tune_is_the_function() -> None:
+    # Start-up time (benchmarks/startup.py): `import routetune` must not pull in ONNX,
+    # the recipe schema or the worker pool; `routetune.tune` loads them on first use,
+    # and stays the function even after the module that runs a tuning is imported.
+    code = ("import sys, routetune\n"
+            "heavy = sorted(m for m in ('onnx', 'pydantic', 'pebble', 'routetune.tuning')\n"
+            "               if m in sys.modules)\n"
+            "import routetune.tuning\n"
+            "print(heavy, routetune.tune.__module__, callable(routetune.tune))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[]", "routetune.api", "True"]

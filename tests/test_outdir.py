@@ -11,7 +11,7 @@ from routetune.measure import MeasureSettings
 from routetune.model import sha256
 from routetune.outdir import make_outdir, move_aside
 from routetune.store import Trial, TrialStore
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 
 def test_move_aside_never_overwrites_an_earlier_backup(tmp_path: Path) -> None:

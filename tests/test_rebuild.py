@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from routetune.rebuild import rebuild
 from routetune.registry import Registry
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-from routetune.tune import TuneOptions
+from routetune.tuning import TuneOptions
 
 
 class Recast(Seasoning):

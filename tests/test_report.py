@@ -14,7 +14,7 @@ from PIL import Image
 from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.report import build_report, write_reports
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None,

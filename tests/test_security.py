@@ -25,7 +25,7 @@ from routetune.model import prepare
 from routetune.registry import Registry
 from routetune.search.candidate import matches_record
 from routetune.store import TrialStore
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 from routetune.weights import WEIGHTS
 
 ROOT = Path(__file__).parents[1]

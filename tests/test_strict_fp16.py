@@ -15,7 +15,7 @@ from routetune.measure import MeasureSettings
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.registry import Registry
 from routetune.strict_fp16 import mentions_float16, strict_fp16_overflows
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 BACKEND = OnnxRuntimeBackend()
 

@@ -12,7 +12,7 @@ import pytest
 from routetune.examples import get_example
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from routetune.measure import MeasureSettings
 from routetune.model import prepare
 from routetune.registry import Registry
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 from routetune.weights import WEIGHTS, has_external_data, source_sha256
 
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)

@@ -13,7 +13,7 @@ from graphs import folded_mul_one
 
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 QUICK = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05)
 

@@ -111,7 +111,7 @@ def test_plugins_registered_in_process_are_refused_by_workers(tmp_path: Path) ->
     from routetune.errors import UsageError
     from routetune.plugin_manager import load_registry
     from routetune.seasoning import PassResult, Seasoning, SeasoningInfo
-    from routetune.tune import TuneOptions, tune
+    from routetune.tuning import TuneOptions, tune
 
     class Local(Seasoning):
         info = SeasoningInfo(name="local-only", stage="graph", summary="registered in-process")

@@ -15,7 +15,7 @@ from routetune.measure import MeasureSettings
 from routetune.metrics import Metric
 from routetune.registry import Registry
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-from routetune.tune import TuneOptions, TuneResult, tune
+from routetune.tuning import TuneOptions, TuneResult, tune
 from routetune.verdict import pick_winner
 
 QUICK = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05)

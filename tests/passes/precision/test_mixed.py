@@ -22,7 +22,7 @@ from routetune.passes.precision.mixed import Bf16, Fp16
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.registry import Registry
 from routetune.seasoning import PassResult, RouteContext, RouteState
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 BACKEND = OnnxRuntimeBackend()
 

@@ -15,7 +15,7 @@ from routetune.passes.build.ort_cuda import CudaNhwc
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.cuda import CUDA_NS, CUDA_OPTIONS, OnnxRuntimeCudaBackend
 from routetune.registry import Registry
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 CUDA = OnnxRuntimeCudaBackend()
 WHY = CUDA.available()

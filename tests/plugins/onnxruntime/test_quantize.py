@@ -23,7 +23,7 @@ from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
 from routetune.registry import Registry
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning
-from routetune.tune import TuneOptions, tune
+from routetune.tuning import TuneOptions, tune
 
 BACKEND = OnnxRuntimeBackend()
 
