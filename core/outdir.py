@@ -87,8 +87,8 @@ def refuse_foreign(outdir: Path) -> None:
             "choose a new or empty folder")
 
 
-def refuse_links(outdir: Path) -> None:
-    """Refuse an output directory that holds a symbolic link anywhere inside it.
+def refuse_links(outdir: Path, label: str = "--output ") -> None:
+    """Refuse an output directory that holds a symbolic or hard link anywhere inside it.
 
     routetune never makes links in its folders, and it writes, appends to and
     truncates files there (the lock file, logs, the winner's files); a link planted in a
@@ -101,11 +101,12 @@ def refuse_links(outdir: Path) -> None:
     for root, dirs, files in os.walk(outdir):  # links to folders are listed, not entered
         for name in (*dirs, *files):
             entry = Path(root) / name
-            if entry.is_symlink():
+            if entry.is_symlink() or (name in files and entry.lstat().st_nlink > 1):
                 raise UsageError(
-                    f"--output {outdir}: {entry} is a symbolic link, which routetune never "
-                    "writes (a folder from elsewhere may hold links that lead out of it); "
-                    "remove it, or choose another --output")
+                    f"{label}{outdir}: {entry} is a symbolic or hard link, which "
+                    "routetune never makes (a folder from elsewhere may hold links that "
+                    "lead out of it); remove it" + (", or choose another --output"
+                                                    if label else ""))
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from typing import Any
 
 from routetune import runinfo
 from routetune.errors import StorageError, UsageError, one_line
+from routetune.outdir import refuse_links
 from routetune.route import parse_route
 from routetune.store import FILENAME, Trial, TrialStore
 
@@ -165,6 +166,7 @@ def write_reports(outdir: Path, dest: Path | None = None) -> dict[str, Path]:
     """
     from routetune.report_html import render_html
 
+    refuse_links(outdir, label="")  # report writes report.* and SQLite's -wal/-shm files there
     data = build_report(store_dir(outdir), outdir)
     try:  # every report rendered before any is written
         texts = {"md": render_markdown(data), "html": render_html(data),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
@@ -330,6 +331,9 @@ def _trial(row: dict[str, Any], path: Path | str = FILENAME) -> Trial:
 _TEXT = ("fingerprint", "model_sha256", "route", "backend", "device", "settings_hash",
          "status", "reason", "noisy")
 _TEXT_OR_NULL = ("candidate_sha256", "artifact", "engine_sha256")
+ARTIFACT = r"artifacts/models/[0-9a-f]{16}\.onnx"
+"""What a stored ``artifact`` may be: a path routetune's `save_model` writes, inside the
+output folder (a planted ``/dev/zero`` or ``../x`` would be read from outside it)."""
 _MAPPINGS = ("accuracy", "settings", "versions", "conditions")
 _NUMERIC_CONDITIONS = ("waited_s", "foreign_cores", "steal_pct")
 """Condition entries that reports and verdicts do arithmetic with (`routetune.conditions`)."""
@@ -353,6 +357,9 @@ def _checked_trial(row: dict[str, Any]) -> Trial:
     for key in _TEXT:
         if not isinstance(row[key], str):
             raise TypeError(f"{key} is {type(row[key]).__name__}, not text")
+    if row.get("artifact") is not None and not re.fullmatch(ARTIFACT, str(row["artifact"])):
+        raise ValueError(f"artifact {str(row['artifact'])[:80]!r} is not a candidate model "
+                         "path (artifacts/models/<sha256[:16]>.onnx)")
     for key in _TEXT_OR_NULL:
         if row.get(key) is not None and not isinstance(row[key], str):
             raise TypeError(f"{key} is {type(row[key]).__name__}, not text")

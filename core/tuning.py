@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from routetune import examples, runinfo
-from routetune.accuracy import DEFAULT_ACCURACY, Constraint, parse_accuracy
+from routetune.accuracy import DEFAULT_ACCURACY, Constraint, check_accuracy, parse_accuracy
 from routetune.backend import Backend
 from routetune.composer import RouteSpace, resolve_route
 from routetune.conditions import MODES, BusyPolicy
@@ -447,7 +447,15 @@ def _tune_locked(
         winner, reason, confirmations = confirm_winner(
             trials, loop.confirm, opts.min_speedup, opts.busy_machine)
         if winner.status == "ok":
-            save_outputs(records / WINNER_OUTPUTS, loop.outputs(winner))
+            outputs = loop.outputs(winner)
+            if outputs is not None:  # the winner file is checked again, not trusted
+                check = check_accuracy(run.constraint, run.registry, outputs, references)
+                if not check.passed:
+                    raise StorageError(
+                        f"{run.outdir}: the stored winner '{winner.route}' no longer meets "
+                        f"the accuracy constraint ({check.reason}); its files changed on "
+                        "disk since it was measured: tune again with --fresh")
+            save_outputs(records / WINNER_OUTPUTS, outputs)
     finally:
         executor.close()
         store.close()

@@ -827,19 +827,22 @@ def test_a_fifo_as_external_data_is_refused_without_blocking(root: Path) -> None
 # Writes into a folder that someone else prepared ---------------------------------------
 
 
-def test_reports_replace_links_instead_of_writing_through_them(root: Path,
-                                                               real_run: Path) -> None:
+def test_reports_refuse_links_and_records_replace_them(root: Path, real_run: Path) -> None:
+    # `report` refuses a folder with a planted link (it writes report.* and SQLite's
+    # -wal/-shm files there); run.json is written to a fresh name and renamed, so a
+    # link left as the old run.tmp is replaced, never written through.
     with case(root) as folder:
         results_folder(real_run, folder)
         for name in ("report.html", "report.md", "report.json"):
             (folder / name).symlink_to(root / "outside" / "secret.bin")
         (folder / "run.tmp").symlink_to(root / "outside" / "secret.bin")
-        outcome(lambda: report(folder), folder, (STORE,), read_only=False)
+        result = outcome(lambda: report(folder), folder, ("report.", "run.tmp"),
+                         read_only=False)
+        assert isinstance(result, RoutetuneError) and "link" in str(result)
         outcome(lambda: runinfo.write(folder, {"model": {}}), folder, (runinfo.FILENAME,),
                 read_only=False)
         assert (root / "outside" / "secret.bin").read_bytes() == SECRET
-        assert not (folder / "report.html").is_symlink()
-        assert "<html" in (folder / "report.html").read_text()
+        assert not (folder / runinfo.FILENAME).is_symlink()
 
 
 # The corpus, through the command line -------------------------------------------------

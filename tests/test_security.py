@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import os
 import pickle
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -251,19 +253,75 @@ def test_with_the_flag_external_data_outside_is_copied_into_the_run(
                           for f in stored)
 
 
-@pytest.mark.parametrize("planted", [".routetune.lock", "winner.json", "artifacts/logs/build.log"])
+@pytest.mark.parametrize(("planted", "link"), [
+    (".routetune.lock", "symbolic"), ("winner.json", "symbolic"),
+    ("artifacts/logs/build.log", "symbolic"), (".routetune.lock", "hard"),
+    ("artifacts/logs/base.log", "hard")])
 def test_a_link_planted_in_an_output_folder_is_refused_before_any_write(
-        tmp_path: Path, planted: str) -> None:
+        tmp_path: Path, planted: str, link: str) -> None:
     # The lock file is truncated and logs appended to: through a link, a file outside.
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me\n")
     out = tmp_path / "out"
     (out / planted).parent.mkdir(parents=True, exist_ok=True)
-    (out / planted).symlink_to(victim)
+    if link == "symbolic":
+        (out / planted).symlink_to(victim)
+    else:
+        (out / planted).hardlink_to(victim)
     model = conv_bn(tmp_path / "m.onnx")
     run = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
                     timeout=120)
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "is a symbolic link" in lines[0] and planted in lines[0]
+    assert len(lines) == 1 and "is a symbolic or hard link" in lines[0] and planted in lines[0]
     assert victim.read_text() == "keep me\n"
+
+
+def tuned_folder(tmp_path: Path) -> tuple[Path, tuple[str, ...]]:
+    """A finished quick run's folder, and the command that ran it (to run it again)."""
+    model = conv_bn(tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    args = ("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
+            "--seasonings", "ort-no-spinning", "--min-runs", "3", "--min-time", "0.01")
+    assert routetune(*args, timeout=240).returncode == 0
+    return out, args
+
+
+def test_a_stored_artifact_path_outside_the_folder_is_refused_in_one_line(
+        tmp_path: Path) -> None:
+    # A planted store could name /dev/zero (unbounded read) or a FIFO (a hang).
+    out, args = tuned_folder(tmp_path)
+    conn = sqlite3.connect(out / "trials.sqlite")
+    conn.execute("UPDATE trials SET artifact = '/dev/zero'")
+    conn.commit()
+    conn.close()
+    again = routetune(*args, timeout=240)
+    assert again.returncode == 2, again.stderr[-2000:]
+    lines = again.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not a candidate model path" in lines[0], again.stderr
+
+
+def test_a_planted_winner_with_a_forged_record_is_refused_not_shipped(tmp_path: Path) -> None:
+    # Whoever writes the folder can write the store's hashes too: the winner's outputs
+    # are checked against the FP32 reference again before winner.onnx is written.
+    out, args = tuned_folder(tmp_path)
+    store = TrialStore.open(out / "trials.sqlite")
+    base = next(t for t in store.trials() if t.route == "base")
+    store.close()
+    model = onnx.load(str(out / base.artifact))
+    for tensor in model.graph.initializer:  # every weight zero: all-zero outputs
+        tensor.CopyFrom(onnx.numpy_helper.from_array(
+            np.zeros_like(onnx.numpy_helper.to_array(tensor)), tensor.name))
+    data = model.SerializeToString()
+    (out / base.artifact).write_bytes(data)
+    forged = hashlib.sha256(data + json.dumps(base.settings, sort_keys=True).encode())
+    conn = sqlite3.connect(out / "trials.sqlite")
+    conn.execute("UPDATE trials SET candidate_sha256 = ? WHERE route = 'base'",
+                 (forged.hexdigest(),))
+    conn.commit()
+    conn.close()
+    (out / "winner.onnx").unlink()
+    again = routetune(*args, timeout=240)
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert "no longer meets the accuracy constraint" in again.stderr
+    assert not (out / "winner.onnx").exists()
