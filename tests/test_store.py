@@ -15,7 +15,8 @@ def trial(fp: str = "f1", route: str = "base") -> Trial:
                  candidate_sha256="c", latency=Latency(10, 1, 2, 3, 1.5, 0.9, 1.1),
                  build_ms=12.5, engine_bytes=1024, accuracy={"y": {"cos": 1.0}},
                  passes=({"step": "a", "modified": True, "stats": {"n": 1}},),
-                 settings={"k": 1}, artifact="artifacts/x.onnx", versions={"onnx": "1"})
+                 settings={"k": 1}, artifact="artifacts/models/0123456789abcdef.onnx",
+                 versions={"onnx": "1"})
 
 
 def test_round_trip(tmp_path: Path) -> None:
