@@ -13,6 +13,11 @@ output-scoped term replaces the unscoped term of the same metric for that output
 Whatever the terms, an output whose non-finite values differ from the reference's
 fails (`routetune.metrics.split_nonfinite`: the same infinity on both sides, and NaN where
 the reference is NaN, match; anything else non-finite does not).
+
+Measuring and judging are apart: `measure_accuracy` computes every metric of a
+candidate's outputs (it depends on the tolerances only), and `judge` applies the bounds
+to a stored measurement. So another ``--accuracy`` re-judges stored trials without
+building, running or timing anything (`routetune.judge`).
 """
 
 from __future__ import annotations
@@ -78,6 +83,10 @@ class Constraint:
         atol = self.atol.get(output, self.atol.get(None, DEFAULT_TOL))
         rtol = self.rtol.get(output, self.rtol.get(None, DEFAULT_TOL))
         return atol, rtol
+
+    def tolerance_map(self, outputs: Sequence[str]) -> dict[str, tuple[float, float]]:
+        """``(atol, rtol)`` per output: what a measurement under this constraint uses."""
+        return {name: self.tolerances(name) for name in outputs}
 
     def for_output(self, output: str) -> list[Threshold]:
         """The thresholds that apply to one output (scoped ones replace unscoped ones)."""
@@ -163,14 +172,40 @@ def _metric(registry: Registry, name: str, text: str):  # noqa: ANN202
         raise UsageError(f"--accuracy '{text}': {e}") from e
 
 
+Tolerances = Mapping[str, tuple[float, float]]
+"""Per output name, the ``(atol, rtol)`` the tolerance-dependent metrics were computed at."""
+
+
 @dataclass(frozen=True)
-class AccuracyResult:
-    """The verdict on one candidate's outputs.
+class AccuracyMeasurement:
+    """What a candidate's outputs are, measured against the reference; no bound applied.
+
+    It does not depend on the constraint's bounds, only on its tolerances, so a stored
+    measurement can be judged again under another ``--accuracy`` (`judge`).
 
     Args:
-        passed: Whether every output met every threshold and stayed finite.
+        metrics: Per output name, every registered metric's value over all input sets.
+        faults: One line per defect no bound can excuse: an output missing or of another
+            size, NaN/Inf where the reference is finite, strings that differ, an FP16
+            overflow on a device with true float16.
+        notes: Remarks such as an almost-constant reference output.
+        tolerances: Per output name, ``(atol, rtol)`` the metrics were computed at.
+    """
+
+    metrics: Mapping[str, Mapping[str, float]]
+    faults: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    tolerances: Tolerances = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judgement of one measurement under one constraint.
+
+    Args:
+        passed: Whether there is no fault and every output meets every bound.
         metrics: Per output name, every registered metric's value.
-        failures: One line per failed bound, with the margin
+        failures: The faults, then one line per failed bound, with the margin
             (``"out0: cos 0.9962, needs >= 0.999"``).
         notes: Remarks such as an almost-constant reference output.
     """
@@ -186,6 +221,43 @@ class AccuracyResult:
         return "; ".join(self.failures)
 
 
+class Unjudgeable(Exception):
+    """A measurement lacks what a constraint asks (measure again).
+
+    A metric not computed, or computed at other tolerances.
+    """
+
+
+def judge(measurement: AccuracyMeasurement, constraint: Constraint) -> Verdict:
+    """Apply a constraint's bounds to a measurement. Pure: no model runs.
+
+    Args:
+        measurement: The metrics, faults and notes of one candidate.
+        constraint: The parsed accuracy expression.
+
+    Raises:
+        Unjudgeable: A bound names a metric the measurement lacks, or the metrics were
+            computed at other tolerances than the constraint's (a trial's fingerprint
+            includes the tolerances and the installed metrics, so a stored trial found
+            by it never is).
+    """
+    failures = list(measurement.faults)
+    for name, values in measurement.metrics.items():
+        measured_at = tuple(measurement.tolerances.get(name, constraint.tolerances(name)))
+        if measured_at != constraint.tolerances(name):
+            raise Unjudgeable(f"{name}: measured at atol, rtol {measured_at}, the "
+                              f"constraint asks {constraint.tolerances(name)}")
+        if not values:  # not numbers: compared exactly, a difference is a fault
+            continue
+        for t in constraint.for_output(name):
+            if t.metric not in values:
+                raise Unjudgeable(f"{name}: metric {t.metric} was not measured")
+            got = values[t.metric]
+            if not _OPS[t.op](got, t.value):
+                failures.append(f"{name}: {t.metric} {got:.6g}, needs {t.op} {t.value:g}")
+    return Verdict(not failures, measurement.metrics, tuple(failures), measurement.notes)
+
+
 def _flat(values: Sequence[Any]) -> np.ndarray:
     """One output over every input set, as one flat array.
 
@@ -197,55 +269,51 @@ def _flat(values: Sequence[Any]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def check_accuracy(
-    constraint: Constraint,
+def measure_accuracy(
     registry: Registry,
     outputs: Sequence[Mapping[str, np.ndarray]],
     references: Sequence[Mapping[str, np.ndarray]],
-) -> AccuracyResult:
-    """Compare a candidate's outputs with the reference outputs, set by set.
+    tolerances: Tolerances,
+) -> AccuracyMeasurement:
+    """Compare a candidate's outputs with the reference outputs, set by set; no bounds.
 
     Args:
-        constraint: The parsed accuracy expression.
         registry: For the metric functions.
         outputs: One mapping of output name to array per validation input set (a
             sequence output is a list of arrays; outputs that are not numbers, such as
             strings, are compared exactly, without metrics).
         references: The reference outputs, in the same order and with the same names.
+        tolerances: Per output name, ``(atol, rtol)`` (`Constraint.tolerance_map`).
 
     Returns:
-        The verdict. Metrics are computed over all input sets at once.
+        Every registered metric per output, over all input sets at once, and the faults.
     """
     metrics: dict[str, dict[str, float]] = {}
-    failures: list[str] = []
+    faults: list[str] = []
     notes: list[str] = []
     for name in references[0]:
         try:
             out = _flat([o[name] for o in outputs])
         except KeyError:
-            failures.append(f"{name}: output missing")
+            faults.append(f"{name}: output missing")
             continue
         ref = _flat([r[name] for r in references])
         if out.shape != ref.shape:
-            failures.append(f"{name}: {out.size} elements, reference has {ref.size}")
+            faults.append(f"{name}: {out.size} elements, reference has {ref.size}")
             continue
         if ref.dtype.kind not in "biuf" or out.dtype.kind not in "biuf":  # strings
             differ = int(np.sum(out.astype(str) != ref.astype(str)))
             metrics[name] = {}
             if differ:
-                failures.append(f"{name}: {differ} of {ref.size} values differ from the "
-                                "reference's (compared exactly: not numbers)")
+                faults.append(f"{name}: {differ} of {ref.size} values differ from the "
+                              "reference's (compared exactly: not numbers)")
             continue
         finite, mismatches = split_nonfinite(out.astype(np.float64), ref.astype(np.float64))
         if mismatches:
-            failures.append(f"{name}: {mismatches} NaN/Inf value(s) that differ from the "
-                            "reference's (the same infinity, or NaN where it is NaN, match)")
-        atol, rtol = constraint.tolerances(name)
+            faults.append(f"{name}: {mismatches} NaN/Inf value(s) that differ from the "
+                          "reference's (the same infinity, or NaN where it is NaN, match)")
+        atol, rtol = tolerances.get(name, (DEFAULT_TOL, DEFAULT_TOL))
         metrics[name] = {m: registry.metric(m)(out, ref, atol, rtol) for m in registry.metrics}
-        for t in constraint.for_output(name):
-            got = metrics[name][t.metric]
-            if not _OPS[t.op](got, t.value):
-                failures.append(f"{name}: {t.metric} {got:.6g}, needs {t.op} {t.value:g}")
         kept = ref.astype(np.float64)[finite]
         span = float(np.ptp(kept)) if kept.size else 0.0
         if span <= atol:
@@ -253,4 +321,20 @@ def check_accuracy(
                 f"{name}: the reference is almost constant (range {span:.3g}); "
                 "relative metrics say little here"
             )
-    return AccuracyResult(not failures, metrics, tuple(failures), tuple(notes))
+    return AccuracyMeasurement(metrics, tuple(faults), tuple(notes),
+                               {n: tolerances.get(n, (DEFAULT_TOL, DEFAULT_TOL))
+                                for n in references[0]})
+
+
+def check_accuracy(
+    constraint: Constraint,
+    registry: Registry,
+    outputs: Sequence[Mapping[str, np.ndarray]],
+    references: Sequence[Mapping[str, np.ndarray]],
+) -> Verdict:
+    """`measure_accuracy` at the constraint's tolerances, then `judge`.
+
+    Args: as `measure_accuracy`'s, with the parsed accuracy expression.
+    """
+    tolerances = constraint.tolerance_map(list(references[0]) if references else [])
+    return judge(measure_accuracy(registry, outputs, references, tolerances), constraint)

@@ -22,7 +22,7 @@ from routetune.space import parse_space
 from routetune.verdict import DEFAULT_MIN_SPEEDUP, FAILED
 
 if TYPE_CHECKING:
-    from routetune.tuning import Prepared
+    from routetune.preparation import Prepared
 
 # The tuner (ONNX, the recipe schema, the tables) is imported by the commands that use
 # it, so that `routetune --help` and `routetune seasonings` start fast.

@@ -6,6 +6,9 @@ with code 2 and no traceback (pytest's ``UsageError`` convention).
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 
 class RoutetuneError(Exception):
     """Base class of every error routetune raises on purpose."""
@@ -72,3 +75,32 @@ def one_line(error: BaseException | str, limit: int = ONE_LINE) -> str:
     if len(text) <= limit:
         return text
     return text[:limit].rsplit(" ", 1)[0] + " …"
+
+
+class SeasoningCrashed(Exception):
+    """A seasoning raised something other than `ValueError` or a routetune error."""
+
+    def __init__(self, seasoning: str, applied: str, error: BaseException) -> None:
+        super().__init__(f"seasoning '{seasoning}' crashed after '{applied}': "
+                         f"{describe(error, where=True)}")
+
+
+def describe(e: BaseException, where: bool = False) -> str:
+    """One line about an exception: its type (unless a routetune error) and message.
+
+    Args:
+        e: The exception.
+        where: Add the innermost traceback frame (file:line in function).
+    """
+    if isinstance(e, (RoutetuneError, SeasoningCrashed)):
+        text = " ".join(str(e).split())
+    elif isinstance(e, MemoryError):
+        text = f"out of memory (MemoryError{': ' if str(e) else ''}{str(e)[:200]})"
+    else:
+        text = f"{type(e).__name__}: {' '.join(str(e).split())}"
+    frames = traceback.extract_tb(e.__traceback__) if where else []
+    if frames:
+        f = frames[-1]
+        file = Path(f.filename)
+        text += f" (at {file.parent.name}/{file.name}:{f.lineno} in {f.name})"
+    return one_line(text, 600)

@@ -19,12 +19,16 @@ DISABLE_ENV = "ROUTETUNE_DISABLE_PLUGINS"
 TRACE_ENV = "ROUTETUNE_TRACE_PLUGINS"
 
 
-def get_plugin_manager(disabled: tuple[str, ...] = ()) -> pluggy.PluginManager:
+def get_plugin_manager(disabled: tuple[str, ...] = (),
+                       extra: Mapping[str, object] | None = None) -> pluggy.PluginManager:
     """Build a fresh plugin manager with every ``routetune`` entry point loaded.
 
     Args:
         disabled: Entry-point names to block, in addition to the comma-separated names
             in the ``ROUTETUNE_DISABLE_PLUGINS`` environment variable.
+        extra: Plugin modules by name, registered after the entry points as if they were
+            installed (`routetune.testing.registry_with`); one already loaded under that
+            name is kept.
 
     With ``ROUTETUNE_TRACE_PLUGINS=1`` in the environment, every hook call is printed
     to stderr with the plugins that implement it, through pluggy's hook-call
@@ -45,21 +49,34 @@ def get_plugin_manager(disabled: tuple[str, ...] = ()) -> pluggy.PluginManager:
         if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
             continue
         dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "unknown distribution"
-        fix = f"disable it with {DISABLE_ENV}={ep.name}"
         try:
             plugin = ep.load()
         except Exception as e:
-            raise PluginError(f"plugin '{ep.name}' ({dist}) failed to load: {e}; {fix}") from e
-        try:
-            pm.register(plugin, name=ep.name)
-            pm.check_pending()  # each plugin on its own, so that a failure names it
-        except pluggy.PluginValidationError as e:
-            raise PluginError(f"plugin '{ep.name}' ({dist}) is not a valid routetune plugin: "
-                              f"{_unplugged(str(e))}; routetune's hooks: "
-                              f"{', '.join(HOOKS)}; {fix}") from e
+            raise PluginError(f"plugin '{ep.name}' ({dist}) failed to load: {e}; disable it "
+                              f"with {DISABLE_ENV}={ep.name}") from e
+        _register(pm, plugin, ep.name, dist)
+    for name, plugin in (extra or {}).items():
+        if not pm.has_plugin(name):
+            _register(pm, plugin, name, "not installed")
     if os.environ.get(TRACE_ENV):
         pm.add_hookcall_monitoring(_trace, lambda outcome, name, impls, kwargs: None)
     return pm
+
+
+def _register(pm: pluggy.PluginManager, plugin: object, name: str, dist: str) -> None:
+    """Register one plugin and check its hooks against routetune's specifications.
+
+    Raises:
+        PluginError: A hook that does not exist (a misspelled one), or one with
+            arguments its specification lacks; one line naming the plugin.
+    """
+    try:
+        pm.register(plugin, name=name)
+        pm.check_pending()  # each plugin on its own, so that a failure names it
+    except pluggy.PluginValidationError as e:
+        raise PluginError(f"plugin '{name}' ({dist}) is not a valid routetune plugin: "
+                          f"{_unplugged(str(e))}; routetune's hooks: {', '.join(HOOKS)}; "
+                          f"disable it with {DISABLE_ENV}={name}") from e
 
 
 HOOKS = tuple(name for name in dir(hookspecs) if name.startswith("routetune_"))
@@ -77,13 +94,16 @@ def _trace(hook_name: str, impls: Sequence[HookImpl], kwargs: Mapping[str, Any])
     print(f"routetune: hook {hook_name} -> {plugins}", file=sys.stderr)
 
 
-def load_registry(disabled: tuple[str, ...] = ()) -> Registry:
-    """Load every installed plugin and return the registry they filled.
+def load_registry(disabled: tuple[str, ...] = (),
+                  extra: Mapping[str, object] | None = None) -> Registry:
+    """Load every installed plugin, and `extra`; the registry they filled.
+
+    `extra` is as in `get_plugin_manager`.
 
     Raises:
         PluginError: A plugin failed to load or registered something invalid.
     """
-    pm = get_plugin_manager(disabled)
+    pm = get_plugin_manager(disabled, extra)
     dists = {
         ep.name: f"{ep.dist.name} {ep.dist.version}" if ep.dist else "?"
         for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT)

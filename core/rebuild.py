@@ -15,33 +15,26 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from routetune.accuracy import AccuracyResult, check_accuracy
+from routetune.accuracy import Verdict, check_accuracy
 from routetune.errors import (
     BuildError,
     EngineNotRunnable,
     PostconditionError,
+    SeasoningCrashed,
     SeasoningError,
     UsageError,
+    describe,
 )
 from routetune.logs import LOGS, captured, keep, quietly
 from routetune.outdir import locked
+from routetune.preparation import prepare_run, reference_backend, reference_outputs
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.search.candidate import (
-    SeasoningCrashed,
-    TrialInputs,
-    describe,
-    with_base_pipeline,
-)
-from routetune.tuning import (
-    WINNER_OUTPUTS,
-    TuneOptions,
-    _backend,
-    _references,
-    load_outputs,
-    prepare_run,
-)
+from routetune.search.candidate import with_base_pipeline
+from routetune.search.phases import TrialInputs
+from routetune.tuning import TuneOptions
 from routetune.weights import copy_model
+from routetune.winner import WINNER_OUTPUTS, load_outputs
 
 
 @dataclass(frozen=True)
@@ -73,7 +66,7 @@ class Rebuilt:
     engine_bytes: int
     build_ms: float
     compared_with: str
-    verdict: AccuracyResult | None
+    verdict: Verdict | None
     not_run: str = ""
     failed: str = ""
     broken: str = ""
@@ -102,26 +95,25 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
     run, early = quietly("prepare", lambda: prepare_run(
         dataclasses.replace(opts, routes=(route,), seasonings=()), registry))
     (resolved,) = run.pinned or (Route(),)
-    reference = run.backend if run.backend.name == "onnxruntime" else _backend(
-        registry, "onnxruntime")
+    reference = reference_backend(registry, run.backend)
     log = run.outdir / LOGS / "build.log"
     keep(log, early)
     with locked(run.outdir), tempfile.TemporaryDirectory(prefix="routetune-build-") as tmp, \
             captured(log, f"build {resolved}"):
         inputs = TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (),
-                             run.constraint, run.outdir, opts.measure, run.model.data,
+                             {}, run.outdir, opts.measure, run.model.data,
                              run.backend_options)
         # what the engine is checked against, first: a model that does not run is the
         # user's input to fix (exit 2), whatever a route would do to it
         stored, what = _expected(run.outdir, resolved, run.settings_hash)
         if stored is None:
-            stored, what = (_references(reference, run),
-                            "the FP32 reference (ONNX Runtime, CPU)")
+            stored, what = (reference_outputs(reference, run),
+                            f"the FP32 reference (the {reference.name} backend)")
         candidate, _ = with_base_pipeline(registry, inputs, run.backend, reference,
                                           list(run.base))
         t0 = time.perf_counter_ns()
         try:
-            data, passes, settings = candidate.apply(resolved)
+            data, passes, settings = candidate.applier.apply(resolved)
         except SeasoningError as e:  # the pass declined, with its reason
             return Rebuilt(resolved, None, 0, 0.0, "", None, failed=describe(e), log=log)
         except (PostconditionError, SeasoningCrashed) as e:  # the pass broke the model
@@ -154,7 +146,7 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
 def _expected(outdir: Path, route: Route, settings_hash: str) -> tuple[list | None, str]:
     """The stored winner outputs, if `route` won here with these inputs and settings.
 
-    Same route text and same settings hash (model, inputs, constraint, profile, base,
+    Same route text and same settings hash (model, inputs, tolerances, profile, base,
     backend options, measurement): otherwise the stored outputs belong to another run.
     """
     winner, outputs = outdir / "winner.json", outdir / WINNER_OUTPUTS

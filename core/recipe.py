@@ -47,8 +47,9 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 if TYPE_CHECKING:
+    from routetune.preparation import Prepared
     from routetune.registry import Registry
-    from routetune.tuning import Prepared, TuneOptions, TuneResult
+    from routetune.tuning import TuneOptions, TuneResult
 
 SCHEMA_VERSION = 2
 Value = bool | int | float | str | list[Any]

@@ -50,6 +50,8 @@ class Registry:
         self.strategies: dict[str, Entry[type[Strategy]]] = {}
         self.metrics: dict[str, Entry[Metric]] = {}
         self.plugins: dict[str, str] = {}
+        self.reference: str | None = None
+        """The backend that computes FP32 reference outputs (`add_backend`), by name."""
         self._current = "<direct>"
 
     @classmethod
@@ -121,9 +123,41 @@ class Registry:
             )
         self._add(self.seasonings, "seasoning", cls.info.name, cls)
 
-    def add_backend(self, cls: type[Backend]) -> None:
-        """Register a backend class (its ``name`` is the ``--backend`` value)."""
+    def add_backend(self, cls: type[Backend], reference: bool = False) -> None:
+        """Register a backend class (its ``name`` is the ``--backend`` value).
+
+        Args:
+            cls: The `Backend` subclass.
+            reference: It takes the FP32 reference role: it runs the original model in
+                FP32 for the outputs every candidate is checked against
+                (`Backend.reference`, `Backend.evaluate`). ONNX Runtime's CPU provider
+                registers it; one backend may hold the role.
+
+        Raises:
+            PluginError: A duplicate name, or a second backend taking the reference role.
+        """
+        if reference and self.reference is not None:
+            raise PluginError(
+                f"backend '{cls.name}' of plugin '{self._current}' and backend "
+                f"'{self.reference}' of plugin '{self.backends[self.reference].plugin}' both "
+                "take the FP32 reference role; disable one with ROUTETUNE_DISABLE_PLUGINS")
         self._add(self.backends, "backend", cls.name, cls)
+        if reference:
+            self.reference = cls.name
+
+    def reference_backend(self) -> type[Backend]:
+        """The backend class holding the FP32 reference role.
+
+        Raises:
+            UsageError: No installed plugin registers one.
+        """
+        if self.reference is None:
+            raise UsageError(
+                "no backend takes the FP32 reference role that candidates are checked "
+                "against (ONNX Runtime's CPU provider does, from the plugin 'onnxruntime'); "
+                "take onnxruntime out of ROUTETUNE_DISABLE_PLUGINS, or install a plugin that "
+                "registers one with add_backend(cls, reference=True)")
+        return self.backends[self.reference].item
 
     def add_strategy(self, cls: type[Strategy]) -> None:
         """Register a search strategy class (its ``name`` is the ``--search`` value)."""

@@ -35,6 +35,28 @@ def store_dir(path: Path) -> Path:
     return path
 
 
+def _judged(trials: list[Trial], accuracy: Any) -> list[Trial]:
+    """The trials judged under the run's constraint (``run.json``'s ``accuracy``).
+
+    A trial of this run may have been measured by an earlier run with other bounds and
+    the same tolerances, and stored with that run's verdict (`routetune.judge`). An
+    expression that no longer parses (a metric's plugin gone) leaves the stored verdicts.
+    """
+    if not isinstance(accuracy, str) or not trials:
+        return trials
+    from routetune.accuracy import parse_accuracy
+    from routetune.errors import RoutetuneError
+    from routetune.judge import judged
+    from routetune.plugin_manager import load_registry
+
+    outputs = sorted({name for t in trials for name in t.tolerances})
+    try:
+        constraint = parse_accuracy(accuracy, load_registry(), outputs)
+    except RoutetuneError:
+        return trials
+    return [judged(t, constraint) for t in trials]
+
+
 def build_report(outdir: Path, records: Path | None = None) -> dict[str, Any]:
     """Gather a report of the search stored in `outdir`.
 
@@ -69,6 +91,7 @@ def build_report(outdir: Path, records: Path | None = None) -> dict[str, Any]:
         route = result.pop("winner", None)
     except UNREADABLE as e:
         raise unreadable_record(records or outdir, e) from e
+    trials = _judged(trials, run.get("accuracy"))
     try:
         rows = [trial_row(t) for t in trials]
         effects = seasoning_effects(trials)

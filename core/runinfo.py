@@ -28,7 +28,8 @@ import routetune
 from routetune.errors import UsageError, one_line
 
 if TYPE_CHECKING:
-    from routetune.tuning import Prepared, TuneOptions, TuneResult
+    from routetune.preparation import Prepared
+    from routetune.tuning import TuneOptions, TuneResult
 
 FILENAME = "run.json"
 CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni",
@@ -84,7 +85,7 @@ def finish_record(record: dict[str, Any], result: TuneResult) -> dict[str, Any]:
     """The record with the run's outcome added."""
     out = dict(record)
     out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    from routetune.tuning import verdict_figures
+    from routetune.winner import verdict_figures
 
     measured = [t for t in result.trials if t.latency is not None]
     out["result"] = {"winner": result.winner.route, "reason": result.winner_reason,

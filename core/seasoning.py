@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, final
 
 from routetune.errors import PluginError, UsageError
 
@@ -264,10 +264,20 @@ class Seasoning:
     def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
         """Return why this seasoning cannot apply to `graph` on `backend`, or None.
 
-        It must be cheap: it runs once per seasoning before the search. The default
-        returns `supports`.
+        It must be cheap: it runs once per seasoning before the search. The backend
+        filter (`supports`) is applied before it, by `why_not`, whatever an override
+        does. The default: applicable to every graph.
         """
-        return self.supports(backend)
+        return None
+
+    @final
+    def why_not(self, graph: gs.Graph | None, backend: Backend) -> str | None:
+        """Why this seasoning is not offered here, or None: the template the search calls.
+
+        `supports` (the backend filter) first, then, with a graph, `applicable`.
+        """
+        return self.supports(backend) or (
+            self.applicable(graph, backend) if graph is not None else None)
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Rewrite `state.graph` in place (graph, precision) or set `state.settings` (build).

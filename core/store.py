@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from routetune.errors import StorageError, one_line
 from routetune.measure import Latency, Speedup
 
 APPLICATION_ID = 0x52545430  # "RTT0"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 FILENAME = "trials.sqlite"
 
 _SCHEMA = """
@@ -52,6 +53,7 @@ CREATE TABLE trials (
     conditions TEXT,
     noisy TEXT NOT NULL DEFAULT '',
     engine_sha256 TEXT,
+    measurement TEXT,
     UNIQUE (model_sha256, route, backend, device, settings_hash)
 );
 """
@@ -61,19 +63,50 @@ _MIGRATIONS = {
        "ALTER TABLE trials ADD COLUMN conditions TEXT; "
        "ALTER TABLE trials ADD COLUMN noisy TEXT NOT NULL DEFAULT '';",
     2: "ALTER TABLE trials ADD COLUMN engine_sha256 TEXT;",
+    3: "ALTER TABLE trials ADD COLUMN measurement TEXT;",
 }
 """Per schema version, the SQL that brings a store to the next version: version 2 adds
 the paired speed-up, the machine conditions and the noisy mark of each trial; version 3
-the sha256 of a kept engine file."""
+the sha256 of a kept engine file; version 4 the accuracy measurement's faults, notes
+and tolerances, so that a trial can be judged again under another constraint (a trial
+written before has none, and keeps the verdict it was stored with)."""
 
-STATUSES = ("ok", "accuracy-failed", "build-failed", "build-only", "crashed", "timed-out",
-            "skipped")
-"""Trial statuses. Only ``ok`` can win. ``build-only``: the engine was built, but this
-device cannot run it (`routetune.errors.EngineNotRunnable`), so it was not checked or
-timed. ``crashed``: the candidate's worker died (a signal: segfault, abort), ran out of
-memory, or a plugin raised an unexpected exception; the reason has the exit code or
-signal and the last lines of its stderr. ``timed-out``: a phase ran past
-``--trial-timeout`` and its worker was killed."""
+
+class Status(str, Enum):
+    """A trial's status. Only ``ok`` can win.
+
+    ``ok`` and ``accuracy-failed`` are the verdict of `routetune.accuracy.judge` on the
+    trial's measurement, under the run's constraint; a trial of another run with the
+    same tolerances is judged again when it is read (`routetune.judge.judged`).
+    ``build-only``: the engine was built, but this device cannot run it
+    (`routetune.errors.EngineNotRunnable`), so it was not checked or timed. ``crashed``:
+    the candidate's worker died (a signal: segfault, abort), ran out of memory, or a
+    plugin raised an unexpected exception; the reason has the exit code or signal and
+    the last lines of its stderr. ``timed-out``: a phase ran past ``--trial-timeout``
+    and its worker was killed. ``skipped``: not built (a seasoning that does not apply,
+    or the same model and settings as another route).
+    """
+
+    OK = "ok"
+    ACCURACY_FAILED = "accuracy-failed"
+    BUILD_FAILED = "build-failed"
+    BUILD_ONLY = "build-only"
+    CRASHED = "crashed"
+    TIMED_OUT = "timed-out"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def failed(self) -> bool:
+        """Whether the trial produced no engine (build-failed, crashed, timed-out)."""
+        return self in (Status.BUILD_FAILED, Status.CRASHED, Status.TIMED_OUT)
+
+    @property
+    def measured(self) -> bool:
+        """Whether the engine ran and its accuracy was measured (ok, accuracy-failed)."""
+        return self in (Status.OK, Status.ACCURACY_FAILED)
 
 
 @dataclass(frozen=True)
@@ -87,7 +120,7 @@ class Trial:
         backend: The backend's name.
         device: The device description.
         settings_hash: sha256 of the inputs, accuracy expression and measurement settings.
-        status: One of `STATUSES`.
+        status: The verdict or what stopped the trial (`Status`).
         reason: Why the trial is not ``ok`` (or a note when it is).
         candidate_sha256: sha256 of the built model plus its full build settings.
         latency: Latency in ms, when measured.
@@ -111,6 +144,11 @@ class Trial:
         engine_sha256: sha256 of the engine file the backend kept for this trial (a
             TensorRT plan), hex: such a file is opened again only if it still has this
             hash (`routetune.search.candidate.Candidate.engine`). Empty or None: none.
+        faults: Accuracy defects no bound excuses (`routetune.accuracy.AccuracyMeasurement`).
+        notes: Remarks on the measurement (an almost-constant reference, the strict
+            FP16 check).
+        tolerances: Per output, ``(atol, rtol)`` the ``accuracy`` metrics were computed
+            at; empty for a trial not measured, or stored before schema 4.
     """
 
     fingerprint: str
@@ -119,7 +157,7 @@ class Trial:
     backend: str
     device: str
     settings_hash: str
-    status: str
+    status: Status
     reason: str = ""
     candidate_sha256: str | None = None
     latency: Latency | None = None
@@ -136,25 +174,27 @@ class Trial:
     conditions: Mapping[str, Any] = field(default_factory=dict)
     noisy: str = ""
     engine_sha256: str | None = None
+    faults: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    tolerances: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def relative(self) -> Latency | None:
-        """The latency relative to the base route measured alongside it (unitless).
+        """The latency relative to the base route measured alongside it (a ratio).
 
         Machine speed drifts during a long search; a ratio to a base route measured at
         the same time does not. With a paired speed-up, its inverse: ``p50`` is
         ``1 / paired.value`` and the interval is the paired one, inverted. Otherwise the
-        latency over the base route's p50; without a base measurement, the latency in ms.
+        latency over the base route's p50. None without a base measurement (the base
+        route could not be built) or without a latency.
         """
-        if self.latency is None:
+        if self.latency is None or self.base_latency is None:
             return None
         if self.paired is not None:
             p = self.paired
             inv = 1.0 / p.value
             return Latency(self.latency.n, inv, inv, inv, inv, 1.0 / p.ci_high,
                            1.0 / p.ci_low)
-        if self.base_latency is None:
-            return self.latency
         return self.latency.scaled(1.0 / self.base_latency.p50)
 
     @property
@@ -206,9 +246,8 @@ class TrialStore:
             kinds = conn.execute("SELECT type FROM sqlite_master WHERE name = 'trials' OR "
                                  "type IN ('view', 'trigger')").fetchall()
         except sqlite3.DatabaseError as e:
-            raise StorageError(
-                f"{path}: not a routetune trial store ({e}); move it away or use another --output"
-            ) from e
+            raise StorageError(f"{path}: not a routetune trial store ({one_line(e, 200)}); "
+                               "move it away or use another --output") from e
         if tables and app_id != APPLICATION_ID:
             conn.close()
             raise StorageError(
@@ -243,7 +282,7 @@ class TrialStore:
                 version += 1
         except sqlite3.Error as e:
             conn.close()
-            raise StorageError(f"{path}: cannot create the trial store ({e})") from e
+            raise StorageError(f"{path}: cannot create the trial store ({one_line(e, 200)})") from e
         return cls(path, conn)
 
     def close(self) -> None:
@@ -277,7 +316,11 @@ class TrialStore:
             StorageError: A trial with the same fingerprint exists, or SQLite failed.
         """
         row = asdict(trial)
+        row["status"] = Status(trial.status).value
         row["created_at"] = trial.created_at or time.time()
+        measured = {"faults": list(row.pop("faults")), "notes": list(row.pop("notes")),
+                    "tolerances": {k: list(v) for k, v in row.pop("tolerances").items()}}
+        row["measurement"] = json.dumps(measured) if trial.tolerances else None
         for key in ("latency", "base_latency", "paired"):
             value = getattr(trial, key)
             row[key] = json.dumps(asdict(value)) if value else None
@@ -396,10 +439,43 @@ def _checked_trial(row: dict[str, Any]) -> Trial:
     passes = json.loads(row["passes"] or "[]")
     if not isinstance(passes, list) or not all(isinstance(p, dict) for p in passes):
         raise TypeError("passes is not a JSON list of objects")
+    measured = _measurement(row.pop("measurement", None))
+    row["status"] = Status(row["status"])
     return Trial(
-        **{k: v for k, v in row.items() if k not in (*_MAPPINGS, "passes")},
+        **{k: v for k, v in row.items() if k not in (*_MAPPINGS, "passes")}, **measured,
         latency=Latency(**latency) if latency else None,
         base_latency=Latency(**base) if base else None,
         paired=Speedup(**paired) if paired else None,
         passes=tuple(passes), **mappings,
     )
+
+
+def _measurement(raw: Any) -> dict[str, Any]:
+    """The ``measurement`` column as `Trial` fields: faults, notes, tolerances.
+
+    Raises:
+        TypeError: It is not a JSON object of a list of faults, a list of notes and
+            ``(atol, rtol)`` per output.
+        ValueError: It is not JSON.
+    """
+    if raw is None:
+        return {}
+    if not isinstance(raw, str):
+        raise TypeError(f"measurement is {type(raw).__name__}, not JSON text")
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise TypeError("measurement is not a JSON object")
+    faults, notes, tolerances = (value.get(k) for k in ("faults", "notes", "tolerances"))
+    for key, lines in (("faults", faults), ("notes", notes)):
+        if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+            raise TypeError(f"measurement.{key} is not a list of text")
+    if not isinstance(tolerances, dict):
+        raise TypeError("measurement.tolerances is not a JSON object")
+    pairs: dict[str, tuple[float, float]] = {}
+    for output, pair in tolerances.items():
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise TypeError(f"measurement.tolerances of {output!r} is not [atol, rtol]")
+        for v in pair:
+            _number(v, f"measurement.tolerances of {output!r}")
+        pairs[output] = (float(pair[0]), float(pair[1]))
+    return {"faults": tuple(faults or ()), "notes": tuple(notes or ()), "tolerances": pairs}

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING
 
 from routetune.errors import one_line
 from routetune.search.strategy import rank_key
-from routetune.store import Trial
+from routetune.store import Status, Trial
 
 if TYPE_CHECKING:
-    from routetune.search.candidate import Confirmation
+    from routetune.search.phases import Confirmation
 
 DEFAULT_MIN_SPEEDUP = 1.03
 """``--min-speedup``: smaller effects are not worth a different engine, and sit within
 what a busy or drifting machine fakes."""
 
-FAILED = ("build-failed", "crashed", "timed-out")
+FAILED = tuple(s for s in Status if s.failed)
 """Statuses of a trial that produced no engine."""
 
 
@@ -66,8 +66,8 @@ def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDU
         reason for the base route when there are none.
     """
     base = next(t for t in trials if t.route == "base")
-    accurate = [t for t in trials if t.status == "ok" and t.latency and t is not base]
-    if not accurate and base.status == "build-only":
+    accurate = [t for t in trials if t.status == Status.OK and t.latency and t is not base]
+    if not accurate and base.status == Status.BUILD_ONLY:
         return [], ("engines were built but this device cannot run them (build-only), so "
                     "nothing was checked or timed and a beam search stops after one step "
                     "(--search exhaustive builds every route); the base route is the "
@@ -92,7 +92,7 @@ def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDU
     fastest = faster[0]
     tied = [t for t in faster if t.paired is None or fastest.paired is None
             or t.paired.ties(fastest.paired)]
-    first = min(tied, key=lambda t: (rank_key(t)[1], rank_key(t)[0]))
+    first = min(tied, key=lambda t: (rank_key(t).steps, rank_key(t)))
     return [first] + [t for t in faster if t is not first], ""
 
 
@@ -112,15 +112,15 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
         The winner, a one-line reason, and every confirmation made.
     """
     base = next(t for t in trials if t.route == "base")
-    accurate = [t for t in trials if t.status == "ok" and t.latency and t is not base]
+    accurate = [t for t in trials if t.status == Status.OK and t.latency and t is not base]
     if base.status in FAILED and accurate:  # never rebuilt or re-timed
         best = min(accurate, key=lambda t: t.latency.p50)
         return best, (f"the base route is {base.status} ({_short(base.reason)}), so there "
                       f"is no base to compare against: fastest accurate route by absolute "
                       f"latency (p50 {best.latency.p50:.3f} ms)"), []
-    built = [t for t in trials if t.status == "build-only"]
+    built = [t for t in trials if t.status == Status.BUILD_ONLY]
     if base.status in FAILED and built:
-        best = min(built, key=lambda t: rank_key(t)[1:])
+        best = min(built, key=lambda t: (rank_key(t).steps, t.route))
         return best, (f"the base route is {base.status} ({_short(base.reason)}); "
                       f"'{best.route}' builds, and this device cannot run its engine, so it "
                       "is handed back as built, not measured or checked for accuracy"), []

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from graphs import conv_bn
 from onnx import TensorProto, helper, numpy_helper
 
@@ -61,3 +63,9 @@ def test_backend_example(registry: Registry, tmp_path: Path) -> None:
                               in_process=True), registry)
     assert {t.route: t.status for t in result.trials} == {"base": "ok", "fuse-bn-into-conv": "ok"}
     assert result.base.device == "cpu: onnx.reference"
+
+
+def test_contract_kit_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The package test that CONTRIBUTING shows, with its plugin importable."""
+    monkeypatch.setitem(sys.modules, "routetune_mulone", example("routetune_mulone"))
+    example("tests").test_contract(tmp_path)

@@ -161,7 +161,7 @@ def test_build_reproduces_the_winner_and_catches_a_route_that_does_not_match(tun
     bad = cli("build", str(root / "m.onnx"), "--route", "fp16", "--shapes", "x:1x3x32x32",
               "--output", str(out))
     assert bad.returncode == 1
-    assert "outputs do not match the FP32 reference (ONNX Runtime, CPU): y: l0 " in bad.stdout
+    assert "outputs do not match the FP32 reference (the onnxruntime backend): y: l0 " in bad.stdout
     other_inputs = cli("build", str(root / "m.onnx"), "--route", result.winner.route,
                        "--shapes", "x:2x3x32x32", "--output", str(out))
     assert other_inputs.returncode == 0, other_inputs.stderr  # not the stored run's inputs:

@@ -25,7 +25,7 @@ from test_weights import external_model, run_path
 from routetune.errors import UsageError
 from routetune.model import prepare
 from routetune.registry import Registry
-from routetune.search.candidate import matches_record
+from routetune.search.artifacts import matches_record
 from routetune.store import TrialStore
 from routetune.tuning import TuneOptions, tune
 from routetune.weights import WEIGHTS

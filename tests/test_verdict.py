@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from routetune.measure import Latency, Speedup
-from routetune.search.candidate import Confirmation
+from routetune.search.phases import Confirmation
 from routetune.store import Trial
 from routetune.verdict import confirm_winner, pick_winner
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from routetune.errors import UsageError
 from routetune.route import Route
 from routetune.search.strategy import Strategy, rank_key
-from routetune.store import Trial
+from routetune.store import Status, Trial
 
 
 class Beam(Strategy):
@@ -31,7 +31,7 @@ class Beam(Strategy):
     def ask(self) -> list[Route]:
         """The next depth's routes: every extension of the current beam not yet tried."""
         if self._started:
-            accurate = [(r, t) for r, t in self._depth_results if t.status == "ok"]
+            accurate = [(r, t) for r, t in self._depth_results if t.status == Status.OK]
             accurate.sort(key=lambda rt: rank_key(rt[1]))
             self._beam = [r for r, _ in accurate[: self.config.beam_width]]
         self._started = True

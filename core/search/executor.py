@@ -22,7 +22,8 @@ from typing import Any
 
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.search.candidate import BUILT, Candidate, Outcome, TrialInputs
+from routetune.search.candidate import Candidate
+from routetune.search.phases import BUILT, Outcome, TrialInputs
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import threading
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.context import AuthenticationError
 
-from routetune.search.candidate import TrialInputs
+from routetune.search.phases import TrialInputs
 
 Address = str
 """The socket's path."""

@@ -42,13 +42,14 @@ from typing import Any
 import pebble
 
 from routetune.conditions import STATUS_GLOB, read_statuses
-from routetune.errors import UsageError
+from routetune.errors import UsageError, describe
 from routetune.logs import LOGS
 from routetune.registry import Registry
 from routetune.search import worker
-from routetune.search.candidate import BUILT, Outcome, TrialInputs, describe
 from routetune.search.executor import AfterBuild, Executor, Job
 from routetune.search.handoff import Handoff
+from routetune.search.phases import BUILT, Outcome, TrialInputs
+from routetune.store import Status
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Default per-phase timeout in seconds: a large TensorRT build at optimisation level 5
@@ -270,15 +271,15 @@ class LocalPool(Executor):
             outcome, start, end, pid = future.result()
         except concurrent.futures.TimeoutError:
             pid = self._pid(job)
-            outcome = Outcome("timed-out", f"{phase} ran past --trial-timeout "
+            outcome = Outcome(Status.TIMED_OUT, f"{phase} ran past --trial-timeout "
                               f"{self.timeout_s:g} s; the worker was killed{self._tail(job)}",
                               fields)
         except pebble.ProcessExpired as e:
             pid = e.pid or self._pid(job)
-            outcome = Outcome("crashed", f"the {phase} worker died: {exit_text(e.exitcode)}"
+            outcome = Outcome(Status.CRASHED, f"the {phase} worker died: {exit_text(e.exitcode)}"
                               f"{self._tail(job)}", fields)
         except Exception as e:  # the task itself raised (the worker could not start)
-            outcome = Outcome("crashed", f"{phase}: {describe(e)}", fields)
+            outcome = Outcome(Status.CRASHED, f"{phase}: {describe(e)}", fields)
         self._event({"phase": phase, "route": str(job.route), "status": outcome.status,
                      "start": start, "end": end, "pid": pid, "gpu": gpu})
         return outcome

@@ -28,23 +28,19 @@ import routetune
 from routetune.accuracy import Constraint
 from routetune.backend import Backend
 from routetune.conditions import BusyPolicy
+from routetune.judge import judged
 from routetune.logs import LOGS, captured
 from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, sha256
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.search.candidate import (
-    Confirmation,
-    Outcome,
-    Recorded,
-    TrialInputs,
-    with_base_pipeline,
-)
+from routetune.search.candidate import with_base_pipeline
 from routetune.search.executor import Executor, InlineExecutor, Job
+from routetune.search.phases import BUILT, Confirmation, Outcome, Recorded, TrialInputs
 from routetune.search.repair import bisect_repair, repair_route, repairs
 from routetune.search.strategy import Strategy
 from routetune.signals import interrupted
-from routetune.store import Trial, TrialStore
+from routetune.store import Status, Trial, TrialStore
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +121,11 @@ class SearchLoop:
         """Why the last `run` stopped before the strategy was done, or None."""
         self.device = backend.device()
         self.versions = _versions(backend)
+        self.constraint = constraint
         inputs = TrialInputs(model, backend.name, backend.profile, tuple(feeds),
-                             tuple(references), constraint, outdir, measure_settings,
+                             tuple(references),
+                             constraint.tolerance_map(list(references[0]) if references else []),
+                             outdir, measure_settings,
                              model.data, dict(base_settings or {}),
                              reference=reference is not None, busy=busy or BusyPolicy())
         with captured(outdir / LOGS / "base.log", "base pipeline"):
@@ -137,7 +136,7 @@ class SearchLoop:
         self.executor.start(registry, self.inputs)
         self._candidates = {
             t.candidate_sha256: t.route for t in store.trials()
-            if t.candidate_sha256 and t.status != "skipped"
+            if t.candidate_sha256 and t.status != Status.SKIPPED
             and (t.model_sha256, t.backend, t.device, t.settings_hash) == self._key()
         }
 
@@ -276,6 +275,7 @@ class SearchLoop:
                 fingerprint = self.fingerprint(route)
                 stored = self.store.get(fingerprint)
                 if stored is not None:
+                    stored = judged(stored, self.constraint)
                     done[route] = stored
                     on_trial(stored, True)
                 else:
@@ -284,8 +284,10 @@ class SearchLoop:
                         if self.registry.seasoning(s.name).info.stage != "build")))
 
         for job, outcome in self.executor.run(jobs(), self._after_build):
-            trial = self.store.add(self._record(job.route, job.fingerprint, outcome.status,
-                                                outcome.reason, **outcome.fields))
+            assert outcome.status != BUILT
+            trial = self.store.add(judged(
+                self._record(job.route, job.fingerprint, outcome.status, outcome.reason,
+                             **outcome.fields), self.constraint))
             logger.info("%s: %s %s", job.route, trial.status, trial.reason)
             done[job.route] = trial
             on_trial(trial, False)
@@ -298,7 +300,7 @@ class SearchLoop:
         if same == str(job.route):
             return None
         fields = {k: built.fields[k] for k in ("candidate_sha256", "passes")}
-        return Outcome("skipped", f"same model and settings as route '{same}'", fields)
+        return Outcome(Status.SKIPPED, f"same model and settings as route '{same}'", fields)
 
     def confirm(self, trial: Trial) -> Confirmation:
         """Re-measure a stored trial against the base route in a fresh worker process.
@@ -331,9 +333,9 @@ class SearchLoop:
         stored = self.store.get(fingerprint)
         if stored is not None:
             return stored
-        return self.store.add(self._record(route, fingerprint, "skipped", reason))
+        return self.store.add(self._record(route, fingerprint, Status.SKIPPED, reason))
 
-    def _record(self, route: Route, fingerprint: str, status: str, reason: str,
+    def _record(self, route: Route, fingerprint: str, status: Status, reason: str,
                 **fields: Any) -> Trial:
         return Trial(
             fingerprint, self.model.source_sha256, str(route), self.backend.name,

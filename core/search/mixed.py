@@ -16,13 +16,13 @@ from routetune.route import Route
 from routetune.search.one_at_a_time import single_changes
 from routetune.search.strategy import Strategy
 from routetune.seasoning import SeasoningInfo
-from routetune.store import Trial
+from routetune.store import Status, Trial
 
 
 def beats_base(trial: Trial) -> bool:
     """Whether a trial is accurate and faster than the base route beyond noise."""
     rel = trial.relative
-    return (trial.status == "ok" and rel is not None and trial.base_latency is not None
+    return (trial.status == Status.OK and rel is not None and trial.base_latency is not None
             and rel.ci_high < 1.0)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from routetune.registry import Registry
 from routetune.route import Route, Step
 from routetune.search.strategy import rank_key
-from routetune.store import Trial
+from routetune.store import Status, Trial
 
 REPAIR = "precision-repair"
 """The seasoning the loop inserts (`routetune.passes.precision.repair`)."""
@@ -65,7 +65,8 @@ def repairs(done: Sequence[tuple[Route, Trial]], registry: Registry, repaired: s
     fastest: dict[str, tuple[Route, Trial, int]] = {}
     for route, trial in done:
         at = repair_point(route, registry)
-        if trial.status != "accuracy-failed" or at is None or route.steps[at - 1].name in repaired:
+        if (trial.status != Status.ACCURACY_FAILED or at is None
+                or route.steps[at - 1].name in repaired):
             continue
         name = route.steps[at - 1].name
         if name not in fastest or rank_key(trial) < rank_key(fastest[name][1]):
@@ -110,9 +111,9 @@ def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None],
             return trials
         trials.append(trial)
         ranked = _ranked(trial)
-        if trial.status == "ok":
+        if trial.status == Status.OK:
             passing = count
-        elif trial.status == "accuracy-failed" and ranked:
+        elif trial.status == Status.ACCURACY_FAILED and ranked:
             failing = count
         else:  # the repair itself failed, or nothing is left to keep in FP32
             return trials

@@ -7,7 +7,7 @@ Strategies do no I/O, no timing and no building: `routetune.search.loop` owns th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from routetune.composer import RouteSpace
 from routetune.route import Route, parse_route
@@ -56,12 +56,32 @@ class Strategy:
         return None
 
 
-def rank_key(trial: Trial) -> tuple[float, int, str]:
+class Rank(NamedTuple):
+    """How good an accurate trial is; smaller sorts first (`rank_key`).
+
+    Args:
+        relative: p50 over the base route's measured alongside (a ratio; inf without
+            a base measurement).
+        ms: p50 in ms, which decides only when no trial has a base measurement (the
+            base route could not be built); inf when unmeasured.
+        steps: The route's seasonings, parameters not counted
+            (``fp16{op_types_to_exclude=[Softmax,Pow]}`` is one step).
+        text: The route's text, so that the order is total.
+    """
+
+    relative: float
+    ms: float
+    steps: int
+    text: str
+
+
+def rank_key(trial: Trial) -> Rank:
     """Sort key of accurate trials: faster first, then fewer steps, then by text.
 
     Speed is the p50 relative to the base route measured alongside (`Trial.relative`:
-    the inverse of the paired speed-up). Steps are the route's seasonings, parameters
-    not counted (``fp16{op_types_to_exclude=[Softmax,Pow]}`` is one step).
+    the inverse of the paired speed-up), never milliseconds of different moments.
     """
-    p50 = trial.relative.p50 if trial.relative else float("inf")
-    return (p50, len(parse_route(trial.route)), trial.route)
+    relative = trial.relative
+    return Rank(relative.p50 if relative else float("inf"),
+                trial.latency.p50 if trial.latency else float("inf"),
+                len(parse_route(trial.route)), trial.route)

@@ -24,10 +24,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from routetune.errors import describe
 from routetune.logs import captured
 from routetune.route import Route
-from routetune.search.candidate import Candidate, Outcome, describe
+from routetune.search.candidate import Candidate
 from routetune.search.handoff import Address, receive
+from routetune.search.phases import Outcome
+from routetune.store import Status
 
 _candidate: Candidate | None = None
 _failed: BaseException | None = None
@@ -111,7 +114,7 @@ def _phase(log: Path, what: str, fields: Mapping[str, Any], run: Callable[[], Ou
         try:
             outcome = run()
         except BaseException as e:
-            outcome = Outcome("crashed", describe(e, where=True), fields)
+            outcome = Outcome(Status.CRASHED, describe(e, where=True), fields)
         finally:
             faulthandler.cancel_dump_traceback_later()
         if _memory_mb is not None and "out of memory" in outcome.reason:

@@ -11,8 +11,8 @@ from routetune.registry import Registry
 
 @hookimpl
 def routetune_register_backends(registry: Registry) -> None:
-    """Register the ONNX Runtime backends: CPU (``onnxruntime``) and CUDA."""
-    registry.add_backend(OnnxRuntimeBackend)
+    """Register the ONNX Runtime backends: CPU (the FP32 reference) and CUDA."""
+    registry.add_backend(OnnxRuntimeBackend, reference=True)
     registry.add_backend(OnnxRuntimeCudaBackend)
 
 

@@ -14,8 +14,8 @@ from routetune.accuracy import parse_accuracy
 from routetune.measure import MeasureSettings
 from routetune.model import prepare
 from routetune.registry import Registry
-from routetune.search.candidate import TrialInputs
 from routetune.search.handoff import Handoff, receive
+from routetune.search.phases import TrialInputs
 
 
 def inputs(tmp_path: Path, registry: Registry) -> TrialInputs:

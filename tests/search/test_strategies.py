@@ -11,7 +11,7 @@ from routetune.search.mixed import Mixed
 from routetune.search.one_at_a_time import OneAtATime
 from routetune.search.strategy import SearchConfig
 from routetune.seasoning import Param, SeasoningInfo
-from routetune.store import Trial
+from routetune.store import Status, Trial
 
 
 def space(max_depth: int | None = None) -> RouteSpace:
@@ -24,9 +24,14 @@ def space(max_depth: int | None = None) -> RouteSpace:
     return RouteSpace(infos, max_depth)
 
 
-def outcome(route: Route, ms: float, status: str = "ok") -> Trial:
+BASE = Latency(10, 10.0, 10.0, 10.0, 10.0, 9.9, 10.1)
+"""The base route's latency, as measured alongside every trial."""
+
+
+def outcome(route: Route, ms: float, status: Status = Status.OK) -> Trial:
     lat = Latency(10, ms, ms, ms, ms, ms * 0.99, ms * 1.01)
-    return Trial("f" + str(route), "m", str(route), "be", "dev", "s", status, latency=lat)
+    return Trial("f" + str(route), "m", str(route), "be", "dev", "s", status, latency=lat,
+                 base_latency=BASE)
 
 
 def synthetic_ms(route: Route) -> float:
@@ -44,7 +49,7 @@ def drive(strategy) -> list[list[Route]]:  # noqa: ANN001
     while batch := strategy.ask():
         batches.append(batch)
         for r in batch:
-            status = "accuracy-failed" if "d" in r.names else "ok"
+            status = Status.ACCURACY_FAILED if "d" in r.names else Status.OK
             strategy.tell(r, outcome(r, synthetic_ms(r), status))
     return batches
 

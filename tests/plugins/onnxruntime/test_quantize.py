@@ -267,7 +267,7 @@ def test_not_applicable_without_ops_or_on_other_backends() -> None:
     class Other(OnnxRuntimeBackend):
         name = "other"
 
-    assert Int8Qdq().applicable(gs.import_onnx(conv_matmul()), Other()) == (
+    assert Int8Qdq().why_not(gs.import_onnx(conv_matmul()), Other()) == (
         "applies only to backends onnxruntime, tensorrt")
 
 

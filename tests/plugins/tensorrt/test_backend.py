@@ -25,7 +25,7 @@ from routetune.plugins.tensorrt.backend import (
 )
 from routetune.plugins.tensorrt.module import find_tensorrt
 from routetune.profile import ShapeProfile
-from routetune.search.candidate import build_engine
+from routetune.search.artifacts import build_engine
 
 TRT = find_tensorrt()
 needs_trt = pytest.mark.skipif(TRT.module is None, reason=f"tensorrt backend: {TRT.reason}")

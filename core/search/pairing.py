@@ -1,0 +1,102 @@
+"""Timing a candidate against the base route in one worker, in paired blocks.
+
+The base route's engine is opened once per worker and kept; each candidate is timed in
+alternating blocks with it (`routetune.measure.measure_blocks`), so that the machine's
+drift cancels out of the speed-up (`routetune.measure.paired_speedup`). Every timing
+waits for a quiet machine, or marks itself noisy, as ``--busy-machine`` says
+(`routetune.conditions.measure_watched`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from routetune.backend import Backend, Runner
+from routetune.conditions import BusyPolicy, measure_watched
+from routetune.measure import Latency, Speedup, measure, measure_blocks, paired_speedup
+from routetune.route import Route
+from routetune.search.artifacts import save_model
+from routetune.search.phases import TrialInputs
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class PairedTiming:
+    """The base route's engine in this worker, and the timing of candidates beside it.
+
+    Args:
+        backend: The worker's backend.
+        inputs: The search's trial inputs (feeds, measurement settings, base model,
+            busy-machine policy).
+    """
+
+    def __init__(self, backend: Backend, inputs: TrialInputs) -> None:
+        self.backend = backend
+        self.inputs = inputs
+        self._base: Runner | Literal[False] | None = None  # False: cannot be built
+        self._gpu: str | None = None  # see policy
+
+    def watched(self, timed: Callable[[], T]) -> tuple[T, dict[str, Any]]:
+        """Run `timed` under the busy-machine policy (`measure_watched`).
+
+        Returns:
+            Its result, and the machine's conditions meanwhile.
+        """
+        return measure_watched(self.policy(), self.status(), timed)
+
+    def measure(self, runner: Runner, route: Route
+                 ) -> tuple[Latency, Latency | None, Speedup | None]:
+        """Time a candidate in paired blocks with the base route's engine.
+
+        Returns:
+            The candidate's latency, the base route's measured in the same loop, and the
+            paired speed-up. For the base route itself, its latency twice and None;
+            without a base engine, the candidate's latency alone and two Nones.
+        """
+        feeds, settings = self.inputs.feeds, self.inputs.measure
+        if route.is_base:
+            latency = measure(runner, feeds, settings)
+            return latency, latency, None
+        base = self.base_runner()
+        if base is None:
+            return measure(runner, feeds, settings), None, None
+        (latency, base_latency), blocks = measure_blocks([runner, base], feeds, settings)
+        return latency, base_latency, paired_speedup(blocks, 0, 1)
+
+    def policy(self) -> BusyPolicy:
+        """The busy-machine policy, with this worker's GPU where engines run on one."""
+        if self._gpu is None:
+            gpus = self.backend.gpus(self.backend.full_settings(self.inputs.base_settings))
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            self._gpu = (visible or gpus[0]).split(",")[0] if gpus else ""
+        return replace(self.inputs.busy, gpu=self._gpu or None)
+
+    def status(self) -> Path:
+        """This process's status file while it waits for a quiet machine."""
+        return self.inputs.outdir / "artifacts" / f"busy-{os.getpid()}.json"
+
+    def base_runner(self) -> Runner | None:
+        """The base route's engine, opened once and kept for paired measurements."""
+        if self._base is None:
+            path = save_model(self.inputs.outdir, self.inputs.base_data)
+            try:
+                settings = self.backend.full_settings(self.inputs.base_settings)
+                engine = self.backend.build(path, settings, self.inputs.outdir / "artifacts")
+                self._base = self.backend.open(engine)
+            except Exception as e:  # the base trial records the same failure
+                logger.warning("base route cannot be built for paired timing: %s", e)
+                self._base = False
+        return self._base or None
+
+    def close(self) -> None:
+        """Close the base route's engine."""
+        if self._base:
+            self._base.close()
+        self._base = None

@@ -1,0 +1,119 @@
+"""What a trial's phases take and give, between the search loop and its workers.
+
+`TrialInputs` goes to every worker once (`routetune.search.handoff`); a phase answers
+with an `Outcome`; a confirmation with a `Confirmation`; `Recorded` carries what the
+trial store recorded of a build, for a worker to check files against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from routetune.accuracy import Tolerances
+from routetune.conditions import BusyPolicy
+from routetune.measure import (
+    Latency,
+    MeasureSettings,
+    Speedup,
+)
+from routetune.model import PreparedModel
+from routetune.profile import ShapeProfile
+from routetune.store import Status
+
+BUILT: Literal["built"] = "built"
+"""`Outcome.status` of a build phase that succeeded: the trial goes on to `measure`."""
+
+
+@dataclass(frozen=True)
+class TrialInputs:
+    """Everything a candidate's work needs; picklable, so that a worker process gets it.
+
+    Args:
+        model: The prepared model.
+        backend: The backend's name (looked up in the registry).
+        profile: The optimisation profile the backend builds for.
+        feeds: The validation input sets (input name to array).
+        references: The FP32 reference outputs, one mapping per input set.
+        tolerances: Per output, ``(atol, rtol)`` to measure accuracy at
+            (`routetune.accuracy.Constraint.tolerance_map`); the bounds are applied by
+            the search loop (`routetune.judge`), not here.
+        outdir: The output directory; models and engines go under ``artifacts/``.
+        measure: How long to time each candidate.
+        base_data: The model after the base pipeline (`base_pipeline`), serialized.
+        base_settings: Build options every route starts from (a recipe's backend
+            options).
+        base_passes: The pass records of the base pipeline, recorded with every trial.
+        reference: Whether precision seasonings and the strict FP16 check may run
+            models in FP32 on the reference backend (the FP32 reference role).
+        busy: What a measurement does on a busy machine (``--busy-machine``); its
+            ``gpu`` is filled in by the measuring worker.
+    """
+
+    model: PreparedModel
+    backend: str
+    profile: ShapeProfile | None
+    feeds: tuple[Mapping[str, np.ndarray], ...]
+    references: tuple[Mapping[str, np.ndarray], ...]
+    tolerances: Tolerances
+    outdir: Path
+    measure: MeasureSettings
+    base_data: bytes
+    base_settings: Mapping[str, Any] = field(default_factory=dict)
+    base_passes: tuple[Mapping[str, Any], ...] = ()
+    reference: bool = True
+    busy: BusyPolicy = BusyPolicy()
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the trial store recorded of a trial's build, to check files against.
+
+    Args:
+        candidate: `Trial.candidate_sha256`: sha256 of the candidate model's bytes
+            followed by its full settings as sorted JSON, hex.
+        engine: `Trial.engine_sha256`: sha256 of the kept engine file, hex; empty when
+            the backend keeps none.
+    """
+
+    candidate: str
+    engine: str = ""
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A route re-measured against the base route in a fresh process (`Candidate.confirm`).
+
+    Args:
+        route: The route's text.
+        latency: Its latency in this measurement (ms).
+        base_latency: The base route's, in the same loop (ms).
+        paired: The paired speed-up.
+        conditions: The machine's conditions meanwhile (`routetune.conditions`).
+    """
+
+    route: str
+    latency: Latency
+    base_latency: Latency
+    paired: Speedup
+    conditions: Mapping[str, Any]
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one phase of a trial found.
+
+    Args:
+        status: A trial status (`routetune.store.Status`; ``ok`` after a measurement:
+            the loop judges it), or `BUILT` after a build phase that succeeded.
+        reason: One line: why the trial is not ``ok``, or notes.
+        fields: `routetune.store.Trial` fields found so far (``passes``, ``settings``,
+            ``artifact``, ``build_ms``, ``latency`` …).
+    """
+
+    status: Status | Literal["built"]
+    reason: str = ""
+    fields: Mapping[str, Any] = field(default_factory=dict)
