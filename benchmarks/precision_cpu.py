@@ -28,7 +28,7 @@ import routetune
 from routetune.accuracy import DEFAULT_ACCURACY
 from routetune.display import verdict_text
 from routetune.plugin_manager import load_registry
-from routetune.store import Trial
+from routetune.trial import Trial
 from routetune.tuning import TuneOptions, tune
 
 SEASONINGS = ("fp16", "bf16", "int8-qdq", "fp8-qdq", "precision-repair")

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo_inputs  # noqa: E402
 
-from routetune import sample_inputs  # noqa: E402
+from routetune import sample_audio, sample_inputs  # noqa: E402
 from routetune.errors import RoutetuneError  # noqa: E402
 from routetune.examples import Example, cache_dir, fetch_example  # noqa: E402
 
@@ -117,8 +117,8 @@ def _shape_maker(make: Callable[..., list[InputSet]], shape: tuple[int, ...]) ->
 
 
 def _vad_sequence(model: Path, seed: int, count: int) -> list[InputSet]:
-    shape = (128, sample_inputs.VAD_CONTEXT + sample_inputs.VAD_FRAME)
-    return sample_inputs.vad_inputs(shape, seed, count)
+    shape = (128, sample_audio.VAD_CONTEXT + sample_audio.VAD_FRAME)
+    return sample_audio.vad_inputs(shape, seed, count)
 
 
 _RAPIDOCR = ("rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/models/")

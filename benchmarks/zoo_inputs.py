@@ -43,7 +43,7 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-from routetune import sample_inputs
+from routetune import sample_audio, sample_inputs
 
 InputSet = dict[str, np.ndarray]
 
@@ -120,7 +120,7 @@ def silero_stream_inputs(model: Path, seed: int, count: int) -> list[InputSet]:
     sr = np.array(VAD_SR, dtype=np.int64)
     sets = []
     for i in range(count):
-        audio, voiced = sample_inputs.speech_audio(seed * 1000 + i, 3 * VAD_SR)
+        audio, voiced = sample_audio.speech_audio(seed * 1000 + i, 3 * VAD_SR)
         n_chunks = audio.size // VAD_CHUNK
         chunk_voiced = voiced[: n_chunks * VAD_CHUNK].reshape(n_chunks, VAD_CHUNK).all(axis=1)
         want = i % 2 == 0
@@ -211,7 +211,7 @@ def nsnet_inputs(model: Path, seed: int, count: int) -> list[InputSet]:
     rng = np.random.default_rng(seed)
     sets = []
     for i in range(count):
-        speech, _ = sample_inputs.speech_audio(seed * 1000 + i, int(NSNET_SECONDS * VAD_SR))
+        speech, _ = sample_audio.speech_audio(seed * 1000 + i, int(NSNET_SECONDS * VAD_SR))
         snr = rng.uniform(*NSNET_SNR_DB)
         power = float(np.mean(speech.astype(np.float64) ** 2))
         noise = rng.normal(0, np.sqrt(power / 10 ** (snr / 10)), size=speech.size)

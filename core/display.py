@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from routetune.registry import Registry
-from routetune.store import Trial
+from routetune.trial import Trial
 
 if TYPE_CHECKING:
     from routetune.tuning import TuneResult

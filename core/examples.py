@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from routetune import sample_inputs
+from routetune import sample_audio, sample_inputs
 from routetune.errors import RoutetuneError, UsageError
 
 InputSet = dict[str, np.ndarray]
@@ -109,7 +109,7 @@ def examples() -> dict[str, Example]:
     Returns:
         A dict from example name to :class:`Example`.
     """
-    vad_shape = (128, sample_inputs.VAD_CONTEXT + sample_inputs.VAD_FRAME)
+    vad_shape = (128, sample_audio.VAD_CONTEXT + sample_audio.VAD_FRAME)
     found = [
         _image_example(
             "ppocr-det",
@@ -144,9 +144,9 @@ def examples() -> dict[str, Example]:
             member="silero_vad/data/silero_vad_16k_sequence.onnx",
             sha256="9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85",
             shapes=MappingProxyType(
-                {"input": vad_shape, "h": sample_inputs.VAD_STATE, "c": sample_inputs.VAD_STATE}
+                {"input": vad_shape, "h": sample_audio.VAD_STATE, "c": sample_audio.VAD_STATE}
             ),
-            make_inputs=functools.partial(_for_input, sample_inputs.vad_inputs, "input"),
+            make_inputs=functools.partial(_for_input, sample_audio.vad_inputs, "input"),
         ),
     ]
     return {example.name: example for example in found}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from routetune.accuracy import AccuracyMeasurement, Constraint, Unjudgeable, judge
-from routetune.store import Status, Trial
+from routetune.trial import Status, Trial
 
 
 def measurement(trial: Trial) -> AccuracyMeasurement | None:

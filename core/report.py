@@ -17,7 +17,8 @@ from routetune import runinfo
 from routetune.errors import StorageError, UsageError, one_line
 from routetune.outdir import refuse_links
 from routetune.route import parse_route
-from routetune.store import FILENAME, Trial, TrialStore
+from routetune.store import FILENAME, TrialStore
+from routetune.trial import Trial
 
 ERROR_METRIC = "rel_l2"
 """The accuracy error the Pareto chart and the summaries use: ||out - ref|| / ||ref||,

@@ -225,7 +225,7 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
     """
     from routetune.measure import Latency
     from routetune.search.strategy import SearchConfig
-    from routetune.store import Status, Trial
+    from routetune.trial import Status, Trial
 
     what = f"strategy '{name}'"
     allowed = set(space.routes())

@@ -27,7 +27,8 @@ from routetune.search.local_pool import DEFAULT_TIMEOUT_S, TIMELINE, LocalPool
 from routetune.search.loop import Budget, SearchLoop
 from routetune.search.phases import Confirmation
 from routetune.search.strategy import SearchConfig, rank_key
-from routetune.store import FILENAME, Status, Trial, TrialStore
+from routetune.store import FILENAME, TrialStore
+from routetune.trial import Status, Trial
 from routetune.verdict import DEFAULT_MIN_SPEEDUP, confirm_winner
 from routetune.winner import WINNER_OUTPUTS, save_outputs, write_winner
 

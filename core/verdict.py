@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from routetune.errors import one_line
 from routetune.search.strategy import rank_key
-from routetune.store import Status, Trial
+from routetune.trial import Status, Trial
 
 if TYPE_CHECKING:
     from routetune.search.phases import Confirmation

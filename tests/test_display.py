@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from routetune.display import verdict_text
 from routetune.registry import Registry
-from routetune.store import Trial
+from routetune.trial import Trial
 
 
 def test_the_verdict_names_what_each_precision_step_decided(registry: Registry) -> None:

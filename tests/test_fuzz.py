@@ -3,7 +3,7 @@
 A results folder, a model folder, a recipe or an input set may come from someone else:
 it is data, never code. Every loader a user's file reaches is fuzzed here in process
 with Hypothesis (derandomized, bounded examples): ONNX models and their external data
-(`routetune.model.prepare`, `routetune.weights.check_files`), ``.npz`` inputs
+(`routetune.model.prepare`, `routetune.weights_check.check_files`), ``.npz`` inputs
 (`routetune.inputs.load_npz`), recipes (`routetune.recipe.load_recipe`), ``run.json``
 (`routetune.runinfo.read` and the report) and ``trials.sqlite``
 (`routetune.store.TrialStore` and the report). The contract, per input: the loader
@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper, numpy_helper
 
-from routetune import runinfo, weights
+from routetune import runinfo, weights, weights_check
 from routetune.errors import RoutetuneError
 from routetune.inputs import load_npz, resolve_shapes
 from routetune.model import TensorSpec, prepare, with_weights_in
@@ -358,7 +358,7 @@ LOCATIONS = st.sampled_from([
     "//w.bin", "~/w.bin", "sub/../../outside/secret.bin",
 ]) | st.text(st.characters(exclude_categories=("Cs",), exclude_characters=LINE_BREAKS),
              max_size=12)
-"""Locations; without line breaks, which `weights.check_files` quotes as they are (see
+"""Locations; without line breaks, which `weights_check.check_files` quotes as they are (see
 `test_a_location_with_a_line_break_is_refused_in_one_line`)."""
 OFFSETS = st.sampled_from([0, 1, 4096, 16383, 16384, -1, 2**62, 2**63 - 1]) | st.integers(
     -(2**70), 2**70) | st.sampled_from(["abc", "", "0x10", "1e3", " 7", "１"])
@@ -394,7 +394,7 @@ def test_external_data_is_read_only_inside_the_model_folder(root: Path,
         path.write_bytes(model.SerializeToString())
 
         def load() -> object:
-            weights.check_files(onnx.load(str(path), load_external_data=False), folder, path)
+            weights_check.check_files(onnx.load(str(path), load_external_data=False), folder, path)
             return load_model_chain(path, folder)
 
         result = outcome(load, folder, (path.name,), read_only=False)

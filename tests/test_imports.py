@@ -70,3 +70,80 @@ def test_import_routetune_loads_no_tuner_and_tune_is_the_function() -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["[]", "routetune.api", "True"]
+
+
+ROOT = Path(__file__).parents[1]
+PACKAGES = {"core": "routetune", "passes": "routetune.passes", "plugins": "routetune.plugins"}
+MAX_LINES = 400
+"""A module longer than this holds more than one concept (issue 15's rule)."""
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name."""
+    out = {}
+    for folder, top in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join((top, *parts))] = path
+    return out
+
+
+def top_level_imports(source: str) -> set[str]:
+    """What a module imports when it is imported: module-level imports only, not those
+    inside functions or under ``if TYPE_CHECKING:`` (they run later, or never)."""
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle found by depth-first search, each once."""
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    mods = modules()
+    graph = {}
+    for name, path in mods.items():
+        deps = {m for m in top_level_imports(path.read_text()) if m in mods and m != name}
+        # a package's __init__ importing its submodules, and a module importing its own
+        # package (initialised before any of its modules), are how packages work
+        graph[name] = {d for d in deps
+                       if not d.startswith(name + ".") and not name.startswith(d + ".")}
+    assert len(graph) > 60 and sum(map(len, graph.values())) > 150
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_every_module_is_at_most_400_lines() -> None:
+    long = sorted(f"{name}: {n}" for name, path in modules().items()
+                  if (n := len(path.read_text().splitlines())) > MAX_LINES)
+    assert long == []

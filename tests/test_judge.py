@@ -15,7 +15,8 @@ from routetune.judge import judged
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
 from routetune.report import build_report
-from routetune.store import SCHEMA_VERSION, Status, Trial, TrialStore
+from routetune.store import SCHEMA_VERSION, TrialStore
+from routetune.trial import Status, Trial
 from routetune.tuning import TuneOptions, tune
 
 DATA = Path(__file__).parent / "data"

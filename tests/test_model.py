@@ -8,7 +8,8 @@ from graphs import conv_bn
 from onnx import TensorProto, helper
 
 from routetune.errors import PostconditionError, UsageError
-from routetune.model import check_candidate, prepare, sanitize
+from routetune.model import prepare, sanitize
+from routetune.postconditions import check_candidate
 
 
 def test_prepare_reads_specs_and_hashes(tmp_path: Path) -> None:

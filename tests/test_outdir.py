@@ -10,7 +10,8 @@ from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.model import sha256
 from routetune.outdir import make_outdir, move_aside
-from routetune.store import Trial, TrialStore
+from routetune.store import TrialStore
+from routetune.trial import Trial
 from routetune.tuning import TuneOptions, tune
 
 

@@ -17,7 +17,7 @@ from routetune.measure import MeasureSettings
 from routetune.model import prepare
 from routetune.profile import make_profile
 from routetune.registry import Registry
-from routetune.sample_inputs import VAD_FRAME, VAD_RATE, speech_audio
+from routetune.sample_audio import VAD_FRAME, VAD_RATE, speech_audio
 from routetune.tuning import TuneOptions, tune
 
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)

@@ -7,7 +7,8 @@ import pytest
 
 from routetune.errors import StorageError
 from routetune.measure import Latency
-from routetune.store import SCHEMA_VERSION, Trial, TrialStore
+from routetune.store import SCHEMA_VERSION, TrialStore
+from routetune.trial import Trial
 
 
 def trial(fp: str = "f1", route: str = "base") -> Trial:

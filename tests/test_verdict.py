@@ -6,7 +6,7 @@ import pytest
 
 from routetune.measure import Latency, Speedup
 from routetune.search.phases import Confirmation
-from routetune.store import Trial
+from routetune.trial import Trial
 from routetune.verdict import confirm_winner, pick_winner
 
 LAT = Latency(40, 1.0, 1.1, 1.2, 1.0, 0.95, 1.05)

@@ -29,7 +29,8 @@ from routetune.errors import (
     SeasoningError,
     describe,
 )
-from routetune.model import cast_faults, check_candidate, toposort
+from routetune.model import toposort
+from routetune.postconditions import cast_faults, check_candidate
 from routetune.registry import Registry
 from routetune.route import Route, Step
 from routetune.search.artifacts import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 from routetune.errors import UsageError
 from routetune.route import Route
 from routetune.search.strategy import Strategy, rank_key
-from routetune.store import Status, Trial
+from routetune.trial import Status, Trial
 
 
 class Beam(Strategy):

@@ -50,7 +50,8 @@ from routetune.measure import (
     measure_blocks,
     paired_speedup,
 )
-from routetune.model import cast_faults, check_candidate, sha256
+from routetune.model import sha256
+from routetune.postconditions import cast_faults, check_candidate
 from routetune.registry import Registry
 from routetune.route import Route, Step, parse_route
 from routetune.search.application import RouteApplier
@@ -62,8 +63,8 @@ from routetune.search.artifacts import (
 from routetune.search.pairing import PairedTiming
 from routetune.search.phases import BUILT, Confirmation, Outcome, Recorded, TrialInputs
 from routetune.seasoning import RouteState
-from routetune.store import Status
 from routetune.strict_fp16 import mentions_float16, strict_fp16_overflows
+from routetune.trial import Status
 from routetune.weights import import_graph
 
 logger = logging.getLogger(__name__)

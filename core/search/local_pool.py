@@ -49,7 +49,7 @@ from routetune.search import worker
 from routetune.search.executor import AfterBuild, Executor, Job
 from routetune.search.handoff import Handoff
 from routetune.search.phases import BUILT, Outcome, TrialInputs
-from routetune.store import Status
+from routetune.trial import Status
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Default per-phase timeout in seconds: a large TensorRT build at optimisation level 5

@@ -40,7 +40,8 @@ from routetune.search.phases import BUILT, Confirmation, Outcome, Recorded, Tria
 from routetune.search.repair import bisect_repair, repair_route, repairs
 from routetune.search.strategy import Strategy
 from routetune.signals import interrupted
-from routetune.store import Status, Trial, TrialStore
+from routetune.store import TrialStore
+from routetune.trial import Status, Trial
 
 logger = logging.getLogger(__name__)
 

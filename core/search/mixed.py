@@ -16,7 +16,7 @@ from routetune.route import Route
 from routetune.search.one_at_a_time import single_changes
 from routetune.search.strategy import Strategy
 from routetune.seasoning import SeasoningInfo
-from routetune.store import Status, Trial
+from routetune.trial import Status, Trial
 
 
 def beats_base(trial: Trial) -> bool:

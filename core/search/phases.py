@@ -23,7 +23,7 @@ from routetune.measure import (
 )
 from routetune.model import PreparedModel
 from routetune.profile import ShapeProfile
-from routetune.store import Status
+from routetune.trial import Status
 
 BUILT: Literal["built"] = "built"
 """`Outcome.status` of a build phase that succeeded: the trial goes on to `measure`."""
@@ -107,10 +107,10 @@ class Outcome:
     """What one phase of a trial found.
 
     Args:
-        status: A trial status (`routetune.store.Status`; ``ok`` after a measurement:
+        status: A trial status (`routetune.trial.Status`; ``ok`` after a measurement:
             the loop judges it), or `BUILT` after a build phase that succeeded.
         reason: One line: why the trial is not ``ok``, or notes.
-        fields: `routetune.store.Trial` fields found so far (``passes``, ``settings``,
+        fields: `routetune.trial.Trial` fields found so far (``passes``, ``settings``,
             ``artifact``, ``build_ms``, ``latency`` …).
     """
 

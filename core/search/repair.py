@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from routetune.registry import Registry
 from routetune.route import Route, Step
 from routetune.search.strategy import rank_key
-from routetune.store import Status, Trial
+from routetune.trial import Status, Trial
 
 REPAIR = "precision-repair"
 """The seasoning the loop inserts (`routetune.passes.precision.repair`)."""

@@ -11,7 +11,7 @@ from typing import ClassVar, NamedTuple
 
 from routetune.composer import RouteSpace
 from routetune.route import Route, parse_route
-from routetune.store import Trial
+from routetune.trial import Trial
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from routetune.route import Route
 from routetune.search.candidate import Candidate
 from routetune.search.handoff import Address, receive
 from routetune.search.phases import Outcome
-from routetune.store import Status
+from routetune.trial import Status
 
 _candidate: Candidate | None = None
 _failed: BaseException | None = None

@@ -20,7 +20,7 @@ from routetune.passes.graph.constants import (
     unique_name,
 )
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-from routetune.weights import resolving_in
+from routetune.weights_check import resolving_in
 
 if TYPE_CHECKING:
     from routetune.backend import Backend

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import ml_dtypes
 import numpy as np
@@ -27,9 +27,16 @@ from routetune.passes.graph.constants import (
     copy_graph,
     inferred_types,
     replace_graph,
-    subgraphs,
-    taken_names,
-    unique_name,
+)
+from routetune.passes.precision.casting import _rewrite, _subgraph_reads
+from routetune.passes.precision.float_types import (
+    FLOAT32,
+    _data_tensors,
+    _float_outputs,
+    _not_tensor,
+    _schema_admits,
+    _type_attrs,
+    numpy_dtype,
 )
 from routetune.passes.precision.ranges import Ranges, tensor_ranges
 from routetune.seasoning import (
@@ -58,23 +65,11 @@ ALWAYS_FP32 = frozenset({
 whose float inputs the ONNX spec or good practice keeps FP32 (Range bounds,
 NonMaxSuppression thresholds), generators, and quantization ops."""
 
-TYPE_ATTRS = frozenset({"to", "dtype", "output_dtype", "output_datatype"})
-"""Attributes that fix a node's output type, whether given or left to their default
-(BitCast's ``to``, EyeLike's and RandomNormalLike's ``dtype``, QuantizeLinear's
-``output_dtype``, the window functions' ``output_datatype``): converting such a node's
-float inputs would change a type the attribute fixes (BitCast's bit width), and its
-float outputs keep the attribute's type. Cast is handled by rule 4 instead."""
-
-KEEP_INPUTS = {"Resize": {1, 2}, "Upsample": {1}, "Dropout": {1}}
-"""Inputs that keep their type whatever the node's precision: Resize's roi and scales,
-Upsample's scales, Dropout's ratio (ONNX operator spec)."""
 
 QUANTIZED_OPS = frozenset({
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
     "ConvInteger", "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul",
 })
-
-FLOAT32 = np.dtype(np.float32)
 
 
 class MixedPrecision(Seasoning):
@@ -256,179 +251,6 @@ def _range_reason(node: gs.Node, data: list[gs.Tensor], ranges: Ranges, data_max
         return "kept_partial_sums", (f"partial sums reach {partial:.4g} "
                                      f"> {seasoning.type_max:g}")
     return None
-
-
-def _data_tensors(node: gs.Node) -> list[gs.Tensor]:
-    """The node's float32 inputs and outputs that follow its precision."""
-    keep = KEEP_INPUTS.get(node.op, set())
-    ins = [t for i, t in enumerate(node.inputs) if i not in keep and _is_f32(t)]
-    if node.op == "Cast":
-        ins = []  # Cast reads any type; its output type comes from 'to'
-    return ins + [t for t in node.outputs if _is_f32(t)]
-
-
-def _float_outputs(node: gs.Node) -> list[gs.Tensor]:
-    return [t for t in node.outputs if _is_f32(t)]
-
-
-def _is_f32(tensor: gs.Tensor) -> bool:
-    """Whether `tensor` is a float32 tensor (not a sequence, optional or map of them)."""
-    if tensor.name == "" or tensor.dtype is None:
-        return False
-    if _not_tensor(tensor):
-        return False
-    value = constant_value(tensor)
-    return (value.dtype if value is not None else numpy_dtype(tensor.dtype)) == FLOAT32
-
-
-def _type_attrs(node: gs.Node, opset: int) -> list[str]:
-    """The node's `TYPE_ATTRS`, given or left to their default by its schema.
-
-    HannWindow's ``output_datatype`` defaults to FLOAT: absent, it still fixes the
-    output type (onnx node test ``test_hannwindow``).
-    """
-    try:
-        declared = set(onnx.defs.get_schema(node.op, opset, node.domain or "").attributes)
-    except onnx.defs.SchemaError:
-        declared = set()
-    return sorted(TYPE_ATTRS & (declared | set(node.attrs)))
-
-
-def _not_tensor(tensor: gs.Tensor) -> bool:
-    """Whether `tensor` is a sequence, optional or map (their element types stay)."""
-    return isinstance(tensor, gs.Variable) and getattr(tensor, "type",
-                                                       "tensor_type") != "tensor_type"
-
-
-def numpy_dtype(dtype: Any) -> np.dtype | None:
-    """onnx-graphsurgeon's dtype as NumPy's; None where NumPy lacks it.
-
-    onnx-graphsurgeon keeps such types (float8, int4) as the ONNX enum value, and
-    ``np.dtype(17)`` raises ``TypeError`` (onnx node test ``test_cast_FLOAT_to_FLOAT8E4M3FN``).
-    """
-    try:
-        return np.dtype(dtype)
-    except TypeError:
-        return None
-
-
-def _schema_admits(node: gs.Node, opset: int, onnx_low: int) -> bool:
-    """Whether the node's operator schema lets its float inputs be of the low type."""
-    try:
-        schema = onnx.defs.get_schema(node.op, opset, node.domain or "")
-    except onnx.defs.SchemaError:
-        return False
-    low_name = f"tensor({onnx.helper.tensor_dtype_to_string(onnx_low).split('.')[-1].lower()})"
-    allowed = {tc.type_param_str: set(tc.allowed_type_strs) for tc in schema.type_constraints}
-    params = [p.type_str for p in list(schema.inputs) + list(schema.outputs)]
-    float_params = [p for p in params if p in allowed and "tensor(float)" in allowed[p]]
-    return all(low_name in allowed[p] for p in float_params)
-
-
-def _subgraph_reads(graph: gs.Graph) -> set[int]:
-    """Ids of outer tensors read by nodes inside any subgraph (recursively)."""
-    reads: set[int] = set()
-
-    def visit(g: gs.Graph) -> None:
-        local = {id(t) for t in g.inputs}
-        for node in g.nodes:
-            local.update(id(t) for t in node.outputs)
-        for node in g.nodes:
-            for t in node.inputs:
-                if id(t) not in local:
-                    reads.add(id(t))
-            for sub in subgraphs(node):
-                visit(sub)
-
-    for node in graph.nodes:
-        for sub in subgraphs(node):
-            visit(sub)
-    return reads
-
-
-def _rewrite(graph: gs.Graph, low: set[int], dtype: np.dtype, onnx_low: int,
-             keep_io: bool) -> int:
-    """Apply rules 2–4 to the nodes whose ids are in `low`; return the Casts added."""
-    taken = taken_names(graph)
-    converted: set[int] = set()  # ids of tensors now of the low type
-    low_of: dict[int, gs.Tensor] = {}  # FP32 tensor id -> its low-precision twin
-    high_of: dict[int, gs.Tensor] = {}  # low tensor id -> its FP32 twin
-    new_nodes: list[gs.Node] = []
-    outputs = {id(t) for t in graph.outputs} if keep_io else set()
-    if not keep_io:
-        for t in graph.inputs:
-            if _is_f32(t) and any(id(n) in low and _reads_as_data(n, t) for n in t.outputs):
-                t.dtype = dtype
-                converted.add(id(t))
-    # rule 2: outputs of low nodes become low; graph outputs keep their FP32 tensor
-    for node in [n for n in graph.nodes if id(n) in low]:
-        if node.op == "Cast" and node.attrs.get("to") == onnx.TensorProto.FLOAT:
-            node.attrs["to"] = onnx_low  # rule 4
-        for i, t in enumerate(node.outputs):
-            if not _is_f32(t):
-                continue
-            if id(t) in outputs:
-                twin = gs.Variable(unique_name(f"{t.name}_{dtype.name}", taken), dtype, t.shape)
-                node.outputs[i] = twin
-                new_nodes.append(gs.Node("Cast", unique_name(f"{t.name}_to_fp32", taken),
-                                         {"to": onnx.TensorProto.FLOAT}, [twin], [t]))
-                high_of[id(twin)] = t
-            else:
-                t.dtype = dtype
-                converted.add(id(t))
-    casts = len(new_nodes)
-    for node in list(graph.nodes):
-        is_low = id(node) in low
-        keep = KEEP_INPUTS.get(node.op, set()) if is_low else set()
-        for i, t in enumerate(list(node.inputs)):
-            if i in keep or t.name == "":
-                continue
-            if is_low and node.op != "Cast" and _is_f32(t):
-                node.inputs[i] = _low_twin(t, low_of, dtype, taken, new_nodes)
-            elif not is_low and id(t) in converted:
-                node.inputs[i] = _high_twin(t, high_of, taken, new_nodes)
-    graph.nodes.extend(new_nodes)
-    return casts + sum(1 for n in new_nodes[casts:] if n.op == "Cast")
-
-
-def _reads_as_data(node: gs.Node, t: gs.Tensor) -> bool:
-    """Whether `node` reads `t` at an input that follows its precision."""
-    keep = KEEP_INPUTS.get(node.op, set())
-    return node.op != "Cast" and any(x is t and i not in keep for i, x in enumerate(node.inputs))
-
-
-def _low_twin(t: gs.Tensor, low_of: dict[int, gs.Tensor], dtype: np.dtype, taken: set[str],
-              new_nodes: list[gs.Node]) -> gs.Tensor:
-    if id(t) in low_of:
-        return low_of[id(t)]
-    value = constant_value(t)
-    if value is not None:
-        twin: gs.Tensor = gs.Constant(unique_name(f"{t.name}_{dtype.name}", taken),
-                                      _convert(value, dtype))
-    else:
-        twin = gs.Variable(unique_name(f"{t.name}_{dtype.name}", taken), dtype, t.shape)
-        new_nodes.append(gs.Node("Cast", unique_name(f"{t.name}_to_{dtype.name}", taken),
-                                 {"to": _onnx_type(dtype)}, [t], [twin]))
-    low_of[id(t)] = twin
-    return twin
-
-
-def _high_twin(t: gs.Tensor, high_of: dict[int, gs.Tensor], taken: set[str],
-               new_nodes: list[gs.Node]) -> gs.Tensor:
-    if id(t) not in high_of:
-        twin = gs.Variable(unique_name(f"{t.name}_fp32", taken), FLOAT32, t.shape)
-        new_nodes.append(gs.Node("Cast", unique_name(f"{t.name}_to_fp32", taken),
-                                 {"to": onnx.TensorProto.FLOAT}, [t], [twin]))
-        high_of[id(t)] = twin
-    return high_of[id(t)]
-
-
-def _convert(value: np.ndarray, dtype: np.dtype) -> Any:
-    return value.astype(dtype)
-
-
-def _onnx_type(dtype: np.dtype) -> int:
-    return onnx.helper.np_dtype_to_tensor_dtype(dtype)
 
 
 def _params(data_max: float, init_max: float) -> tuple[Param, ...]:

@@ -12,7 +12,7 @@ from routetune.registry import Registry
 from routetune.route import Route, parse_route
 from routetune.search.repair import bisect_repair, faster_than_base, repair_point, repairs
 from routetune.search.strategy import rank_key
-from routetune.store import Trial
+from routetune.trial import Trial
 from routetune.tuning import TuneOptions, tune
 
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)

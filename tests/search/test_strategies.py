@@ -11,7 +11,7 @@ from routetune.search.mixed import Mixed
 from routetune.search.one_at_a_time import OneAtATime
 from routetune.search.strategy import SearchConfig
 from routetune.seasoning import Param, SeasoningInfo
-from routetune.store import Status, Trial
+from routetune.trial import Status, Trial
 
 
 def space(max_depth: int | None = None) -> RouteSpace:

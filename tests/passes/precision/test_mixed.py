@@ -16,10 +16,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from routetune.examples import get_example
 from routetune.measure import MeasureSettings
-from routetune.model import PreparedModel, cast_faults, check_candidate, prepare
+from routetune.model import PreparedModel, prepare
 from routetune.passes.graph.fuse_bn_into_conv import FuseBnIntoConv
 from routetune.passes.precision.mixed import Bf16, Fp16
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+from routetune.postconditions import cast_faults, check_candidate
 from routetune.registry import Registry
 from routetune.seasoning import PassResult, RouteContext, RouteState
 from routetune.tuning import TuneOptions, tune
