@@ -1,8 +1,13 @@
-"""ONNX Runtime integration: the CPU and CUDA backends, and the Q/DQ seasonings."""
+"""ONNX Runtime integration: the CPU and CUDA backends, and their seasonings.
+
+Session and CUDA provider options as build seasonings (`session_options`,
+`cuda_options`), and the Q/DQ seasonings (`quantize`).
+"""
 
 from __future__ import annotations
 
 from routetune import hookimpl
+from routetune.plugins.onnxruntime import cuda_options, session_options
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.cuda import OnnxRuntimeCudaBackend
 from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
@@ -18,6 +23,8 @@ def routetune_register_backends(registry: Registry) -> None:
 
 @hookimpl
 def routetune_register_seasonings(registry: Registry) -> None:
-    """Register ``int8-qdq`` and ``fp8-qdq`` (they import onnxruntime.quantization)."""
+    """Register the session and CUDA provider options, ``int8-qdq`` and ``fp8-qdq``."""
+    for cls in session_options.SEASONINGS + cuda_options.SEASONINGS:
+        registry.add_seasoning(cls)
     registry.add_seasoning(Int8Qdq)
     registry.add_seasoning(Fp8Qdq)

@@ -1,4 +1,6 @@
-"""TensorRT integration: the ``tensorrt`` backend and the ``trt-build-route`` seasoning.
+"""TensorRT integration: the ``tensorrt`` backend, its knobs and its build routes.
+
+The builder knobs (`knobs`) and the ``trt-build-route`` seasoning (`build_route`).
 
 Works with TensorRT 11 or TensorRT-RTX (`module.find_tensorrt`); without either the
 backend is registered but unavailable, with the reason, and nothing else changes.
@@ -7,8 +9,9 @@ backend is registered but unavailable, with the reason, and nothing else changes
 from __future__ import annotations
 
 from routetune import hookimpl
-from routetune.passes.build.trt_build_route import build_route_seasoning, parse_knobs
+from routetune.plugins.tensorrt import knobs
 from routetune.plugins.tensorrt.backend import TensorRtBackend, all_build_routes
+from routetune.plugins.tensorrt.build_route import build_route_seasoning, parse_knobs
 from routetune.plugins.tensorrt.module import find_tensorrt
 from routetune.registry import Registry
 
@@ -21,7 +24,12 @@ def routetune_register_backends(registry: Registry) -> None:
 
 @hookimpl
 def routetune_register_seasonings(registry: Registry) -> None:
-    """Register ``trt-build-route`` with the installed TensorRT's knobs (maybe none)."""
+    """Register the builder knobs, and ``trt-build-route``.
+
+    ``trt-build-route`` takes the installed TensorRT's build routes (maybe none).
+    """
+    for cls in knobs.SEASONINGS:
+        registry.add_seasoning(cls)
     module = find_tensorrt()
     registry.add_seasoning(build_route_seasoning(parse_knobs(all_build_routes(module)),
                                                  str(module)))

@@ -11,9 +11,9 @@ from graphs import conv_bn, matmul_chain
 
 from routetune.backend import Runner
 from routetune.measure import MeasureSettings, measure, measure_side_by_side
-from routetune.passes.build.ort_cuda import CudaNhwc
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.cuda import CUDA_NS, CUDA_OPTIONS, OnnxRuntimeCudaBackend
+from routetune.plugins.onnxruntime.cuda_options import CudaNhwc
 from routetune.registry import Registry
 from routetune.tuning import TuneOptions, tune
 

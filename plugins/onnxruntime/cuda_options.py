@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from routetune.passes.build.ort_session import set_options
 from routetune.seasoning import (
     Param,
     PassResult,
@@ -19,6 +18,7 @@ from routetune.seasoning import (
     RouteState,
     Seasoning,
     SeasoningInfo,
+    set_options,
 )
 
 if TYPE_CHECKING:

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from routetune.errors import PluginError
-from routetune.passes.build.ort_session import set_options
 from routetune.route import parse_scalar
 from routetune.seasoning import (
     Param,
@@ -36,6 +35,7 @@ from routetune.seasoning import (
     RouteState,
     Seasoning,
     SeasoningInfo,
+    set_options,
 )
 
 if TYPE_CHECKING:

@@ -18,19 +18,13 @@ from routetune.seasoning import (
     RouteState,
     Seasoning,
     SeasoningInfo,
+    set_options,
 )
 
 NS = "onnxruntime."
 ORT = frozenset({"onnxruntime"})
 """The CPU backend: thread, spinning and MLAS options do nothing useful on a GPU."""
 ANY_ORT = frozenset({"onnxruntime", "onnxruntime-cuda"})
-
-
-def set_options(state: RouteState, values: dict[str, object]) -> PassResult:
-    """Set backend options in `state.settings`; ``modified`` when any value changed."""
-    changed = {k: v for k, v in values.items() if state.settings.get(k) != v}
-    state.settings.update(values)
-    return PassResult(modified=bool(changed), stats={"options": len(changed)})
 
 
 def _thread_choices() -> tuple[int, ...]:

@@ -12,12 +12,12 @@ import pytest
 
 from routetune.composer import RouteSpace
 from routetune.errors import PluginError, UsageError
-from routetune.passes.build.trt_build_route import (
+from routetune.plugins.tensorrt.backend import TensorRtBackend
+from routetune.plugins.tensorrt.build_route import (
     build_route_seasoning,
     parse_knobs,
     route_text,
 )
-from routetune.plugins.tensorrt.backend import TensorRtBackend
 from routetune.route import Route, Step, parse_route
 from routetune.search.one_at_a_time import single_changes
 from routetune.seasoning import RouteContext, RouteState
@@ -119,4 +119,9 @@ def test_open_knobs_are_searched_only_with_listed_values(knob_set, registry) -> 
                                          r"parameter 'kgen:codegen:cuda_tile': 9 is not one"):
         restrict_space([cls.info], parse_space(["trt-build-route:kgen:codegen:cuda_tile=9"]),
                        {}, registry)
-    assert Route((Step("trt-build-route"),)) in single_changes(RouteSpace([info]))
+    # the knobs at their defaults are a route only where every default is still listed:
+    # not with num_tactics restricted to 20|40 (default 10), but with cuda_tile's 1|2
+    assert Route((Step("trt-build-route"),)) not in single_changes(RouteSpace([info]))
+    (tile_only,) = restrict_space([cls.info], parse_space(
+        ["trt-build-route:kgen:codegen:cuda_tile=1|2"]), {}, registry)
+    assert Route((Step("trt-build-route"),)) in single_changes(RouteSpace([tile_only]))
