@@ -154,6 +154,17 @@ class Backend:
         """The build options this backend accepts, by namespaced key."""
         return {}
 
+    def option_keys(self) -> frozenset[str]:
+        """Every option key this backend may accept, whatever the installed version.
+
+        What option seasonings are checked against before a search
+        (`routetune.option_seasoning.check_option_keys`). The default: `options`' keys.
+        A backend whose options depend on the installed library overrides it with all
+        the keys it knows of, so that a key an older library lacks is not taken for a
+        typo.
+        """
+        return frozenset(self.options())
+
     def full_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Check `settings` against `options` and fill in every default.
 

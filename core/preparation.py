@@ -26,6 +26,7 @@ from routetune.conditions import MODES
 from routetune.errors import BackendError, UsageError, one_line
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
 from routetune.model import PreparedModel, prepare, sha256, with_weights_in
+from routetune.option_seasoning import check_option_keys
 from routetune.outdir import make_outdir
 from routetune.plugin_manager import load_registry
 from routetune.profile import ShapeProfile, make_profile
@@ -102,6 +103,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         raise UsageError(f"--time-budget {opts.time_budget_s}: must be positive (seconds)")
     registry.reference_backend()  # what every candidate is checked against, before any work
     backend = available_backend(registry, opts.backend)
+    check_option_keys(registry, backend)  # a plugin's misspelled option: now, not mid-search
     registry.strategy(opts.search)  # an unknown name fails here, before any work
     source: dict[str, Any] = {}
     shapes_flag = "--opt-shapes" if opts.opt_shapes else "--shapes"

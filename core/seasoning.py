@@ -308,16 +308,3 @@ class Seasoning:
             )
         logger.debug("%s: modified=%s %s", self.info.name, result.modified, dict(result.stats))
         return result
-
-
-def set_options(state: RouteState, values: dict[str, object]) -> PassResult:
-    """Set backend options in `state.settings`; ``modified`` when any value changed.
-
-    What every build seasoning does: its options are namespaced by backend
-    (``onnxruntime.intra_op_num_threads``) and checked against the backend's option
-    schema before the build (`routetune.backend.Backend.full_settings`).
-    """
-    changed = {k: v for k, v in values.items() if state.settings.get(k) != v}
-    state.settings.update(values)
-    return PassResult(modified=bool(changed), stats={"options": len(changed)})
-

@@ -71,7 +71,7 @@ def check_seasoning(registry: Registry, name: str, model: Path | str, workdir: P
     one); the backend filter holds whatever `applicable` says (a backend outside
     ``info.backends`` is never offered it); it is applicable to `model`; applied twice
     in fresh candidates it gives the same bytes (deterministic), and the model passes
-    the search's postconditions (`routetune.model.check_candidate`: the full ONNX
+    the search's postconditions (`routetune.postconditions.check_candidate`: the full ONNX
     checker, signature kept, sorted, unique node names, no redundant Cast). With
     `refused`, a model the seasoning must refuse: it declines with one line.
 

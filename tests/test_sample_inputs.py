@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 import pytest
 
+from routetune import sample_audio as sa
 from routetune import sample_inputs as si
 
 # ------------------------------------------------------------------- shapes, determinism
@@ -37,9 +38,9 @@ def test_image_inputs_reject_bad_shape(make) -> None:
         make((1, 1, 48, 320))
 
 
-@pytest.mark.parametrize("make", [si.det_inputs, si.rec_inputs, si.cls_inputs, si.vad_inputs])
+@pytest.mark.parametrize("make", [si.det_inputs, si.rec_inputs, si.cls_inputs, sa.vad_inputs])
 def test_same_seed_same_arrays(make) -> None:
-    shape = (128, 576) if make is si.vad_inputs else (1, 3, 48, 192)
+    shape = (128, 576) if make is sa.vad_inputs else (1, 3, 48, 192)
     a, b, c = make(shape, 5, 3), make(shape, 5, 3), make(shape, 6, 3)
     for x, y in zip(a, b, strict=True):
         for key in x:
@@ -75,19 +76,19 @@ def test_text_lines_flip_every_second_line() -> None:
 
 
 def test_vad_inputs_shape_and_state() -> None:
-    (inputs,) = si.vad_inputs((64, 576), seed=0, count=1)
+    (inputs,) = sa.vad_inputs((64, 576), seed=0, count=1)
     assert inputs["input"].shape == (64, 576) and inputs["input"].dtype == np.float32
     assert np.abs(inputs["input"]).max() <= 1.0
     for key in ("h", "c"):
         assert inputs[key].shape == (1, 1, 128) and inputs[key].dtype == np.float32
         assert not inputs[key].any()
     with pytest.raises(ValueError, match="576"):
-        si.vad_inputs((64, 512))
+        sa.vad_inputs((64, 512))
 
 
 def test_vad_frames_carry_64_samples_of_context() -> None:
     audio = np.arange(3 * 512 + 100, dtype=np.float32)
-    frames = si.vad_frames(audio)
+    frames = sa.vad_frames(audio)
     assert frames.shape == (4, 576)
     np.testing.assert_array_equal(frames[0, :64], 0.0)
     np.testing.assert_array_equal(frames[0, 64:], audio[:512])
@@ -97,7 +98,7 @@ def test_vad_frames_carry_64_samples_of_context() -> None:
 
 
 def test_speech_audio_alternates_voiced_and_silence() -> None:
-    audio, voiced = si.speech_audio(0, 5 * si.VAD_RATE)
+    audio, voiced = sa.speech_audio(0, 5 * sa.VAD_RATE)
     assert audio.dtype == np.float32 and voiced.dtype == bool
     assert 0.2 < voiced.mean() < 0.8
     rms_voiced = np.sqrt(np.mean(audio[voiced] ** 2))
@@ -155,9 +156,9 @@ def test_vad_is_higher_on_voiced_frames(session) -> None:  # noqa: F811
     vad = session("silero-vad")
     seed, frames = 0, 128
     voiced_p, silent_p = [], []
-    for i, inputs in enumerate(si.vad_inputs((frames, 576), seed, 4)):
-        _, voiced = si.speech_audio(seed * 1000 + i, frames * si.VAD_FRAME)
-        mask = voiced.reshape(frames, si.VAD_FRAME)
+    for i, inputs in enumerate(sa.vad_inputs((frames, 576), seed, 4)):
+        _, voiced = sa.speech_audio(seed * 1000 + i, frames * sa.VAD_FRAME)
+        mask = voiced.reshape(frames, sa.VAD_FRAME)
         probs = vad.run(None, inputs)[0]
         voiced_p.extend(probs[mask.all(1)])
         silent_p.extend(probs[~mask.any(1)])

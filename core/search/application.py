@@ -1,7 +1,7 @@
 """Applying a route's seasonings to the model, from the longest route prefix at hand.
 
 A route's graph and precision steps rewrite the model one after another, each checked
-against the search's postconditions (`routetune.model.check_candidate`); its build
+against the search's postconditions (`routetune.postconditions.check_candidate`); its build
 steps set backend options. The models of route prefixes are kept (`SNAPSHOTS` in
 memory, and on disk for the other workers: `routetune.search.artifacts.PrefixStore`),
 so that ``fp16,nhwc`` starts from ``fp16``'s model.

@@ -49,7 +49,7 @@ class PrefixStore:
         inputs: The search's trial inputs; the index is keyed by what a graph or
             precision step may read (`path`).
         export: Turns a graph into the model a candidate keeps
-            (`routetune.search.candidate.Candidate.export`).
+            (`routetune.search.application.RouteApplier.export`).
     """
 
     def __init__(self, registry: Registry, inputs: TrialInputs,

@@ -111,6 +111,10 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
                 specs[CUDA_NS + key] = OptionSpec(str, default, choices, help_)
         return specs
 
+    def option_keys(self) -> frozenset[str]:
+        """The session options and every CUDA option routetune knows, installed or not."""
+        return frozenset(super().options()) | {CUDA_NS + key for key in CUDA_OPTIONS}
+
     def dtype_support(self, dtype: str) -> str | None:
         """FP8 Q/DQ has no CUDA-provider kernels; float16 and bfloat16 run natively."""
         if dtype.startswith("float8"):

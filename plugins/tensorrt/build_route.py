@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from routetune.errors import PluginError
+from routetune.option_seasoning import set_options
 from routetune.route import parse_scalar
 from routetune.seasoning import (
     Param,
@@ -35,7 +36,6 @@ from routetune.seasoning import (
     RouteState,
     Seasoning,
     SeasoningInfo,
-    set_options,
 )
 
 if TYPE_CHECKING:
