@@ -121,6 +121,9 @@ def parse_accuracy(text: str, registry: Registry, outputs: Sequence[str]) -> Con
                 "cos>=0.999, l0<=0.001, atol=1e-3 or out0:linf<=0.01"
             )
         out, name, op, val = m["out"], m["name"], m["op"], m["val"]
+        if val[0] in "<>=":  # "rel_l2<=" parses as "<" then "="
+            raise UsageError(f"--accuracy '{text}': '{term}' has no number after "
+                             f"{op}{val}; write e.g. {name}{op}{val}0.01")
         if out is not None and out not in outputs:
             raise UsageError(
                 f"--accuracy '{text}': unknown output '{out}'; outputs: {', '.join(outputs)}"
@@ -134,10 +137,20 @@ def parse_accuracy(text: str, registry: Registry, outputs: Sequence[str]) -> Con
         if name in ("atol", "rtol"):
             if op != "=" or value < 0:
                 raise UsageError(f"--accuracy '{text}': write {name}=<non-negative number>")
-            (atol if name == "atol" else rtol)[out] = value
+            tolerances = atol if name == "atol" else rtol
+            if out in tolerances:
+                raise UsageError(f"--accuracy '{text}': {name} is set twice"
+                                 f"{f' for {out}' if out else ''}; give it once")
+            tolerances[out] = value
             continue
+        if op == "=" and name not in registry.metrics:
+            raise UsageError(f"--accuracy '{text}': unknown setting '{name}'; '=' sets only "
+                             "atol or rtol, and a metric takes <= or >=")
         if op == "=":
             raise UsageError(f"--accuracy '{text}': '{term}' needs <= or >=, not =")
+        if any(t.metric == name and t.output == out for t in thresholds):
+            raise UsageError(f"--accuracy '{text}': {name} is bounded twice"
+                             f"{f' for {out}' if out else ''}; give one bound")
         metric = _metric(registry, name, text)
         if metric.higher_is_better != (op in (">=", ">")):
             want = ">=" if metric.higher_is_better else "<="

@@ -27,8 +27,8 @@ def get_plugin_manager(disabled: tuple[str, ...] = (),
         disabled: Entry-point names to block, in addition to the comma-separated names
             in the ``ROUTETUNE_DISABLE_PLUGINS`` environment variable.
         extra: Plugin modules by name, registered after the entry points as if they were
-            installed (`routetune.testing.registry_with`); one already loaded under that
-            name is kept.
+            installed (`routetune.testing.registry_with`); each replaces an installed
+            plugin of the same name, or the same module installed under another name.
 
     With ``ROUTETUNE_TRACE_PLUGINS=1`` in the environment, every hook call is printed
     to stderr with the plugins that implement it, through pluggy's hook-call
@@ -42,22 +42,30 @@ def get_plugin_manager(disabled: tuple[str, ...] = (),
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
+    extra = dict(extra or {})
     env = [n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()]
     for name in (*disabled, *env):
         pm.set_blocked(name)
-    for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT):
-        if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
-            continue
+    points = importlib.metadata.entry_points(group=hookspecs.PROJECT)
+    unknown = sorted(set(env) - {ep.name for ep in points})
+    if unknown:
+        print(f"routetune: warning: {DISABLE_ENV} names {', '.join(unknown)}, not an installed "
+              f"plugin (installed: {', '.join(sorted({ep.name for ep in points}))})",
+              file=sys.stderr)
+    for ep in points:
+        if pm.is_blocked(ep.name) or pm.has_plugin(ep.name) or ep.name in extra:
+            continue  # an extra plugin of that name replaces the installed one
         dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "unknown distribution"
         try:
             plugin = ep.load()
         except Exception as e:
             raise PluginError(f"plugin '{ep.name}' ({dist}) failed to load: {e}; disable it "
                               f"with {DISABLE_ENV}={ep.name}") from e
+        if any(plugin is other for other in extra.values()):
+            continue  # the module under test, installed too: registered under its extra name
         _register(pm, plugin, ep.name, dist)
-    for name, plugin in (extra or {}).items():
-        if not pm.has_plugin(name):
-            _register(pm, plugin, name, "not installed")
+    for name, plugin in extra.items():
+        _register(pm, plugin, name, "not installed")
     if os.environ.get(TRACE_ENV):
         pm.add_hookcall_monitoring(_trace, lambda outcome, name, impls, kwargs: None)
     return pm
@@ -108,4 +116,5 @@ def load_registry(disabled: tuple[str, ...] = (),
         ep.name: f"{ep.dist.name} {ep.dist.version}" if ep.dist else "?"
         for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT)
     }
+    dists.update({name: "not installed" for name in extra or {}})
     return Registry.from_plugin_manager(pm, dists)

@@ -170,8 +170,8 @@ class Registry:
     def validate(self) -> None:
         """Check the seasonings' constraint graph once, after registration.
 
-        A reference to an unknown seasoning is logged as a warning (it may come from a
-        plugin that is not installed). An ordering cycle raises.
+        A reference to an unknown seasoning is logged (at INFO: it usually names a
+        seasoning of a plugin that is not installed or is disabled). An ordering cycle raises.
 
         Raises:
             PluginError: The ``after``/``before`` declarations form a cycle.
@@ -181,7 +181,7 @@ class Registry:
         for name, info in infos.items():
             for other in info.requires | info.conflicts | info.after | info.before:
                 if other not in infos:
-                    logger.warning("seasoning '%s' refers to unknown seasoning '%s'", name, other)
+                    logger.info("seasoning '%s' refers to unknown seasoning '%s'", name, other)
             for other in info.after:
                 if other in infos:
                     edges[other].add(name)

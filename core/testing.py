@@ -67,8 +67,9 @@ def check_seasoning(registry: Registry, name: str, model: Path | str, workdir: P
                     refused: Path | str | None = None) -> dict[str, Any]:
     """Check a seasoning on `model` the way the search applies it.
 
-    Rules: it is registered under its ``info.name``; an instance pickles (workers get
-    one); the backend filter holds whatever `applicable` says (a backend outside
+    Rules: it is registered under its ``info.name``; an instance pickles (it holds only
+    its parameters, so that routetune may copy it: a precision step is kept to be redone
+    by ``precision-repair``); the backend filter holds whatever `applicable` says (a backend outside
     ``info.backends`` is never offered it); it is applicable to `model`; applied twice
     in fresh candidates it gives the same bytes (deterministic), and the model passes
     the search's postconditions (`routetune.postconditions.check_candidate`: the full ONNX
@@ -100,8 +101,9 @@ def check_seasoning(registry: Registry, name: str, model: Path | str, workdir: P
         pickle.dumps(seasoning)
         again = copy.deepcopy(seasoning)  # rebuilt through the same reduce protocol
     except Exception as e:
-        raise ContractError(f"{what}: an instance does not pickle ({e}); workers get "
-                            "one: keep only self.params on it") from e
+        raise ContractError(f"{what}: an instance does not pickle ({e}); a seasoning "
+                            "holds only its parameters (CONTRIBUTING): keep nothing else on "
+                            "self") from e
     if dict(again.params) != dict(seasoning.params):
         raise ContractError(f"{what}: its parameters change when copied")
     for other in registry.backends:

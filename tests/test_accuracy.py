@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -149,3 +151,18 @@ def test_nan_matches_only_where_the_reference_is_nan(registry: Registry) -> None
     out = np.array([1.0, np.nan, np.nan, -np.inf], np.float32)  # NaN, and the other infinity
     assert registry.metric("l0")(out, ref, 0, 0) == 0.5
     assert registry.metric("rel_l2")(out, ref, 0, 0) == np.inf
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("rel_l2<=", "'rel_l2<=' has no number after <=; write e.g. rel_l2<=0.01"),
+    ("cos>=0.99,foo=3", "unknown setting 'foo'; '=' sets only atol or rtol"),
+    ("atol=1e-3,atol=1e-4,l0<=0.1", "atol is set twice; give it once"),
+    ("y:rtol=0,y:rtol=1e-3,l0<=0.1", "rtol is set twice for y; give it once"),
+    ("rel_l2<=1e-5,rel_l2<=1e-3", "rel_l2 is bounded twice; give one bound"),
+])
+def test_ambiguous_or_incomplete_expressions_are_one_line(registry: Registry, text: str,
+                                                          message: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)):
+        parse_accuracy(text, registry, ["y"])
+    # an output-scoped bound beside an unscoped one is not a repeat: it replaces it there
+    assert len(parse_accuracy("y:cos>=0.9,cos>=0.99", registry, ["y"]).thresholds) == 2

@@ -70,3 +70,41 @@ def test_tracing_prints_each_hook_call_with_its_plugin(demo_installed: None) -> 
     assert "routetune: hook routetune_register_seasonings -> demo" in traced
     assert "routetune: hook routetune_register_backends -> onnxruntime" in traced
     assert len(traced) >= 8  # one line per plugin and hook it implements
+
+
+def test_the_kit_tests_the_module_it_is_given_not_the_installed_one(
+        demo_installed: None) -> None:
+    """registry_with(module, "demo") replaces the installed plugin named demo, and the
+    installed module itself under another name is registered once, under that name."""
+    import types
+
+    import routetune_demo
+
+    from routetune import SeasoningInfo, hookimpl
+    from routetune.testing import registry_with
+
+    module = types.ModuleType("replacement")
+
+    @hookimpl
+    def routetune_register_seasonings(registry) -> None:  # noqa: ANN001
+        from routetune.seasoning import Seasoning
+
+        class Replacement(Seasoning):
+            info = SeasoningInfo(name="replacement", stage="graph", summary="stand-in")
+
+        registry.add_seasoning(Replacement)
+
+    module.routetune_register_seasonings = routetune_register_seasonings  # type: ignore[attr-defined]
+    registry = registry_with(module, "demo")
+    assert "replacement" in registry.seasonings and "demo-single-thread" not in registry.seasonings
+    assert registry.seasonings["replacement"].plugin == "demo"
+    again = registry_with(routetune_demo, "demo2")
+    assert again.seasonings["demo-single-thread"].plugin == "demo2"
+
+
+def test_disabling_a_plugin_that_is_not_installed_warns(demo_installed: None) -> None:
+    done = routetune("seasonings", ROUTETUNE_DISABLE_PLUGINS="demo,nosuch")
+    assert done.returncode == 0
+    assert ("routetune: warning: ROUTETUNE_DISABLE_PLUGINS names nosuch, not an installed "
+            "plugin") in done.stderr
+    assert "demo-single-thread" not in done.stdout

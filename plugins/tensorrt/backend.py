@@ -30,6 +30,7 @@ import onnx
 from routetune.backend import Backend, Engine, OptionSpec, Runner
 from routetune.errors import BuildError, EngineNotRunnable
 from routetune.plugins.cuda import cuda_versions
+from routetune.plugins.tensorrt import timing_cache
 from routetune.plugins.tensorrt.module import TensorRtModule, find_tensorrt
 from routetune.profile import ShapeProfile
 
@@ -164,8 +165,7 @@ class TensorRtBackend(Backend):
         cache_path = workdir / "engines" / TIMING_CACHE
         with warnings.catch_warnings():  # TensorRT-RTX: timing-cache calls are no-ops
             warnings.simplefilter("ignore", DeprecationWarning)
-            cache = config.create_timing_cache(
-                cache_path.read_bytes() if cache_path.exists() else b"")
+            cache = config.create_timing_cache(timing_cache.read(cache_path))
             if any("deserialize timing cache" in m for m in logger.messages):
                 # Without a GPU TensorRT cannot read any cache (it needs a CUDA context):
                 # expected, so not a warning there.
@@ -176,7 +176,7 @@ class TensorRtBackend(Backend):
             plan = builder.build_serialized_network(network, config)
             if plan is None:
                 raise BuildError(f"{self.trt} could not build the engine: {logger.errors()}")
-            _write(cache_path, bytes(config.get_timing_cache().serialize()))
+            timing_cache.merge(cache_path, config)  # locked, merged, atomic
         data = bytes(plan)
         if plan_path is not None:
             _write(plan_path, data)
@@ -303,10 +303,7 @@ def _warn_once(level: int, message: str, *args: object) -> None:
 
 
 def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    timing_cache.write_atomic(path, data)
 
 
 @functools.cache

@@ -360,3 +360,51 @@ def test_a_candidate_with_external_data_is_parsed_from_its_file(tmp_path: Path) 
         backend.build(store / "candidate.onnx", settings(backend, builder_optimization_level=2),
                       tmp_path / "again")
     assert "\n" not in str(err.value)
+
+
+BUILD_WORKER = """
+import sys
+from pathlib import Path
+from routetune.plugins.tensorrt.backend import TensorRtBackend
+from routetune.profile import ShapeProfile
+
+model, workdir, level = sys.argv[1], sys.argv[2], int(sys.argv[3])
+backend = TensorRtBackend(ShapeProfile.parse({profile!r}))
+options = backend.full_settings({{"tensorrt.builder_optimization_level": level}})
+engine = backend.build(Path(model), options, Path(workdir), key=str(level) * 64)
+print(engine.size_bytes)
+"""
+
+
+def test_two_build_workers_share_the_timing_cache_without_a_race(tmp_path: Path) -> None:
+    """Two processes build at once into one output folder (``--build-workers 2``).
+
+    The cache is read and merged under a lock and replaced through names unique to each
+    process, so both builds succeed, no temporary file is left, and the file is one
+    whole cache. (TensorRT-RTX keeps no timings, so whether the merged cache has grown
+    is for TensorRT 11 on a GPU: with RTX both builds' caches are the same empty one.)
+    """
+    import subprocess
+    import sys
+
+    from routetune.plugins.tensorrt import timing_cache
+
+    model = conv(tmp_path / "m.onnx")
+    code = BUILD_WORKER.format(profile=str(PROFILE))
+    for _ in range(2):  # twice: the second round merges into the first round's file
+        workers = [subprocess.Popen([sys.executable, "-c", code, str(model), str(tmp_path),
+                                     str(level)], stdout=subprocess.PIPE, text=True)
+                   for level in (1, 2)]
+        outs = [w.communicate(timeout=300)[0] for w in workers]
+        assert [w.returncode for w in workers] == [0, 0]
+        assert all(int(out.split()[-1]) > 0 for out in outs)
+    engines = tmp_path / "engines"
+    assert not list(engines.glob("*.tmp"))
+    cache = (engines / "timing.cache").read_bytes()
+    single = tmp_path / "single"
+    done = subprocess.run([sys.executable, "-c", code, str(model), str(single), "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert cache[:8] == (single / "engines" / "timing.cache").read_bytes()[:8]
+    with timing_cache.locked(engines / "timing.cache"):  # the lock is free again
+        pass
