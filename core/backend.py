@@ -119,7 +119,7 @@ class Backend:
 
     Class attributes:
         name: The ``--backend`` value.
-        base_pipeline: Seasonings every route of this backend starts with, applied once
+        preflight: Seasonings every route of this backend starts with, applied once
             to the prepared model and recorded with every trial (TensorRT's preflight
             rewrites, for example).
 
@@ -129,7 +129,7 @@ class Backend:
     """
 
     name: ClassVar[str]
-    base_pipeline: ClassVar[tuple[str, ...]] = ()
+    preflight: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, profile: ShapeProfile | None = None) -> None:
         self.profile = profile

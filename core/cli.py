@@ -109,7 +109,7 @@ def tune_command(
             steps = ", ".join(
                 f"{p['step']} ({', '.join(f'{k} {v}' for k, v in p['stats'].items() if v)})"
                 if any(p["stats"].values()) else p["step"] for p in run.base_passes)
-            err.print(f"base pipeline of {run.backend.name}: {escape(steps)}")
+            err.print(f"preflight of {run.backend.name}: {escape(steps)}")
         size, offered = run.space.size(), len(run.space.infos)
         total = None if planned is None else planned + 1  # the base route first
         err.print(f"route space: {size} route{'s' * (size != 1)} from {offered} "

@@ -1,4 +1,4 @@
-"""The base pipeline every route starts with: load, validate, shape inference, sanitise.
+"""Model preparation, which every route starts from: load, validate, infer shapes, sanitise.
 
 It also holds the postcondition that every graph or precision seasoning must keep: the
 model passes ``onnx.checker.check_model(full_check=True)`` and keeps its input/output
@@ -48,7 +48,7 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class PreparedModel:
-    """The model after the base pipeline.
+    """The model as prepared (loaded, checked, shapes inferred, sanitised).
 
     Args:
         source: Where the model was read from.
@@ -121,7 +121,7 @@ def load_model(path: Path, allow_outside: bool = False) -> tuple[onnx.ModelProto
 
 
 def prepare(path: Path, allow_outside: bool = False) -> PreparedModel:
-    """Run the base pipeline on an ONNX file: load, validate, infer shapes, sanitise.
+    """Prepare an ONNX file: load, validate, infer shapes, sanitise.
 
     A model with external data is prepared without loading its data: shape inference
     and the checker need only the graph. Its `PreparedModel.weights` is the file's
@@ -216,7 +216,7 @@ def name_nodes(model: onnx.ModelProto) -> int:
     A node without a name, or with a name an earlier node has, becomes
     ``<op>_<index>`` (index in depth-first order; ``_`` appended until it is neither
     another node's nor a tensor's name, which some tools confuse). For the
-    base pipeline (`sanitize`), and for passes that bring a model back from a tool that
+    preparation (`sanitize`), and for passes that bring a model back from a tool that
     leaves nodes unnamed (ONNX Runtime's quantizer).
 
     Returns:

@@ -63,7 +63,8 @@ class Prepared:
     pinned: tuple[Route, ...] = ()
     backend_options: dict[str, Any] = field(default_factory=dict)
     base_passes: list[dict[str, Any]] = field(default_factory=list)
-    """The backend's base pipeline as applied (set once the search loop has started)."""
+    """The backend's preflight and the pinned prefix as applied (set once the search loop
+    has started)."""
 
 
 def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared:
@@ -151,7 +152,7 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
                                   for f in feeds for a in f.values()))
     base = resolve_route(parse_route(",".join(opts.base)), registry)
     if any(registry.seasoning(n).info.stage == "build" for n in base.names):
-        raise UsageError(f"base '{base}': build seasonings cannot be in the base pipeline; "
+        raise UsageError(f"base '{base}': build seasonings cannot be in the pinned prefix; "
                          "give build options as backend options")
     pinned = tuple(resolve_route(parse_route(text), registry) for text in opts.routes)
     for route in pinned:
@@ -296,10 +297,10 @@ def _offered(
     skipped: dict[str, str] = {}
     for name in chosen:
         cls = registry.seasoning(name)
-        if name in backend.base_pipeline:
+        if name in backend.preflight:
             if names is not None:
                 raise UsageError(f"--seasonings: '{name}' is part of the {backend.name} "
-                                 "backend's base pipeline, applied before every build; "
+                                 "backend's preflight, applied before every build; "
                                  "leave it out")
             continue
         try:

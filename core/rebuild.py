@@ -30,7 +30,7 @@ from routetune.outdir import locked
 from routetune.preparation import prepare_run, reference_backend, reference_outputs
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.search.candidate import with_base_pipeline
+from routetune.search.candidate import with_preflight
 from routetune.search.phases import TrialInputs
 from routetune.tuning import TuneOptions
 from routetune.weights import copy_model
@@ -109,7 +109,7 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
         if stored is None:
             stored, what = (reference_outputs(reference, run),
                             f"the FP32 reference (the {reference.name} backend)")
-        candidate, _ = with_base_pipeline(registry, inputs, run.backend, reference,
+        candidate, _ = with_preflight(registry, inputs, run.backend, reference,
                                           list(run.base))
         t0 = time.perf_counter_ns()
         try:

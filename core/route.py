@@ -1,4 +1,4 @@
-"""Routes: the base pipeline plus an ordered tuple of seasonings with parameters.
+"""Routes: an ordered tuple of seasonings with parameters, after the preflight.
 
 The canonical text reads like an MLIR pass pipeline or a trtexec build route::
 
@@ -54,7 +54,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Route:
-    """An immutable, hashable sequence of steps applied after the base pipeline.
+    """An immutable, hashable sequence of steps applied after the backend's preflight.
 
     Args:
         steps: The seasonings in the order they run.

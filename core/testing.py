@@ -147,7 +147,7 @@ def _candidate(registry: Registry, model: Path, workdir: Path, backend_name: str
     from routetune.measure import MeasureSettings
     from routetune.model import prepare
     from routetune.preparation import reference_backend
-    from routetune.search.candidate import with_base_pipeline
+    from routetune.search.candidate import with_preflight
     from routetune.search.phases import TrialInputs
 
     prepared = prepare(model)
@@ -159,7 +159,7 @@ def _candidate(registry: Registry, model: Path, workdir: Path, backend_name: str
     workdir.mkdir(parents=True, exist_ok=True)
     inputs = TrialInputs(prepared, backend.name, None, tuple(feeds), (), {}, workdir,
                          MeasureSettings(), prepared.data)
-    candidate, _ = with_base_pipeline(registry, inputs, backend, reference)
+    candidate, _ = with_preflight(registry, inputs, backend, reference)
     return candidate
 
 

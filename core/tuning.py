@@ -139,6 +139,8 @@ class TuneResult:
             one that held won, and is the last.
         busy_machine: The ``--busy-machine`` mode.
         min_speedup: The ``--min-speedup`` the verdict used.
+        fresh: Fingerprints of the trials this run measured (the others came from the
+            store).
     """
 
     winner: Trial
@@ -153,6 +155,7 @@ class TuneResult:
     confirmations: tuple[Confirmation, ...] = ()
     busy_machine: str = "wait"
     min_speedup: float = DEFAULT_MIN_SPEEDUP
+    fresh: frozenset[str] = frozenset()
 
     @property
     def confirmed(self) -> Confirmation | None:
@@ -169,8 +172,13 @@ class TuneResult:
 
     @property
     def waited_s(self) -> float:
-        """Seconds measurements waited for a quiet machine, in all."""
-        return sum(float(t.conditions.get("waited_s", 0.0)) for t in self.trials) + sum(
+        """Seconds this run's measurements waited for a quiet machine, in all.
+
+        Trials read from the store (`fresh` lacks them) waited in the run that measured
+        them, and are not counted.
+        """
+        return sum(float(t.conditions.get("waited_s", 0.0)) for t in self.trials
+                   if t.fingerprint in self.fresh) + sum(
             float(c.conditions.get("waited_s", 0.0)) for c in self.confirmations)
 
     def records(self) -> list[dict[str, Any]]:
@@ -294,7 +302,14 @@ def _tune_locked(
                    for n, reason in run.not_applicable.items()]
         planned = strategy.planned()
         on_start(run, None if planned is None else planned)
-        trials = loop.run(strategy, Budget(opts.max_trials, opts.time_budget_s), on_trial,
+        fresh: set[str] = set()  # trials measured by this run, not read from the store
+
+        def on_each(trial: Trial, cached: bool) -> None:
+            if not cached:
+                fresh.add(trial.fingerprint)
+            on_trial(trial, cached)
+
+        trials = loop.run(strategy, Budget(opts.max_trials, opts.time_budget_s), on_each,
                           pinned=run.pinned)
         trials.extend(skipped)
         executor.release()  # confirmation runs alone, not beside the search's sessions
@@ -314,7 +329,7 @@ def _tune_locked(
         executor.close()
         store.close()
     result = _finish(run, opts, trials, store_path, winner, reason, confirmations,
-                     loop.stopped, records)
+                     loop.stopped, records, frozenset(fresh))
     result.files["run"] = runinfo.write(records, runinfo.finish_record(record, result))
     result.files.update({f"report.{k}": v
                          for k, v in write_reports(records).items()})
@@ -335,7 +350,7 @@ def make_executor(run: Prepared, opts: TuneOptions) -> Executor:
 
 def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path, winner: Trial,
             reason: str, confirmations: Sequence[Confirmation],
-            stopped: str | None, records: Path) -> TuneResult:
+            stopped: str | None, records: Path, fresh: frozenset[str]) -> TuneResult:
     base = next(t for t in trials if t.route == "base")
     ordered = [winner] + sorted(
         (t for t in trials if t is not winner),
@@ -343,6 +358,6 @@ def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path, 
     )
     result = TuneResult(winner, reason, tuple(ordered), base, run.space.size(),
                         run.not_applicable, run.outdir, {"store": store}, stopped,
-                        tuple(confirmations), opts.busy_machine, opts.min_speedup)
+                        tuple(confirmations), opts.busy_machine, opts.min_speedup, fresh)
     result.files.update(write_winner(run, result, opts, records))
     return result

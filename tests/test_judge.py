@@ -103,6 +103,7 @@ def test_another_accuracy_rejudges_stored_trials_without_measuring(
             max_depth=1, accuracy=accuracy, min_speedup=100.0,
             measure=MeasureSettings(warmup=2, min_runs=5, min_time_s=0.05)),
             registry, on_trial=lambda trial, hit: cached.append(hit))
+        assert len(result.fresh) == cached.count(False)  # waits counted for these only
         return ({t.route: t.status for t in result.trials}, cached,
                 time.perf_counter() - t0)
 

@@ -294,15 +294,15 @@ class Candidate:
         return save_model(self.outdir, data)
 
 
-def with_base_pipeline(registry: Registry, inputs: TrialInputs, backend: Backend,
+def with_preflight(registry: Registry, inputs: TrialInputs, backend: Backend,
                        reference: Backend | None, base: Sequence[Step] = ()
                        ) -> tuple[Candidate, list[dict[str, Any]]]:
-    """A candidate whose routes start after the backend's base pipeline and `base`.
+    """A candidate whose routes start after the backend's preflight and the pinned prefix.
 
     Args:
         registry: The installed plugins.
         inputs: The trial inputs; their `TrialInputs.base_data` is replaced.
-        backend: The backend, whose `Backend.base_pipeline` goes first.
+        backend: The backend, whose `Backend.preflight` goes first.
         reference: The FP32 reference backend, or None.
         base: A recipe's base steps, applied after the backend's.
 
@@ -314,7 +314,7 @@ def with_base_pipeline(registry: Registry, inputs: TrialInputs, backend: Backend
         SeasoningError: A step failed; no route can be built.
         PostconditionError: A step broke the model or its signature.
     """
-    steps = [Step(name) for name in backend.base_pipeline] + list(base)
+    steps = [Step(name) for name in backend.preflight] + list(base)
     model = inputs.model
     passes: list[dict[str, Any]] = []
     if not steps:

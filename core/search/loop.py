@@ -34,7 +34,7 @@ from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, sha256
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.search.candidate import with_base_pipeline
+from routetune.search.candidate import with_preflight
 from routetune.search.executor import Executor, InlineExecutor, Job
 from routetune.search.phases import BUILT, Confirmation, Outcome, Recorded, TrialInputs
 from routetune.search.repair import bisect_repair, repair_route, repairs
@@ -79,7 +79,7 @@ class SearchLoop:
             ``precision-repair`` trials (`routetune.search.repair`). Those trials are
             stored and compete for the win, but are not told to the strategy.
         base: Graph and precision steps applied to every route, the base route
-            included (a recipe's ``base``), after the backend's base pipeline.
+            included (a recipe's ``base``), after the backend's preflight (the pinned prefix).
         base_settings: Build options every route starts from (a recipe's backend
             options).
         executor: Where trials run; default: this process (`InlineExecutor`). The loop
@@ -87,7 +87,7 @@ class SearchLoop:
         busy: What measurements do on a busy machine (``--busy-machine``).
 
     Raises:
-        SeasoningError: A base pipeline step failed; no route can be built.
+        SeasoningError: A preflight or pinned-prefix step failed; no route can be built.
         UsageError: The executor cannot run these plugins.
     """
 
@@ -129,8 +129,8 @@ class SearchLoop:
                              outdir, measure_settings,
                              model.data, dict(base_settings or {}),
                              reference=reference is not None, busy=busy or BusyPolicy())
-        with captured(outdir / LOGS / "base.log", "base pipeline"):
-            local, self.base_passes = with_base_pipeline(registry, inputs, backend, reference,
+        with captured(outdir / LOGS / "base.log", "preflight"):
+            local, self.base_passes = with_preflight(registry, inputs, backend, reference,
                                                          list(base or Route()))
         self.inputs = local.inputs
         self.executor = executor or InlineExecutor()

@@ -44,10 +44,12 @@ class TrialInputs:
             the search loop (`routetune.judge`), not here.
         outdir: The output directory; models and engines go under ``artifacts/``.
         measure: How long to time each candidate.
-        base_data: The model after the base pipeline (`base_pipeline`), serialized.
+        base_data: The model after the backend's preflight and the pinned prefix
+            (`with_preflight`), serialized.
         base_settings: Build options every route starts from (a recipe's backend
             options).
-        base_passes: The pass records of the base pipeline, recorded with every trial.
+        base_passes: The pass records of the preflight and the pinned prefix, recorded
+            with every trial.
         reference: Whether precision seasonings and the strict FP16 check may run
             models in FP32 on the reference backend (the FP32 reference role).
         busy: What a measurement does on a busy machine (``--busy-machine``); its

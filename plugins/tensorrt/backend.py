@@ -83,7 +83,7 @@ class TensorRtBackend(Backend):
     """Builds TensorRT plans; runs and times them on the GPU where the runtime allows."""
 
     name = "tensorrt"
-    base_pipeline = PREFLIGHT
+    preflight = PREFLIGHT
 
     @property
     def trt(self) -> TensorRtModule:

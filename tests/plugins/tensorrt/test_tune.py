@@ -75,8 +75,8 @@ def test_every_route_is_built_and_recorded_build_only_then_resumed(tmp_path: Pat
      "routetune: error: --shapes with --opt-shapes: --shapes sets min, opt and max at once"),
     (["--opt-shapes", "x:2x3x32"], "routetune: error: --opt-shapes: input 'x' has rank 4"),
     (["--shapes", "x:2x3x32x32", "--seasonings", "int32-limits"],
-     "routetune: error: --seasonings: 'int32-limits' is part of the tensorrt backend's base "
-     "pipeline"),
+     "routetune: error: --seasonings: 'int32-limits' is part of the tensorrt backend's "
+     "preflight"),
 ])
 def test_bad_profiles_and_spaces_exit_2_with_one_line(tmp_path: Path, extra: list[str],
                                                       message: str) -> None:
