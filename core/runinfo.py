@@ -133,7 +133,9 @@ def record_dir(outdir: Path, record: dict[str, Any]) -> Path:
     """Where this run writes its records: `outdir`, or ``runs/<UTC time>/`` in it.
 
     The folder's own when it holds no run record or one of the same run (`SAME_RUN`);
-    otherwise a new dated folder, so that another run's record is never overwritten.
+    else the dated folder of an earlier run that was the same run (a repeated command
+    resumes there); otherwise a new dated folder, so that another run's record is never
+    overwritten.
     """
     try:
         old = read(outdir)
@@ -141,6 +143,15 @@ def record_dir(outdir: Path, record: dict[str, Any]) -> Path:
         old = {}
     if not old or all(_field(old, k) == _field(record, k) for k in SAME_RUN):
         return outdir
+    runs = outdir / "runs"
+    for folder in sorted(runs.iterdir()) if runs.is_dir() else ():
+        if folder.is_symlink() or not folder.is_dir():
+            continue
+        try:  # the same run as one recorded there already: its folder, not a new one
+            if all(_field(read(folder), k) == _field(record, k) for k in SAME_RUN):
+                return folder
+        except UsageError:
+            continue
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     path = outdir / "runs" / stamp
     n = 1

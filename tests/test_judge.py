@@ -121,6 +121,9 @@ def test_another_accuracy_rejudges_stored_trials_without_measuring(
         store.close()
     # the second run's report judges under its own constraint
     records = next((out / "runs").iterdir())
+    # the same command again resumes in that run's folder, not in a new dated one
+    run("rel_l2<=1e-5,atol=1e-3,rtol=1e-3")
+    assert list((out / "runs").iterdir()) == [records]
     report = build_report(out, records)
     assert {r["route"]: r["status"] for r in report["trials"]}["fp16"] == "ok"
     # other tolerances change what is measured: the trials are measured again
