@@ -126,3 +126,25 @@ def test_nvml_reads_the_gpu_and_sees_another_process_computing_on_it() -> None:
         hog.kill()
         hog.wait()
     assert busy["util_pct"] >= 50 and "GPU 0" in busy["busy"], busy
+
+
+@gpu
+@pytest.mark.gpu
+def test_the_cuda_backend_and_its_option_seasonings_keep_the_contract(
+        registry: Registry, tmp_path: Path) -> None:
+    """routetune.testing on the real CUDA provider: the backend builds, runs and refuses
+    an unknown option in one line; each provider-option seasoning is offered exactly
+    when the installed provider knows its options, and none sets a key the backend
+    never accepts."""
+    from routetune.option_seasoning import check_option_keys
+    from routetune.plugins.onnxruntime.cuda_options import SEASONINGS
+    from routetune.testing import check_backend
+
+    check_backend(registry, "onnxruntime-cuda", matmul_chain(tmp_path / "m.onnx", depth=2,
+                                                             width=64, batch=8),
+                  tmp_path / "work")
+    check_option_keys(registry, CUDA)
+    known = CUDA.options()
+    for cls in SEASONINGS:
+        why = cls().why_not(None, CUDA)
+        assert (why is None) == all(key in known for key in cls.sets), (cls.info.name, why)
