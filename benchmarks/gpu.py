@@ -73,12 +73,13 @@ def main() -> None:
 def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: Any
                 ) -> dict[str, Any]:
     """Tune one model, then time everything side by side; figures by row name."""
-    from routetune.tuning import TuneOptions, tune
+    from routetune.run_spec import RunSpec
+    from routetune.tuning import tune
 
     out = args.out / name
     out.mkdir(parents=True, exist_ok=True)
     torch_model, model_path, inputs = build_model(name, out)
-    opts = TuneOptions(model=model_path, example=None if model_path else name,
+    opts = RunSpec(model=model_path, example=None if model_path else name,
                        output=out / "tune", backend="onnxruntime-cuda", fresh=args.fresh,
                        beam_width=args.beam_width,
                        accuracy=ACCURACY, inputs=inputs, measure=settings,

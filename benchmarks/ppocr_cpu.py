@@ -24,7 +24,8 @@ import onnxruntime as ort
 import routetune
 from routetune.plugin_manager import load_registry
 from routetune.route import parse_route
-from routetune.tuning import TuneOptions, tune
+from routetune.run_spec import RunSpec
+from routetune.tuning import tune
 
 
 def main() -> None:
@@ -36,7 +37,7 @@ def main() -> None:
     rows, effects = [], {}
     for name in args.models.split(","):
         started = time.perf_counter()
-        result = tune(TuneOptions(example=name, output=args.out / name, fresh=True), registry)
+        result = tune(RunSpec(example=name, output=args.out / name, fresh=True), registry)
         wall = time.perf_counter() - started
         measured = [t for t in result.trials if t.latency]
         last = result.confirmations[-1] if result.confirmations else None  # the one held,

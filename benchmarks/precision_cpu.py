@@ -28,8 +28,9 @@ import routetune
 from routetune.accuracy import DEFAULT_ACCURACY
 from routetune.display import verdict_text
 from routetune.plugin_manager import load_registry
+from routetune.run_spec import RunSpec
 from routetune.trial import Trial
-from routetune.tuning import TuneOptions, tune
+from routetune.tuning import tune
 
 SEASONINGS = ("fp16", "bf16", "int8-qdq", "fp8-qdq", "precision-repair")
 RANGE_KEEPS = ("kept_data_max", "kept_init_range", "kept_partial_sums")
@@ -45,7 +46,7 @@ def main() -> None:
     rows, verdicts = [], []
     for name in args.models.split(","):
         started = time.perf_counter()
-        result = tune(TuneOptions(example=name, output=args.out / name, fresh=True,
+        result = tune(RunSpec(example=name, output=args.out / name, fresh=True,
                                   seasonings=SEASONINGS, search="exhaustive",
                                   accuracy=args.accuracy), registry)
         wall = time.perf_counter() - started

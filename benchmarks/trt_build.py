@@ -28,7 +28,8 @@ from pathlib import Path
 import routetune
 from routetune.plugin_manager import load_registry
 from routetune.plugins.tensorrt.backend import TIMING_CACHE, TensorRtBackend
-from routetune.tuning import TuneOptions, tune
+from routetune.run_spec import RunSpec
+from routetune.tuning import tune
 
 SEASONINGS = ("fp16", "int8-qdq", "trt-opt-level", "trt-tiling", "trt-aux-streams",
               "trt-tf32", "trt-build-route")
@@ -49,7 +50,7 @@ def main() -> None:
     for name in args.models.split(","):
         started = time.perf_counter()
         unloaded.counting = False
-        result = tune(TuneOptions(example=name, backend="tensorrt", output=args.out / name,
+        result = tune(RunSpec(example=name, backend="tensorrt", output=args.out / name,
                                   fresh=True, seasonings=SEASONINGS, search="exhaustive",
                                   max_depth=1), registry)
         search_s = time.perf_counter() - started

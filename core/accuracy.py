@@ -33,6 +33,7 @@ import numpy as np
 
 from routetune.errors import UsageError
 from routetune.metrics import Metric, split_nonfinite
+from routetune.option_schema import OptionError
 from routetune.registry import Registry
 
 DEFAULT_ACCURACY = "l0<=0.001,atol=1e-3,rtol=1e-3"
@@ -116,50 +117,50 @@ def parse_accuracy(text: str, registry: Registry, outputs: Sequence[str]) -> Con
         term = raw.strip()
         m = _TERM.match(term)
         if not m:
-            raise UsageError(
-                f"--accuracy '{text}': cannot parse '{term}'; write terms like "
+            raise OptionError(
+                "accuracy", f" '{text}': cannot parse '{term}'; write terms like "
                 "cos>=0.999, l0<=0.001, atol=1e-3 or out0:linf<=0.01"
             )
         out, name, op, val = m["out"], m["name"], m["op"], m["val"]
         if val[0] in "<>=":  # "rel_l2<=" parses as "<" then "="
-            raise UsageError(f"--accuracy '{text}': '{term}' has no number after "
+            raise OptionError("accuracy", f" '{text}': '{term}' has no number after "
                              f"{op}{val}; write e.g. {name}{op}{val}0.01")
         if out is not None and out not in outputs:
-            raise UsageError(
-                f"--accuracy '{text}': unknown output '{out}'; outputs: {', '.join(outputs)}"
+            raise OptionError(
+                "accuracy", f" '{text}': unknown output '{out}'; outputs: {', '.join(outputs)}"
             )
         try:
             value = float(val)
         except ValueError as e:
-            raise UsageError(f"--accuracy '{text}': '{val}' is not a number") from e
+            raise OptionError("accuracy", f" '{text}': '{val}' is not a number") from e
         if not math.isfinite(value):
-            raise UsageError(f"--accuracy '{text}': '{val}' must be a finite number")
+            raise OptionError("accuracy", f" '{text}': '{val}' must be a finite number")
         if name in ("atol", "rtol"):
             if op != "=" or value < 0:
-                raise UsageError(f"--accuracy '{text}': write {name}=<non-negative number>")
+                raise OptionError("accuracy", f" '{text}': write {name}=<non-negative number>")
             tolerances = atol if name == "atol" else rtol
             if out in tolerances:
-                raise UsageError(f"--accuracy '{text}': {name} is set twice"
+                raise OptionError("accuracy", f" '{text}': {name} is set twice"
                                  f"{f' for {out}' if out else ''}; give it once")
             tolerances[out] = value
             continue
         if op == "=" and name not in registry.metrics:
-            raise UsageError(f"--accuracy '{text}': unknown setting '{name}'; '=' sets only "
+            raise OptionError("accuracy", f" '{text}': unknown setting '{name}'; '=' sets only "
                              "atol or rtol, and a metric takes <= or >=")
         if op == "=":
-            raise UsageError(f"--accuracy '{text}': '{term}' needs <= or >=, not =")
+            raise OptionError("accuracy", f" '{text}': '{term}' needs <= or >=, not =")
         if any(t.metric == name and t.output == out for t in thresholds):
-            raise UsageError(f"--accuracy '{text}': {name} is bounded twice"
+            raise OptionError("accuracy", f" '{text}': {name} is bounded twice"
                              f"{f' for {out}' if out else ''}; give one bound")
         metric = _metric(registry, name, text)
         if metric.higher_is_better != (op in (">=", ">")):
             want = ">=" if metric.higher_is_better else "<="
             kind = "a similarity" if metric.higher_is_better else "an error"
-            raise UsageError(f"--accuracy '{text}': {name} is {kind}; bound it with {want}")
+            raise OptionError("accuracy", f" '{text}': {name} is {kind}; bound it with {want}")
         _check_range(metric, op, value, term, text)
         thresholds.append(Threshold(name, op, value, out))
     if not thresholds:
-        raise UsageError(f"--accuracy '{text}': no metric bound; add one such as cos>=0.999")
+        raise OptionError("accuracy", f" '{text}': no metric bound; add one such as cos>=0.999")
     return Constraint(text, tuple(thresholds), atol, rtol)
 
 
@@ -171,10 +172,10 @@ def _check_range(metric: Metric, op: str, value: float, term: str, text: str) ->
         value < metric.lowest or (op == "<" and value <= metric.lowest))
     always = value <= metric.lowest if lower else value >= metric.highest
     if never:
-        raise UsageError(f"--accuracy '{text}': '{term}' can never hold ({span}); "
+        raise OptionError("accuracy", f" '{text}': '{term}' can never hold ({span}); "
                          "loosen the bound")
     if always:
-        raise UsageError(f"--accuracy '{text}': '{term}' always holds ({span}); "
+        raise OptionError("accuracy", f" '{text}': '{term}' always holds ({span}); "
                          "tighten the bound")
 
 
@@ -182,7 +183,7 @@ def _metric(registry: Registry, name: str, text: str):  # noqa: ANN202
     try:
         return registry.metric(name)
     except UsageError as e:
-        raise UsageError(f"--accuracy '{text}': {e}") from e
+        raise OptionError("accuracy", f" '{text}': {e}") from e
 
 
 Tolerances = Mapping[str, tuple[float, float]]
@@ -203,12 +204,16 @@ class AccuracyMeasurement:
             overflow on a device with true float16.
         notes: Remarks such as an almost-constant reference output.
         tolerances: Per output name, ``(atol, rtol)`` the metrics were computed at.
+        per_set: Per output name, one mapping of metric name to value per validation
+            input set, in the order of the sets (empty with a single set, which
+            `metrics` already is): which input set an error comes from.
     """
 
     metrics: Mapping[str, Mapping[str, float]]
     faults: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     tolerances: Tolerances = field(default_factory=dict)
+    per_set: Mapping[str, tuple[Mapping[str, float], ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -299,9 +304,11 @@ def measure_accuracy(
         tolerances: Per output name, ``(atol, rtol)`` (`Constraint.tolerance_map`).
 
     Returns:
-        Every registered metric per output, over all input sets at once, and the faults.
+        Every registered metric per output, over all input sets at once and per input
+        set, and the faults.
     """
     metrics: dict[str, dict[str, float]] = {}
+    per_set: dict[str, tuple[dict[str, float], ...]] = {}
     faults: list[str] = []
     notes: list[str] = []
     for name in references[0]:
@@ -327,6 +334,9 @@ def measure_accuracy(
                           "reference's (the same infinity, or NaN where it is NaN, match)")
         atol, rtol = tolerances.get(name, (DEFAULT_TOL, DEFAULT_TOL))
         metrics[name] = {m: registry.metric(m)(out, ref, atol, rtol) for m in registry.metrics}
+        if len(references) > 1:
+            per_set[name] = tuple(_set_metrics(registry, o[name], r[name], atol, rtol)
+                                  for o, r in zip(outputs, references, strict=True))
         kept = ref.astype(np.float64)[finite]
         span = float(np.ptp(kept)) if kept.size else 0.0
         if span <= atol:
@@ -336,7 +346,19 @@ def measure_accuracy(
             )
     return AccuracyMeasurement(metrics, tuple(faults), tuple(notes),
                                {n: tolerances.get(n, (DEFAULT_TOL, DEFAULT_TOL))
-                                for n in references[0]})
+                                for n in references[0]}, per_set)
+
+
+def _set_metrics(registry: Registry, out: Any, ref: Any, atol: float, rtol: float
+                 ) -> dict[str, float]:
+    """Every metric of one input set's output, computed as `measure_accuracy` does.
+
+    Empty when its size differs from the reference's (the pooled sizes may agree).
+    """
+    o, r = _flat([out]), _flat([ref])
+    if o.shape != r.shape:
+        return {}
+    return {m: registry.metric(m)(o, r, atol, rtol) for m in registry.metrics}
 
 
 def check_accuracy(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -13,16 +15,17 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from routetune import signals
-from routetune.accuracy import DEFAULT_ACCURACY
 from routetune.errors import RoutetuneError, UsageError
-from routetune.measure import MeasureSettings
+from routetune.option_schema import options_of
 from routetune.plugin_manager import load_registry
-from routetune.search.local_pool import DEFAULT_TIMEOUT_S
-from routetune.space import parse_space
-from routetune.verdict import DEFAULT_MIN_SPEEDUP, FAILED
+from routetune.run_spec import RunSpec, merge
+from routetune.verdict import FAILED
 
 if TYPE_CHECKING:
     from routetune.preparation import Prepared
+    from routetune.registry import Registry
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # The tuner (ONNX, the recipe schema, the tables) is imported by the commands that use
 # it, so that `routetune --help` and `routetune seasonings` start fast.
@@ -39,62 +42,57 @@ EXIT_PASS_BROKE = 3
 the user's input (2) nor an engine that does not match (1)."""
 
 
+def _with_options(command: str, *extra: inspect.Parameter) -> Callable[[F], F]:
+    """Give a command a parameter per option of `command` in `RunSpec`, then `extra`.
+
+    The signature is made from the option declarations (`routetune.option_schema`), so
+    the flags, their help and defaults are declared once, in `RunSpec`.
+    """
+    def wrap(func: F) -> F:
+        params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    annotation=typer.Context)]
+        for info in options_of(RunSpec):
+            if command not in info.meta.commands or (info.flag is None
+                                                      and not info.meta.argument):
+                continue
+            marker = typer.Argument(help=info.meta.help) if info.meta.argument else (
+                typer.Option(info.flag, help=info.meta.help))
+            default = None if info.meta.from_cli else info.default
+            params.append(inspect.Parameter(
+                info.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                annotation=Annotated[info.meta.cli_type or info.type, marker]))
+        func.__signature__ = inspect.Signature([*params, *extra])  # type: ignore[attr-defined]
+        return func
+    return wrap
+
+
+def _option(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=annotation)
+
+
+def _spec(ctx: typer.Context, values: dict[str, Any], registry: Registry) -> RunSpec:
+    """The run spec from the options given on the command line and the recipe."""
+    given = {}
+    for info in options_of(RunSpec):
+        if info.name in values and _given(ctx, info.name):
+            value = values[info.name]
+            given[info.name] = info.meta.from_cli(value) if info.meta.from_cli else value
+    return merge(given, "cli", registry)
+
+
 @app.command("tune")
-def tune_command(
-    ctx: typer.Context,
-    model: Annotated[Path | None, typer.Argument(help="ONNX model file.")] = None,
-    recipe: Annotated[Path | None, typer.Option(help="A recipe (TOML, `routetune schema`); flags given as well override its fields.")] = None,
-    example: Annotated[str | None, typer.Option(help="Bundled example model, e.g. ppocr-det.")] = None,
-    output: Annotated[Path | None, typer.Option(help="Output directory (default: routetune-out/STEM-SHA8-BACKEND, one per model and backend).")] = None,
-    backend: Annotated[str, typer.Option(help="Backend that builds and runs engines.")] = "onnxruntime",
-    seasonings: Annotated[str | None, typer.Option(help="Restrict the space to these seasonings, comma-separated (default: all applicable).")] = None,
-    search: Annotated[str, typer.Option(help="Search strategy: beam, exhaustive, one-at-a-time or mixed.")] = "beam",
-    beam_width: Annotated[int, typer.Option(help="Routes kept per depth by beam search.")] = 3,
-    max_depth: Annotated[int, typer.Option(help="Seasonings per route at most.")] = 3,
-    accuracy: Annotated[str, typer.Option(help="Accuracy constraint, e.g. 'cos>=0.999' or 'out0:linf<=0.01'.")] = DEFAULT_ACCURACY,
-    inputs: Annotated[Path | None, typer.Option(help="Validation inputs: an .npz file or a directory of them.")] = None,
-    shapes: Annotated[str | None, typer.Option(help="Shapes of dynamic inputs, trtexec style: x:1x3x320x320 (min, opt and max at once).")] = None,
-    min_shapes: Annotated[str | None, typer.Option(help="Optimisation profile min shapes (default: opt).")] = None,
-    opt_shapes: Annotated[str | None, typer.Option(help="Optimisation profile opt shapes; accuracy and latency are taken here (default: --shapes).")] = None,
-    max_shapes: Annotated[str | None, typer.Option(help="Optimisation profile max shapes (default: opt).")] = None,
-    space: Annotated[list[str] | None, typer.Option(help="Values to search for one parameter: SEASONING:PARAM=V1|V2 (repeatable).")] = None,
-    fresh: Annotated[bool, typer.Option("--fresh/--resume", help="Ignore stored trials (the old store is moved aside), or reuse them.")] = False,
-    max_trials: Annotated[int | None, typer.Option(help="Stop after this many trials.")] = None,
-    time_budget: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
-    min_runs: Annotated[int, typer.Option(help="Timed runs per candidate, at least.")] = MeasureSettings.min_runs,
-    min_time: Annotated[float, typer.Option(help="Seconds of timed runs per candidate, at least.")] = MeasureSettings.min_time_s,
-    build_workers: Annotated[int, typer.Option(help="Builds run at once, each in a worker process.")] = 1,
-    trial_timeout: Annotated[float, typer.Option(help="Seconds each trial phase (build; run, check and time) may take before its worker is killed (status timed-out).")] = DEFAULT_TIMEOUT_S,
-    worker_memory: Annotated[int | None, typer.Option(help="Address-space limit per worker process in MiB (RLIMIT_AS); a trial over it is crashed. Not for GPU backends.")] = None,
-    in_process: Annotated[bool, typer.Option("--in-process", help="Run trials in this process, one at a time, without isolation or timeouts (for debugging plugins).")] = False,
-    min_speedup: Annotated[float, typer.Option(help="A route wins only if the lower end of its confirmed speed-up's 95% interval is above this.")] = DEFAULT_MIN_SPEEDUP,
-    busy_machine: Annotated[str, typer.Option(help="While other processes load the machine: wait (for quiet, then measure), warn (measure, mark noisy) or ignore (noisy trials may win).")] = "wait",
-    allow_external_data_outside: Annotated[bool, typer.Option("--allow-external-data-outside", help="Read a model whose external data files lie outside its folder (refused otherwise: see SECURITY.md).")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each trial.")] = False,
-) -> None:
+@_with_options("tune", _option("verbose", False, Annotated[
+    bool, typer.Option("--verbose", "-v", help="Log each trial.")]))
+def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> None:
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
     from routetune.display import conditions_lines, trials_table
-    from routetune.options import blame_recipe, tune_options
     from routetune.tuning import tune
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     registry = load_registry()
-    flags = {
-        "model": model, "example": example, "output": output, "backend": backend,
-        "seasonings": tuple(s.strip() for s in seasonings.split(",") if s.strip())
-        if seasonings is not None else None,
-        "search": search, "beam_width": beam_width, "max_depth": max_depth,
-        "accuracy": accuracy, "inputs": inputs, "shapes": shapes, "min_shapes": min_shapes,
-        "opt_shapes": opt_shapes, "max_shapes": max_shapes, "space": parse_space(space or ()),
-        "fresh": fresh, "max_trials": max_trials, "time_budget_s": time_budget,
-        "min_runs": min_runs, "min_time": min_time, "build_workers": build_workers,
-        "trial_timeout_s": trial_timeout, "worker_memory_mb": worker_memory,
-        "in_process": in_process, "min_speedup": min_speedup, "busy_machine": busy_machine,
-        "allow_external_data_outside": allow_external_data_outside,
-    }
-    opts = tune_options(flags, recipe, registry,
-                        given=lambda name: _given(ctx, name))
+    opts = _spec(ctx, values, registry)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err, transient=False)
     task = progress.add_task("tuning", total=None)
@@ -131,8 +129,6 @@ def tune_command(
 
     try:
         result = tune(opts, registry, on_start, on_trial, on_status)
-    except UsageError as e:
-        raise blame_recipe(e, recipe, lambda name: _given(ctx, name)) if recipe else e from e
     finally:
         if started:
             progress.stop()
@@ -183,38 +179,24 @@ def _given(ctx: typer.Context, name: str) -> bool:
 
 
 @app.command("build")
-def build_command(
-    ctx: typer.Context,
-    model: Annotated[Path | None, typer.Argument(help="ONNX model file (or from --recipe).")] = None,
-    recipe: Annotated[Path | None, typer.Option(help="A recipe that pins one route, e.g. OUTDIR/winner.toml.")] = None,
-    route: Annotated[str | None, typer.Option(help="The route to build, e.g. 'fp16,ort-threads{intra_op=2}'.")] = None,
-    example: Annotated[str | None, typer.Option(help="Bundled example model.")] = None,
-    output: Annotated[Path | None, typer.Option(help="Output directory (where the search wrote its trials).")] = None,
-    backend: Annotated[str, typer.Option(help="Backend.")] = "onnxruntime",
-    accuracy: Annotated[str, typer.Option(help="Accuracy constraint.")] = DEFAULT_ACCURACY,
-    inputs: Annotated[Path | None, typer.Option(help="Validation inputs (.npz file or folder).")] = None,
-    shapes: Annotated[str | None, typer.Option(help="Shapes of dynamic inputs.")] = None,
-    allow_external_data_outside: Annotated[bool, typer.Option("--allow-external-data-outside", help="Read a model whose external data files lie outside its folder (refused otherwise: see SECURITY.md).")] = False,
-) -> None:
+@_with_options("build", _option("route", None, Annotated[str | None, typer.Option(
+    help="The route to build, e.g. 'fp16,ort-threads{intra_op=2}'.")]))
+def build_command(ctx: typer.Context, route: str | None = None, **values: Any) -> None:
     """Rebuild one route's engine and check its outputs against the stored ones.
 
     Exits 1 when a pass declines the route, the backend refuses it, the engine does not
     run, or the outputs do not match within the accuracy constraint; 3 when a pass
     wrote an invalid model or crashed (the pass is named); 2 on bad input.
     """
-    from routetune.options import tune_options
-
     registry = load_registry()
-    flags = {"model": model, "example": example, "output": output, "backend": backend,
-             "accuracy": accuracy, "inputs": inputs, "shapes": shapes,
-             "min_runs": MeasureSettings.min_runs, "min_time": MeasureSettings.min_time_s,
-             "allow_external_data_outside": allow_external_data_outside}
-    opts = tune_options(flags, recipe, registry, given=lambda name: _given(ctx, name))
+    opts = _spec(ctx, values, registry)
+    recipe = opts.recipe
     if route is None and recipe is None:
         raise UsageError("give --route TEXT or --recipe FILE (a recipe that pins one route)")
     from routetune.rebuild import rebuild
 
-    done = rebuild(opts, route, registry)
+    with opts.worded():
+        done = rebuild(opts, route, registry)
     if done.broken:  # a pass's fault, not the user's: exit 3, one line naming it
         console.print(f"[red]not built: {escape(str(done.route))}: {escape(done.broken)} "
                       f"(log: {escape(str(done.log))})[/]", soft_wrap=True)

@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from routetune.errors import UsageError
+from routetune.option_schema import OptionError
 from routetune.registry import Registry
 from routetune.route import Route, Step
 from routetune.seasoning import STAGES, ParamValue, SeasoningInfo
@@ -39,7 +40,7 @@ class RouteSpace:
                       if info.searched}
         self.max_depth = len(self.infos) if max_depth is None else max_depth
         if self.max_depth < 0:
-            raise UsageError(f"--max-depth {max_depth}: must be 0 or more")
+            raise OptionError("max_depth", f" {max_depth}: must be 0 or more")
 
     def choices(self, name: str) -> list[Step]:
         """Every parameter combination of one seasoning, as canonical steps."""

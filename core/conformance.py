@@ -105,9 +105,9 @@ def write_case(case: Any, folder: Path) -> str:
 def run_route(folder: Path, route: str, registry: Registry) -> Row:
     """`routetune build` of one route on one written test, classified."""
     from routetune.rebuild import rebuild  # imports the search; not needed to list tests
-    from routetune.tuning import TuneOptions
+    from routetune.run_spec import RunSpec
 
-    opts = TuneOptions(model=folder / "model.onnx", inputs=folder / "inputs",
+    opts = RunSpec(model=folder / "model.onnx", inputs=folder / "inputs",
                        output=folder / "out")
     t0 = time.perf_counter()
     row = Row(folder.name, route, "ok")

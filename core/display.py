@@ -8,6 +8,7 @@ from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
+from routetune.option_schema import options_of
 from routetune.registry import Registry
 from routetune.trial import Trial
 
@@ -147,7 +148,10 @@ def components_table(registry: Registry) -> Table:
         note = escape(f"unavailable: {reason}" if reason else f"version {backend.version()}")
         table.add_row("backend", name, entry.plugin, note)
     for name, entry in sorted(registry.strategies.items()):
-        table.add_row("search", name, entry.plugin, (entry.item.__doc__ or "").splitlines()[0])
+        options = "; ".join(f"option {o.name}={o.default!r}: {o.meta.help}"
+                            for o in options_of(entry.item.Options))
+        doc = (entry.item.__doc__ or "").splitlines()[0]
+        table.add_row("search", name, entry.plugin, escape(f"{doc} {options}".strip()))
     for name, entry in sorted(registry.metrics.items()):
         table.add_row("metric", name, entry.plugin, entry.item.help)
     return table

@@ -24,7 +24,8 @@ from types import MappingProxyType
 import numpy as np
 
 from routetune import sample_audio, sample_inputs
-from routetune.errors import RoutetuneError, UsageError
+from routetune.errors import RoutetuneError
+from routetune.option_schema import OptionError
 
 InputSet = dict[str, np.ndarray]
 
@@ -166,7 +167,8 @@ def get_example(name: str) -> Example:
     """
     known = examples()
     if name not in known:
-        raise UsageError(f"--example '{name}': unknown example; known: {', '.join(sorted(known))}")
+        raise OptionError("example", f" '{name}': unknown example; known: "
+                          f"{', '.join(sorted(known))}")
     return known[name]
 
 

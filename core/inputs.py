@@ -14,6 +14,7 @@ import numpy as np
 
 from routetune.errors import UsageError, one_line
 from routetune.model import TensorSpec
+from routetune.option_schema import OptionError
 
 Feed = dict[str, np.ndarray]
 
@@ -154,11 +155,11 @@ def load_npz(path: Path, specs: Sequence[TensorSpec]) -> list[Feed]:
     if path.is_dir():
         files = sorted(path.glob("*.npz"))
         if not files:
-            raise UsageError(f"--inputs {path}: no .npz files in this directory; add some")
+            raise OptionError("inputs", f" {path}: no .npz files in this directory; add some")
     elif path.exists():
         files = [path]
     else:
-        raise UsageError(f"--inputs {path}: no such file or directory")
+        raise OptionError("inputs", f" {path}: no such file or directory")
     return [_load_one(f, specs) for f in files]
 
 
@@ -178,26 +179,26 @@ def _read_npz(path: Path) -> dict[str, np.ndarray | bytes]:
     """
     fix = "save with numpy.savez"
     if not path.is_file():  # a folder named x.npz, a FIFO (reading it never ends)
-        raise UsageError(f"--inputs {path}: not a regular file; {fix}")
+        raise OptionError("inputs", f" {path}: not a regular file; {fix}")
     try:
         data = np.load(path, allow_pickle=False)
     except _UNREADABLE as e:
-        raise UsageError(f"--inputs {path}: not a readable .npz file ({one_line(e)}); "
+        raise OptionError("inputs", f" {path}: not a readable .npz file ({one_line(e)}); "
                          f"{fix}") from e
     if not isinstance(data, np.lib.npyio.NpzFile):
-        raise UsageError(f"--inputs {path}: one .npy array, not an .npz file of named "
+        raise OptionError("inputs", f" {path}: one .npy array, not an .npz file of named "
                          f"inputs; {fix}(path, name=array)")
     with data:
         assert data.zip is not None  # open until the with block ends
         for info in data.zip.infolist():
             if info.file_size > MAX_INPUT_BYTES:
-                raise UsageError(f"--inputs {path}: {info.filename!r} takes "
+                raise OptionError("inputs", f" {path}: {info.filename!r} takes "
                                  f"{info.file_size / 2**30:.1f} GiB; give inputs of at most "
                                  f"{MAX_INPUT_BYTES // 2**30} GiB each")
         try:
             return {k: data[k] for k in data.files}
         except _UNREADABLE as e:
-            raise UsageError(f"--inputs {path}: not a readable .npz file ({one_line(e)}); "
+            raise OptionError("inputs", f" {path}: not a readable .npz file ({one_line(e)}); "
                              f"{fix}") from e
 
 
@@ -205,24 +206,24 @@ def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
     arrays: dict[str, np.ndarray] = {}
     for name, value in _read_npz(path).items():
         if not isinstance(value, np.ndarray):  # a member that is not .npy: its raw bytes
-            raise UsageError(f"--inputs {path}: {name!r} is not a NumPy array (not an .npy "
+            raise OptionError("inputs", f" {path}: {name!r} is not a NumPy array (not an .npy "
                              "member); save with numpy.savez")
         arrays[name] = value
     names = [s.name for s in specs]
     for extra in set(arrays) - set(names):
-        raise UsageError(
-            f"--inputs {path}: {extra!r} is not a model input; inputs: {', '.join(names)}"
+        raise OptionError(
+            "inputs", f" {path}: {extra!r} is not a model input; inputs: {', '.join(names)}"
         )
     feed: Feed = {}
     for spec in specs:
         if spec.name not in arrays:
-            raise UsageError(
-                f"--inputs {path}: missing input '{spec.name}' ({spec}); "
+            raise OptionError(
+                "inputs", f" {path}: missing input '{spec.name}' ({spec}); "
                 f"add it with numpy.savez(..., {spec.name}=array)"
             )
         arr = arrays[spec.name]
         if spec.dtype is None:
-            raise UsageError(f"--inputs {path}: input '{spec.name}' is a sequence or optional "
+            raise OptionError("inputs", f" {path}: input '{spec.name}' is a sequence or optional "
                              "value, which --inputs cannot give (tensors only)")
         if spec.dtype == np.dtype(object) and arr.dtype.kind == "U":
             arr = arr.astype(object)  # ONNX strings: NumPy str arrays, no pickle needed
@@ -231,17 +232,17 @@ def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
             arr = arr.view(spec.dtype)  # bfloat16, float8, int4: .npz keeps their bytes
         if arr.dtype != spec.dtype:
             if spec.dtype.isbuiltin != 1:
-                raise UsageError(
-                    f"--inputs {path}: input '{spec.name}' is {arr.dtype}, the model wants "
+                raise OptionError(
+                    "inputs", f" {path}: input '{spec.name}' is {arr.dtype}, the model wants "
                     f"{spec.dtype}; save an ml_dtypes.{spec.dtype.name} array, or its bytes "
                     f"(array.view(numpy.uint{8 * spec.dtype.itemsize})), which routetune "
                     "reads as that type")
             if spec.dtype == np.dtype(object):
-                raise UsageError(
-                    f"--inputs {path}: input '{spec.name}' is {arr.dtype}, the model wants "
+                raise OptionError(
+                    "inputs", f" {path}: input '{spec.name}' is {arr.dtype}, the model wants "
                     "strings; save it as a NumPy str array (numpy.array([...], dtype=str))")
-            raise UsageError(
-                f"--inputs {path}: input '{spec.name}' is {arr.dtype}, the model wants "
+            raise OptionError(
+                "inputs", f" {path}: input '{spec.name}' is {arr.dtype}, the model wants "
                 f"{spec.dtype}; convert it with .astype(numpy.{spec.dtype})"
             )
         _check_shape(spec, tuple(arr.shape), f"--inputs {path}")

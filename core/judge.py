@@ -22,7 +22,8 @@ def measurement(trial: Trial) -> AccuracyMeasurement | None:
     """
     if not trial.status.measured or not trial.tolerances:
         return None
-    return AccuracyMeasurement(trial.accuracy, trial.faults, trial.notes, trial.tolerances)
+    return AccuracyMeasurement(trial.accuracy, trial.faults, trial.notes, trial.tolerances,
+                               trial.accuracy_per_set)
 
 
 def judged(trial: Trial, constraint: Constraint) -> Trial:

@@ -34,6 +34,7 @@ from statistics import NormalDist
 import numpy as np
 
 from routetune.backend import Feed, Runner
+from routetune.option_schema import option
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class MeasureSettings:
     """
 
     warmup: int = 3
-    min_runs: int = 20
-    min_time_s: float = 1.0
+    min_runs: int = option(20, help="Timed runs per candidate, at least.",
+                           recipe="measure.min_runs", minimum=1)
+    min_time_s: float = option(1.0, help="Seconds of timed runs per candidate, at least.",
+                               recipe="measure.min_time_s", minimum=0)
     max_runs: int = 5000
     max_time_s: float = 20.0
     min_blocks: int = 10

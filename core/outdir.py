@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from routetune.errors import UsageError
+from routetune.option_schema import OptionError
 
 LOCK_NAME = ".routetune.lock"
 
@@ -39,14 +40,14 @@ def make_outdir(output: Path | None, model_path: Path, model_sha256: str = "",
             and no routetune run (`refuse_foreign`).
     """
     if output is not None and not str(output).strip():
-        raise UsageError("--output '': empty path; give a directory name")
+        raise OptionError("output", " '': empty path; give a directory name")
     name = "-".join(filter(None, (model_path.stem, model_sha256[:8], backend)))
     outdir = output if output is not None else Path("routetune-out") / name
     try:
         outdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(
-            f"--output {outdir}: cannot create or write this directory ({e.strerror}); "
+        raise OptionError(
+            "output", f" {outdir}: cannot create or write this directory ({e.strerror}); "
             "choose a directory you can write"
         ) from e
     refuse_links(outdir)  # before anything is written there
@@ -56,8 +57,8 @@ def make_outdir(output: Path | None, model_path: Path, model_sha256: str = "",
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise UsageError(
-            f"--output {outdir}: cannot create or write this directory ({e.strerror}); "
+        raise OptionError(
+            "output", f" {outdir}: cannot create or write this directory ({e.strerror}); "
             "choose a directory you can write"
         ) from e
     return outdir
@@ -81,8 +82,8 @@ def refuse_foreign(outdir: Path) -> None:
     with os.scandir(outdir) as entries:
         names = {e.name for e in entries}
     if names and not names & set(MARKERS):
-        raise UsageError(
-            f"--output {outdir}: this folder holds other files and no routetune run; a run "
+        raise OptionError(
+            "output", f" {outdir}: this folder holds other files and no routetune run; a run "
             "writes run.json, report.* and winner.* there and could replace files of yours: "
             "choose a new or empty folder")
 
@@ -125,8 +126,8 @@ def locked(outdir: Path) -> Iterator[None]:
         except BlockingIOError as e:
             handle.seek(0)
             owner = handle.read().strip() or "?"
-            raise UsageError(
-                f"--output {outdir}: another routetune run (pid {owner}) is using this "
+            raise OptionError(
+                "output", f" {outdir}: another routetune run (pid {owner}) is using this "
                 "directory; wait for it to finish or choose another --output"
             ) from e
         handle.seek(0)

@@ -1,6 +1,6 @@
 """A run's preparation: every input resolved and checked before any trial runs.
 
-`prepare_run` turns `routetune.tuning.TuneOptions` into a `Prepared` run: the model, its
+`prepare_run` turns `routetune.tuning.RunSpec` into a `Prepared` run: the model, its
 inputs and optimisation profile, the backend, the accuracy constraint, the route space
 and the settings hash that keys the stored trials. Bad input stops here, as one
 `UsageError`, before the output folder holds anything of this run.
@@ -9,12 +9,11 @@ and the settings hash that keys the stored trials. Bad input stops here, as one
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -22,25 +21,23 @@ from routetune import examples
 from routetune.accuracy import Constraint, parse_accuracy
 from routetune.backend import Backend
 from routetune.composer import RouteSpace, resolve_route
-from routetune.conditions import MODES
 from routetune.errors import BackendError, UsageError, one_line
 from routetune.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
 from routetune.model import PreparedModel, prepare, sha256, with_weights_in
+from routetune.option_schema import OptionError
 from routetune.option_seasoning import check_option_keys
 from routetune.outdir import make_outdir
 from routetune.plugin_manager import load_registry
 from routetune.profile import ShapeProfile, make_profile
 from routetune.registry import Registry
 from routetune.route import Route, parse_route
+from routetune.run_spec import DEFAULT_TIMEOUT_S, RunSpec
 from routetune.search.artifacts import MODELS, save_model
-from routetune.search.local_pool import DEFAULT_TIMEOUT_S
 from routetune.search.repair import REPAIR
+from routetune.search.strategy import configure
 from routetune.seasoning import SeasoningInfo
 from routetune.space import restrict_space
 from routetune.weights import import_graph
-
-if TYPE_CHECKING:
-    from routetune.tuning import TuneOptions
 
 
 @dataclass
@@ -61,13 +58,21 @@ class Prepared:
     profile: ShapeProfile | None = None
     base: Route = field(default_factory=Route)
     pinned: tuple[Route, ...] = ()
-    backend_options: dict[str, Any] = field(default_factory=dict)
+    spec: RunSpec = field(default_factory=RunSpec)
+    """The run as asked for."""
+    strategy_options: Any = None
+    """The search strategy's options (`routetune.search.strategy.Strategy.Options`)."""
     base_passes: list[dict[str, Any]] = field(default_factory=list)
     """The backend's preflight and the pinned prefix as applied (set once the search loop
     has started)."""
 
+    @property
+    def backend_options(self) -> Mapping[str, Any]:
+        """Build options every route starts from (``spec.backend_options``)."""
+        return self.spec.backend_options
 
-def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared:
+
+def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     """Resolve and check everything a run needs; no trial runs yet.
 
     Raises:
@@ -75,39 +80,32 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
             expression, inputs, shapes or output directory.
     """
     registry = registry or load_registry()
-    if opts.max_trials is not None and opts.max_trials < 1:
-        raise UsageError(f"--max-trials {opts.max_trials}: must be 1 or more (the base route)")
-    if opts.measure.min_runs < 1 or opts.measure.min_time_s < 0:
-        raise UsageError("--min-runs must be 1 or more and --min-time 0 or more")
+    opts.check()
     if opts.seasonings is not None and not opts.seasonings and not opts.routes:
-        raise UsageError("--seasonings: no names given; list seasonings (see `routetune "
+        raise OptionError("seasonings", ": no names given; list seasonings (see `routetune "
                          "seasonings`) or leave the flag out for all")
     with_params = [n for n in opts.seasonings or () if "{" in n]
     if with_params:
-        raise UsageError(f"--seasonings {with_params[0]}: takes seasoning names only; the search "
-                         f"tries each seasoning's parameter choices itself; give "
+        raise OptionError("seasonings", f" {with_params[0]}: takes seasoning names only; the "
+                         f"search tries each seasoning's parameter choices itself; give "
                          f"'{with_params[0].split('{')[0]}'")
-    for flag, given in (("--shapes", opts.shapes), ("--opt-shapes", opts.opt_shapes)):
+    shapes, opt, low, high = (opts.spelled(n) for n in ("shapes", "opt_shapes",
+                                                          "min_shapes", "max_shapes"))
+    for name, given in (("shapes", opts.shapes), ("opt_shapes", opts.opt_shapes)):
         if opts.inputs is not None and given:
-            raise UsageError(f"{flag} with --inputs: the inputs fix the (opt) shapes; give one "
-                             "of them (--min-shapes and --max-shapes may go with --inputs)")
+            raise OptionError(name, f" with {opts.spelled('inputs')}: the inputs fix the (opt) "
+                              f"shapes; give one of them ({low} and {high} may go with the "
+                              "inputs)")
     if opts.shapes and opts.opt_shapes:
-        raise UsageError("--shapes with --opt-shapes: --shapes sets min, opt and max at once; "
-                         "give --opt-shapes with --min-shapes/--max-shapes instead")
+        raise OptionError("shapes", f" with {opt}: {shapes} sets min, opt and max at once; "
+                          f"give {opt} with {low}/{high} instead")
     check_workers(opts)
-    if opts.busy_machine not in MODES:
-        raise UsageError(f"--busy-machine {opts.busy_machine}: give one of {', '.join(MODES)}")
-    if not (math.isfinite(opts.min_speedup) and opts.min_speedup >= 1.0):
-        raise UsageError(f"--min-speedup {opts.min_speedup}: give a number of 1 or more "
-                         "(1.03: a route must be at least 3% faster to win)")
-    if opts.time_budget_s is not None and opts.time_budget_s <= 0:
-        raise UsageError(f"--time-budget {opts.time_budget_s}: must be positive (seconds)")
     registry.reference_backend()  # what every candidate is checked against, before any work
     backend = available_backend(registry, opts.backend)
     check_option_keys(registry, backend)  # a plugin's misspelled option: now, not mid-search
-    registry.strategy(opts.search)  # an unknown name fails here, before any work
+    strategy_options = configure(registry.strategy(opts.search), opts)  # before any work
     source: dict[str, Any] = {}
-    shapes_flag = "--opt-shapes" if opts.opt_shapes else "--shapes"
+    shapes_flag = opts.spelled("opt_shapes" if opts.opt_shapes else "shapes")
     given_shapes = parse_shapes(opts.opt_shapes or opts.shapes, shapes_flag)
     if opts.example and opts.model is not None:
         raise UsageError("give either MODEL.onnx or --example NAME, not both")
@@ -177,7 +175,8 @@ def prepare_run(opts: TuneOptions, registry: Registry | None = None) -> Prepared
         source["profile"] = str(profile)
     return Prepared(registry, model, backend, feeds, constraint, space, not_applicable,
                     outdir, settings_hash, source, repair, profile, base=base,
-                    pinned=pinned, backend_options=dict(opts.backend_options))
+                    pinned=pinned, spec=opts,
+                    strategy_options=strategy_options)
 
 
 def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
@@ -208,7 +207,7 @@ MIN_WORKER_MEMORY_MB = 512
 """The smallest ``--worker-memory``: a worker maps about 400 MiB of libraries."""
 
 
-def check_workers(opts: TuneOptions) -> None:
+def check_workers(opts: RunSpec) -> None:
     """Refuse worker settings that cannot work.
 
     Raises:
@@ -218,22 +217,19 @@ def check_workers(opts: TuneOptions) -> None:
     """
     cores = os.cpu_count() or 1
     if not 1 <= opts.build_workers <= cores:
-        raise UsageError(f"--build-workers {opts.build_workers}: give 1 to {cores} (this "
+        raise OptionError("build_workers", f" {opts.build_workers}: give 1 to {cores} (this "
                          f"machine's CPU cores; each build worker is a process)")
-    if not (math.isfinite(opts.trial_timeout_s) and opts.trial_timeout_s > 0):
-        raise UsageError(f"--trial-timeout {opts.trial_timeout_s}: give a positive number of "
-                         "seconds")
     memory = opts.worker_memory_mb
     if memory is not None and memory < MIN_WORKER_MEMORY_MB:
-        raise UsageError(f"--worker-memory {memory}: give at least {MIN_WORKER_MEMORY_MB} "
+        raise OptionError("worker_memory_mb", f" {memory}: give at least {MIN_WORKER_MEMORY_MB} "
                          "(MiB); a worker maps about 400 MiB of libraries before any trial")
-    changed = [flag for flag, used in (
-        ("--build-workers", opts.build_workers != 1),
-        ("--trial-timeout", opts.trial_timeout_s != DEFAULT_TIMEOUT_S),
-        ("--worker-memory", memory is not None)) if used]
+    changed = [opts.spelled(name) for name, used in (
+        ("build_workers", opts.build_workers != 1),
+        ("trial_timeout_s", opts.trial_timeout_s != DEFAULT_TIMEOUT_S),
+        ("worker_memory_mb", memory is not None)) if used]
     if opts.in_process and changed:
-        raise UsageError(f"--in-process with {', '.join(changed)}: trials in this process "
-                         "have no workers, timeouts or memory limits; drop one or the other")
+        raise OptionError("in_process", f" with {', '.join(changed)}: trials in this process "
+                          "have no workers, timeouts or memory limits; drop one or the other")
 
 
 def reference_backend(registry: Registry, backend: Backend) -> Backend:
@@ -260,7 +256,7 @@ def available_backend(registry: Registry, name: str) -> Backend:
     backend = registry.backend(name)()
     reason = backend.available()
     if reason:
-        raise UsageError(f"--backend {name}: not available here ({reason})")
+        raise OptionError("backend", f" {name}: not available here ({reason})")
     return backend
 
 
@@ -275,12 +271,12 @@ def _check_named(names: Sequence[str], infos: Sequence[SeasoningInfo],
     searched = [i for i in infos if i.searched]
     if any(i.name == REPAIR for i in infos) and not any(i.stage == "precision"
                                                         for i in searched):
-        raise UsageError(f"--seasonings {','.join(names)}: {REPAIR} repairs the failures of a "
+        raise OptionError("seasonings", f" {','.join(names)}: {REPAIR} repairs the failures of a "
                          "precision seasoning; add fp16, bf16, int8-qdq or fp8-qdq")
     if not searched:
         why = "; ".join(f"{n}: {r}" for n, r in not_applicable.items())
         why = f" ({why})" if why else ""
-        raise UsageError(f"--seasonings {','.join(names)}: none applies here{why}; "
+        raise OptionError("seasonings", f" {','.join(names)}: none applies here{why}; "
                          "see `routetune seasonings`")
 
 
@@ -299,7 +295,7 @@ def _offered(
         cls = registry.seasoning(name)
         if name in backend.preflight:
             if names is not None:
-                raise UsageError(f"--seasonings: '{name}' is part of the {backend.name} "
+                raise OptionError("seasonings", f": '{name}' is part of the {backend.name} "
                                  "backend's preflight, applied before every build; "
                                  "leave it out")
             continue

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from routetune.errors import UsageError
+from routetune.option_schema import OptionError
 
 if TYPE_CHECKING:
     from routetune.model import TensorSpec
@@ -113,8 +114,8 @@ def make_profile(
         for f in feeds:
             got = tuple(f[spec.name].shape)
             if not all(a <= g <= c for a, g, c in zip(low, got, high, strict=True)):
-                raise UsageError(
-                    f"--inputs: input '{spec.name}' has shape {_dims(got)}, outside the "
+                raise OptionError(
+                    "inputs", f": input '{spec.name}' has shape {_dims(got)}, outside the "
                     f"profile {_dims(low)}..{_dims(high)}; widen --min-shapes/--max-shapes")
     return ShapeProfile(shapes)
 

@@ -30,9 +30,9 @@ from routetune.outdir import locked
 from routetune.preparation import prepare_run, reference_backend, reference_outputs
 from routetune.registry import Registry
 from routetune.route import Route
+from routetune.run_spec import RunSpec
 from routetune.search.candidate import with_preflight
 from routetune.search.phases import TrialInputs
-from routetune.tuning import TuneOptions
 from routetune.weights import copy_model
 from routetune.winner import WINNER_OUTPUTS, load_outputs
 
@@ -74,7 +74,7 @@ class Rebuilt:
     changed: bool = True
 
 
-def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt:
+def rebuild(opts: RunSpec, route: str | None, registry: Registry) -> Rebuilt:
     """Rebuild one route's engine in `opts`'s output directory and check its outputs.
 
     Args:
@@ -101,8 +101,7 @@ def rebuild(opts: TuneOptions, route: str | None, registry: Registry) -> Rebuilt
     with locked(run.outdir), tempfile.TemporaryDirectory(prefix="routetune-build-") as tmp, \
             captured(log, f"build {resolved}"):
         inputs = TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (),
-                             {}, run.outdir, opts.measure, run.model.data,
-                             run.backend_options)
+                             {}, run.outdir, run.model.data, run.spec)
         # what the engine is checked against, first: a model that does not run is the
         # user's input to fix (exit 2), whatever a route would do to it
         stored, what = _expected(run.outdir, resolved, run.settings_hash)

@@ -37,9 +37,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from routetune.errors import RoutetuneError, UsageError, one_line
+from routetune.option_schema import OptionError, OptionInfo, options_of
+from routetune.run_spec import RunSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,7 +51,7 @@ else:  # pragma: no cover - Python 3.10
 if TYPE_CHECKING:
     from routetune.preparation import Prepared
     from routetune.registry import Registry
-    from routetune.tuning import TuneOptions, TuneResult
+    from routetune.tuning import TuneResult
 
 SCHEMA_VERSION = 2
 Value = bool | int | float | str | list[Any]
@@ -59,26 +61,21 @@ class _Table(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ModelSpec(_Table):
+class _ModelTable(_Table):
     """``[model]``: exactly one of ``path`` and ``example``."""
 
-    path: str | None = Field(None, description="ONNX file, relative to the recipe")
-    example: str | None = Field(None, description="bundled example name, e.g. ppocr-det")
-    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
-                               description="the model file's sha256 (checked)")
-
     @model_validator(mode="after")
-    def _one_source(self) -> ModelSpec:
-        if (self.path is None) == (self.example is None):
+    def _one_source(self) -> _ModelTable:
+        if (getattr(self, "path", None) is None) == (getattr(self, "example", None) is None):
             raise ValueError("give exactly one of path and example")
         return self
 
 
-class BackendSpec(_Table):
-    """``[backend]``: the backend and the build options every route starts from."""
+class _AccuracyTable(_Table):
+    """``[accuracy]``: one expression, and expressions per output name."""
 
-    name: str = "onnxruntime"
-    options: dict[str, bool | int | float | str] = Field(default_factory=dict)
+    outputs: dict[str, str] = Field(default_factory=dict,
+                                    description="an accuracy expression per output name")
 
 
 class SeasoningSpec(_Table):
@@ -89,59 +86,78 @@ class SeasoningSpec(_Table):
         default_factory=dict, description="per parameter, the values the search tries")
 
 
-class SearchSpec(_Table):
-    """``[search]``."""
-
-    strategy: str = "beam"
-    beam_width: int = Field(3, ge=1)
-    max_depth: int = Field(3, ge=0)
-    max_trials: int | None = Field(None, ge=1)
-    time_budget_s: float | None = Field(None, gt=0)
+HAND_WRITTEN = ("seasonings", "seasonings.params")
+"""Recipe fields of options that `Recipe` declares itself (an array of tables)."""
 
 
-class AccuracySpec(_Table):
-    """``[accuracy]``: one expression, and expressions per output name."""
-
-    expr: str | None = None
-    outputs: dict[str, str] = Field(default_factory=dict)
-
-
-class MeasureSpec(_Table):
-    """``[measure]``."""
-
-    min_runs: int = Field(20, ge=1)
-    min_time_s: float = Field(1.0, ge=0)
-    min_speedup: float = Field(1.03, ge=1.0, description="the smallest speed-up that may win")
-    busy_machine: Literal["wait", "warn", "ignore"] = Field(
-        "wait", description="what measurements do while other processes load the machine")
-
-
-class InputsSpec(_Table):
-    """``[inputs]``: a path, or shapes."""
-
-    path: str | None = None
-    shapes: str | None = None
-    min_shapes: str | None = None
-    opt_shapes: str | None = None
-    max_shapes: str | None = None
+def _recipe_type(info: OptionInfo) -> Any:
+    """The TOML value type of an option: paths as strings, tuples as arrays."""
+    if info.meta.choices:
+        return Literal[info.meta.choices]  # type: ignore[valid-type]
+    text = str(info.type)
+    optional = "None" in text
+    if "Path" in text:
+        kind: Any = str
+    elif text.startswith("tuple["):
+        kind = list[str]
+    elif "Mapping" in text:
+        kind = dict[str, Value]
+    else:
+        return info.type
+    return kind | None if optional else kind
 
 
-class Recipe(_Table):
-    """A route recipe, schema version 2 (see the module documentation)."""
+def _field(info: OptionInfo) -> tuple[Any, Any]:
+    """A pydantic field from an option: its type, default, bounds and help."""
+    default = info.default
+    if isinstance(default, tuple):
+        default = list(default)
+    kwargs: dict[str, Any] = {"description": info.meta.help}
+    if info.meta.minimum is not None:
+        kwargs["ge"] = info.meta.minimum
+    if info.meta.above is not None:
+        kwargs["gt"] = info.meta.above
+    if isinstance(default, (dict, list)):
+        return _recipe_type(info), Field(default_factory=type(default), **kwargs)
+    return _recipe_type(info), Field(default, **kwargs)
 
+
+def _table(name: str, base: type[_Table] = _Table) -> Any:
+    """The pydantic model of table `name`, with a field per option declared in it."""
+    fields: dict[str, Any] = {
+        info.meta.recipe.split(".")[1]: _field(info) for info in options_of(RunSpec)
+        if info.meta.recipe and info.meta.recipe.startswith(f"{name}.")
+        and info.meta.recipe not in HAND_WRITTEN}
+    return create_model(f"{name.capitalize()}Spec", __base__=base, **fields)
+
+
+ModelSpec = _table("model", _ModelTable)
+BackendSpec = _table("backend")
+SearchSpec = _table("search")
+AccuracySpec = _table("accuracy", _AccuracyTable)
+MeasureSpec = _table("measure")
+InputsSpec = _table("inputs")
+_TOP: dict[str, Any] = {info.meta.recipe: _field(info) for info in options_of(RunSpec)
+        if info.meta.recipe in ("base", "routes", "output")}
+
+
+class _Recipe(_Table):
     model_config = ConfigDict(extra="forbid", title="routetune recipe")
     schema_version: Literal[2]
-    model: ModelSpec
-    backend: BackendSpec = Field(default_factory=BackendSpec)
-    base: list[str] = Field(default_factory=list)
-    seasonings: list[SeasoningSpec] | None = None
-    routes: list[str] = Field(default_factory=list)
-    search: SearchSpec = Field(default_factory=SearchSpec)
-    accuracy: AccuracySpec = Field(default_factory=AccuracySpec)
-    measure: MeasureSpec = Field(default_factory=MeasureSpec)
-    inputs: InputsSpec = Field(default_factory=InputsSpec)
-    output: str | None = None
+    model: ModelSpec  # type: ignore[valid-type]
+    backend: BackendSpec = Field(default_factory=BackendSpec)  # type: ignore[valid-type]
+    seasonings: list[SeasoningSpec] | None = Field(
+        None, description="the seasonings to consider; left out: every applicable one")
+    search: SearchSpec = Field(default_factory=SearchSpec)  # type: ignore[valid-type]
+    accuracy: AccuracySpec = Field(default_factory=AccuracySpec)  # type: ignore[valid-type]
+    measure: MeasureSpec = Field(default_factory=MeasureSpec)  # type: ignore[valid-type]
+    inputs: InputsSpec = Field(default_factory=InputsSpec)  # type: ignore[valid-type]
     result: dict[str, Any] | None = Field(None, description="written by winner recipes")
+
+
+Recipe: Any = create_model("Recipe", __base__=_Recipe, **_TOP)
+"""A route recipe, schema version 2 (see the module documentation); its tables and
+fields come from `routetune.run_spec.RunSpec`'s option declarations."""
 
 
 def json_schema() -> dict[str, Any]:
@@ -152,7 +168,7 @@ def json_schema() -> dict[str, Any]:
     return schema
 
 
-def load_recipe(path: Path, registry: Registry) -> Recipe:
+def load_recipe(path: Path, registry: Registry) -> Any:
     """Read, upgrade (version 1) and validate a recipe against the schema and the plugins.
 
     Raises:
@@ -160,16 +176,16 @@ def load_recipe(path: Path, registry: Registry) -> Recipe:
             ``r.toml: seasonings[2].params.op_types_to_exclude: unknown op type 'Softmx'``.
     """
     if path.exists() and not path.is_file():  # a FIFO or a device: reading it never ends
-        raise UsageError(f"--recipe {path}: not a regular file")
+        raise OptionError("recipe", f" {path}: not a regular file")
     try:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError as e:
-        raise UsageError(f"--recipe {path}: no such file") from e
+        raise OptionError("recipe", f" {path}: no such file") from e
     except RecursionError as e:  # tomllib recurses per nested array or inline table
-        raise UsageError(f"--recipe {path}: not a readable TOML file (arrays or tables "
+        raise OptionError("recipe", f" {path}: not a readable TOML file (arrays or tables "
                          "nested too deeply)") from e
     except (OSError, ValueError) as e:  # TOMLDecodeError, UnicodeDecodeError, int digits
-        raise UsageError(f"--recipe {path}: not a readable TOML file ({one_line(e)})") from e
+        raise OptionError("recipe", f" {path}: not a readable TOML file ({one_line(e)})") from e
     if doc.get("schema_version") == 1:
         doc = _upgrade_v1(doc)
     try:
@@ -199,7 +215,7 @@ def _where(loc: tuple[Any, ...]) -> str:
     return text or "(recipe)"
 
 
-def _check_names(recipe: Recipe, registry: Registry) -> list[str]:
+def _check_names(recipe: Any, registry: Registry) -> list[str]:
     """Problems a schema cannot see: names and values that the installed plugins refuse."""
     from routetune.composer import resolve_route
     from routetune.route import parse_route
@@ -262,46 +278,45 @@ def _upgrade_v1(doc: dict[str, Any]) -> dict[str, Any]:
             "result": doc.get("result")}
 
 
-def recipe_options(recipe: Recipe, path: Path) -> dict[str, Any]:
-    """The `TuneOptions` fields a recipe sets; relative paths from the recipe's folder."""
+def recipe_values(recipe: Any, path: Path) -> dict[str, Any]:
+    """The options a recipe sets, by name: the fields it writes, none of the defaults.
+
+    Paths are taken from the recipe's folder; arrays become tuples. ``[[seasonings]]``
+    gives ``seasonings`` (the names) and ``space`` (their parameter values);
+    ``[accuracy]`` gives one ``accuracy`` expression, per-output terms appended.
+    """
     here = path.parent
-
-    def rel(p: str | None) -> Path | None:
-        return None if p is None else (here / p if not Path(p).is_absolute() else Path(p))
-
-    from routetune.measure import MeasureSettings
-
-    accuracy = recipe.accuracy.expr
+    out: dict[str, Any] = {}
+    for info in options_of(RunSpec):
+        where = info.meta.recipe
+        if where is None or where in HAND_WRITTEN:
+            continue
+        table, _, key = where.rpartition(".")
+        holder = getattr(recipe, table) if table else recipe
+        if key not in holder.model_fields_set:
+            continue
+        value = getattr(holder, key)
+        if isinstance(value, str) and "Path" in str(info.type):
+            value = here / value if not Path(value).is_absolute() else Path(value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        elif isinstance(value, dict):
+            value = dict(value)
+        out[info.name] = value
     per_output = ",".join(f"{name}:{expr}" for name, expr in recipe.accuracy.outputs.items())
     if per_output:
-        accuracy = f"{accuracy},{per_output}" if accuracy else per_output
-    space = {s.name: {k: tuple(tuple(v) if isinstance(v, list) else v for v in values)
-                      for k, values in s.params.items()} for s in recipe.seasonings or []}
-    out: dict[str, Any] = {
-        "model": rel(recipe.model.path), "example": recipe.model.example,
-        "model_sha256": recipe.model.sha256,
-        "backend": recipe.backend.name, "backend_options": dict(recipe.backend.options),
-        "base": tuple(recipe.base), "routes": tuple(recipe.routes),
-        "seasonings": None if recipe.seasonings is None else tuple(
-            s.name for s in recipe.seasonings),
-        "space": space, "search": recipe.search.strategy,
-        "beam_width": recipe.search.beam_width, "max_depth": recipe.search.max_depth,
-        "max_trials": recipe.search.max_trials, "time_budget_s": recipe.search.time_budget_s,
-        "measure": MeasureSettings(min_runs=recipe.measure.min_runs,
-                                   min_time_s=recipe.measure.min_time_s),
-        "min_speedup": recipe.measure.min_speedup,
-        "busy_machine": recipe.measure.busy_machine,
-        "inputs": rel(recipe.inputs.path), "shapes": recipe.inputs.shapes,
-        "min_shapes": recipe.inputs.min_shapes, "opt_shapes": recipe.inputs.opt_shapes,
-        "max_shapes": recipe.inputs.max_shapes, "output": rel(recipe.output),
-    }
-    if accuracy:
-        out["accuracy"] = accuracy
+        expr = out.get("accuracy")
+        out["accuracy"] = f"{expr},{per_output}" if expr else per_output
+    if recipe.seasonings is not None:
+        out["seasonings"] = tuple(s.name for s in recipe.seasonings)
+        out["space"] = {s.name: {k: tuple(tuple(v) if isinstance(v, list) else v
+                                          for v in values) for k, values in s.params.items()}
+                        for s in recipe.seasonings}
     return out
 
 
 def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
-                        opts: TuneOptions) -> Path:
+                        opts: RunSpec) -> Path:
     """Write the winning route as a version-2 recipe that pins it and searches nothing.
 
     ``routetune build --recipe`` rebuilds exactly that engine from it, and ``routetune

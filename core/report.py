@@ -245,8 +245,10 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
     backend, model, search = run["backend"], run["model"], run["search"]
     versions = ", ".join(f"{k} {v}" for k, v in backend["versions"].items())
     n = len(run["space"]["seasonings"])
-    strategy = search["strategy"] + (f" (beam width {search['beam_width']})"
-                                      if search["strategy"] == "beam" else "")
+    options = search.get("options", {"beam_width": search.get("beam_width")}
+                         if search["strategy"] == "beam" else {})  # older run.json
+    strategy = search["strategy"] + (" (" + ", ".join(f"{k} {v}" for k, v in options.items())
+                                     + ")" if options else "")
     given = run.get("given", {})
     shapes = given.get("shapes", "?")
     inputs = (given["inputs"] if "inputs" in given else

@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import routetune
 from routetune.errors import UsageError, one_line
+from routetune.option_schema import values_of
 
 if TYPE_CHECKING:
     from routetune.preparation import Prepared
-    from routetune.tuning import TuneOptions, TuneResult
+    from routetune.run_spec import RunSpec
+    from routetune.tuning import TuneResult
 
 FILENAME = "run.json"
 CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni",
@@ -50,7 +52,7 @@ def cpu_flags() -> list[str]:
     return []
 
 
-def start_record(run: Prepared, opts: TuneOptions, versions: dict[str, str]) -> dict[str, Any]:
+def start_record(run: Prepared, opts: RunSpec, versions: dict[str, str]) -> dict[str, Any]:
     """The record of a run about to start."""
     return {
         "routetune": routetune.__version__,
@@ -72,7 +74,7 @@ def start_record(run: Prepared, opts: TuneOptions, versions: dict[str, str]) -> 
                   "seasonings": {n: [p.name + "=" + "|".join(map(str, p.choices))
                                      for p in i.params] for n, i in run.space.infos.items()},
                   "not_applicable": dict(run.not_applicable)},
-        "search": {"strategy": opts.search, "beam_width": opts.beam_width,
+        "search": {"strategy": opts.search, "options": values_of(run.strategy_options),
                    "max_trials": opts.max_trials, "time_budget_s": opts.time_budget_s},
         "measure": asdict(opts.measure),
         "verdict": {"min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine},
@@ -119,7 +121,7 @@ def machine_now() -> dict[str, Any]:
 
 
 SAME_RUN = ("settings_hash", "accuracy", "profile", "pinned", "space", "search.strategy",
-            "search.beam_width", "backend.name", "backend.options", "model.sha256")
+            "search.options", "backend.name", "backend.options", "model.sha256")
 """The fields of two records that must agree for them to be one run (a resume)."""
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from routetune.errors import UsageError
+from routetune.option_schema import OptionError
 from routetune.registry import Registry
 from routetune.route import parse_value
 from routetune.seasoning import SeasoningInfo
@@ -32,14 +33,14 @@ def parse_space(terms: Iterable[str]) -> Space:
         param, eq, values = rest.partition("=")
         name, param = name.strip(), param.strip()
         if not name or not param or not eq or not values.strip():
-            raise UsageError(f"--space '{term}': write SEASONING:PARAM=VALUE1|VALUE2, e.g. "
+            raise OptionError("space", f" '{term}': write SEASONING:PARAM=VALUE1|VALUE2, e.g. "
                              "trt-opt-level:level=4|5")
         texts = [v.strip() for v in values.split("|")]
         if not all(texts):
-            raise UsageError(f"--space '{term}': an empty value; separate values with one '|'")
+            raise OptionError("space", f" '{term}': an empty value; separate values with one '|'")
         choices = tuple(parse_value(v, f"--space '{term}'") for v in texts)
         if param in space.setdefault(name, {}):
-            raise UsageError(f"--space '{term}': parameter '{param}' of '{name}' given twice")
+            raise OptionError("space", f" '{term}': parameter '{param}' of '{name}' given twice")
         space[name][param] = choices
     return space
 
@@ -59,7 +60,7 @@ def restrict_space(
         registry.seasoning(name)  # an unknown name fails here, naming the known ones
         if name not in offered:
             why = not_applicable.get(name, "not in --seasonings")
-            raise UsageError(f"--space {name}: this seasoning is not offered here ({why})")
+            raise OptionError("space", f" {name}: this seasoning is not offered here ({why})")
     out = []
     for info in infos:
         changes = space.get(info.name, {})
@@ -70,7 +71,7 @@ def restrict_space(
                 try:
                     values = tuple(dict.fromkeys(p.check(v) for v in values))
                 except UsageError as e:
-                    raise UsageError(f"--space {info.name}:{p.name}: {e}") from e
+                    raise OptionError("space", f" {info.name}:{p.name}: {e}") from e
                 p = dataclasses.replace(p, choices=values)
             params.append(p)
         for unknown in set(changes) - {p.name for p in info.params}:

@@ -181,7 +181,8 @@ class TrialStore:
         row["status"] = Status(trial.status).value
         row["created_at"] = trial.created_at or time.time()
         measured = {"faults": list(row.pop("faults")), "notes": list(row.pop("notes")),
-                    "tolerances": {k: list(v) for k, v in row.pop("tolerances").items()}}
+                    "tolerances": {k: list(v) for k, v in row.pop("tolerances").items()},
+                    "per_set": {k: list(v) for k, v in row.pop("accuracy_per_set").items()}}
         row["measurement"] = json.dumps(measured) if trial.tolerances else None
         for key in ("latency", "base_latency", "paired"):
             value = getattr(trial, key)
@@ -313,7 +314,7 @@ def _checked_trial(row: dict[str, Any]) -> Trial:
 
 
 def _measurement(raw: Any) -> dict[str, Any]:
-    """The ``measurement`` column as `Trial` fields: faults, notes, tolerances.
+    """The ``measurement`` column as `Trial` fields: faults, notes, tolerances, per set.
 
     Raises:
         TypeError: It is not a JSON object of a list of faults, a list of notes and
@@ -340,4 +341,14 @@ def _measurement(raw: Any) -> dict[str, Any]:
         for v in pair:
             _number(v, f"measurement.tolerances of {output!r}")
         pairs[output] = (float(pair[0]), float(pair[1]))
-    return {"faults": tuple(faults or ()), "notes": tuple(notes or ()), "tolerances": pairs}
+    per_set = value.get("per_set", {})  # absent in rows written before 2026-12-01
+    if not isinstance(per_set, dict) or not all(
+            isinstance(sets, list) and all(isinstance(m, dict) for m in sets)
+            for sets in per_set.values()):
+        raise TypeError("measurement.per_set is not per output a list of objects")
+    for output, sets in per_set.items():
+        for values in sets:
+            for metric, v in values.items():
+                _number(v, f"measurement.per_set of {output!r}: {metric}")
+    return {"faults": tuple(faults or ()), "notes": tuple(notes or ()), "tolerances": pairs,
+            "accuracy_per_set": {k: tuple(v) for k, v in per_set.items()}}

@@ -18,6 +18,7 @@ metrics are held to them by ``tests/test_testing.py``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import pickle
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,7 @@ import numpy as np
 
 from routetune.composer import RouteSpace
 from routetune.errors import RoutetuneError, UsageError
+from routetune.option_schema import options_of
 from routetune.registry import Registry
 from routetune.route import Route, Step
 
@@ -144,7 +146,6 @@ def check_seasoning(registry: Registry, name: str, model: Path | str, workdir: P
 def _candidate(registry: Registry, model: Path, workdir: Path, backend_name: str):  # noqa: ANN202
     """A `routetune.search.candidate.Candidate` as the search makes one, for `model`."""
     from routetune.inputs import synthesize
-    from routetune.measure import MeasureSettings
     from routetune.model import prepare
     from routetune.preparation import reference_backend
     from routetune.search.candidate import with_preflight
@@ -158,7 +159,7 @@ def _candidate(registry: Registry, model: Path, workdir: Path, backend_name: str
     reference = reference_backend(registry, backend)
     workdir.mkdir(parents=True, exist_ok=True)
     inputs = TrialInputs(prepared, backend.name, None, tuple(feeds), (), {}, workdir,
-                         MeasureSettings(), prepared.data)
+                         prepared.data)
     candidate, _ = with_preflight(registry, inputs, backend, reference)
     return candidate
 
@@ -226,10 +227,23 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
         ContractError: A rule is broken.
     """
     from routetune.measure import Latency
-    from routetune.search.strategy import SearchConfig
     from routetune.trial import Status, Trial
 
     what = f"strategy '{name}'"
+    declared: Any = registry.strategy(name).Options
+    params = getattr(declared, "__dataclass_params__", None)  # set by @dataclass
+    if params is None or not params.frozen:
+        raise ContractError(f"{what}: Options must be a frozen dataclass of option() fields")
+    loose = {f.name for f in dataclasses.fields(declared)} - {
+        o.name for o in options_of(declared)}
+    if loose:
+        raise ContractError(f"{what}: Options field(s) {', '.join(sorted(loose))} are not "
+                            "declared with routetune.option_schema.option (no help, no "
+                            "checks, no recipe or --search-option spelling)")
+    try:
+        declared()
+    except TypeError as e:
+        raise ContractError(f"{what}: every option needs a default ({e})") from e
     allowed = set(space.routes())
     base_ms = 10.0
 
@@ -243,7 +257,7 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
 
     drives: list[list[Route]] = []
     for _ in range(2):
-        strategy = registry.strategy(name)(space, SearchConfig())
+        strategy = registry.strategy(name)(space)
         strategy.tell(Route(), trial(Route()))
         asked: list[Route] = []
         for _ in range(max_asks):

@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any
 
 from routetune.measure import Latency, Speedup
+from routetune.route import Route, parse_route
 
 
 class Status(str, Enum):
@@ -91,6 +92,9 @@ class Trial:
             FP16 check).
         tolerances: Per output, ``(atol, rtol)`` the ``accuracy`` metrics were computed
             at; empty for a trial not measured, or stored before schema 4.
+        accuracy_per_set: Per output, the ``accuracy`` metrics of each validation input
+            set, in the sets' order (`routetune.accuracy.AccuracyMeasurement.per_set`);
+            empty with one input set.
     """
 
     fingerprint: str
@@ -119,6 +123,17 @@ class Trial:
     faults: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     tolerances: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    accuracy_per_set: Mapping[str, tuple[Mapping[str, float], ...]] = field(
+        default_factory=dict)
+
+    @property
+    def steps(self) -> Route:
+        """The route as a `Route` of steps, parsed from its canonical text (`route`).
+
+        Its length is the number of seasonings; parameters are not steps
+        (``fp16{op_types_to_exclude=[Softmax,Pow]}`` is one).
+        """
+        return parse_route(self.route)
 
     @property
     def relative(self) -> Latency | None:

@@ -7,115 +7,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from routetune import runinfo
-from routetune.accuracy import DEFAULT_ACCURACY, check_accuracy
-from routetune.conditions import BusyPolicy
+from routetune.accuracy import check_accuracy
 from routetune.errors import StorageError, UsageError
 from routetune.logs import LOGS, keep, quietly
-from routetune.measure import MeasureSettings
 from routetune.outdir import locked, move_aside
 from routetune.preparation import Prepared, prepare_run, reference_backend, reference_outputs
 from routetune.registry import Registry
 from routetune.report import write_reports
 from routetune.route import Route, Step
+from routetune.run_spec import RunSpec
 from routetune.search.executor import Executor, InlineExecutor
-from routetune.search.local_pool import DEFAULT_TIMEOUT_S, TIMELINE, LocalPool
+from routetune.search.local_pool import TIMELINE, LocalPool
 from routetune.search.loop import Budget, SearchLoop
 from routetune.search.phases import Confirmation
-from routetune.search.strategy import SearchConfig, rank_key
+from routetune.search.strategy import rank_key
 from routetune.store import FILENAME, TrialStore
 from routetune.trial import Status, Trial
 from routetune.verdict import DEFAULT_MIN_SPEEDUP, confirm_winner
 from routetune.winner import WINNER_OUTPUTS, save_outputs, write_winner
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    """Everything ``routetune tune`` takes, with the CLI's defaults.
-
-    Args:
-        model: Path of the ONNX model (or None with `example`).
-        example: Name of a bundled example model (``ppocr-det`` …), fetched on demand.
-        output: Output directory; default ``routetune-out/<model stem>-<sha256[:8]>-<backend>``
-            (`routetune.outdir.make_outdir`).
-        backend: Backend name.
-        seasonings: Restrict the space to these seasoning names; None for all applicable.
-        search: Search strategy name.
-        beam_width: Routes kept per depth by beam search.
-        max_depth: Seasonings per route at most; None for no limit.
-        accuracy: The accuracy expression.
-        inputs: An ``.npz`` file or a directory of them.
-        shapes: trtexec-style shapes for dynamic inputs (``x:1x3x320x320``); sets the
-            min, opt and max shapes of the optimisation profile at once.
-        min_shapes: The profile's min shapes (trtexec ``--minShapes``); default: opt.
-        opt_shapes: The profile's opt shapes, at which accuracy is checked and latency
-            measured (trtexec ``--optShapes``); default: `shapes`.
-        max_shapes: The profile's max shapes (trtexec ``--maxShapes``); default: opt.
-        space: Per seasoning, per parameter, the values the search tries instead of the
-            parameter's own choices (``--space fp16:keep_io_types=true``); the only way
-            to search an open-ended parameter such as an unbounded TensorRT knob.
-        routes: Route texts always tried, after the base route (pinned routes).
-        base: Route steps (graph and precision stages) applied to every route, the base
-            route included.
-        backend_options: Build options every route starts from (backend option keys).
-        model_sha256: The sha256 the model file must have; None for no check.
-        fresh: Ignore the stored trials (the old store is moved aside, not deleted).
-        max_trials: Trial budget.
-        time_budget_s: Wall-clock budget in seconds.
-        measure: How long to time each candidate.
-        build_workers: Builds run at once, each in its own worker process.
-        trial_timeout_s: Seconds each phase of a trial (build; run, check and time) may
-            run before its worker is killed and the trial recorded as ``timed-out``.
-        worker_memory_mb: Address-space limit per worker process in MiB (``RLIMIT_AS``);
-            a trial that exceeds it is ``crashed`` (out of memory). None for none.
-        in_process: Run trials in this process, one at a time: no isolation and no
-            timeouts; for debugging plugins, and for plugins registered in-process.
-        min_speedup: The smallest speed-up over the base route that may win: a route
-            wins only if the lower end of its confirmed speed-up's 95% interval is above
-            it (unitless).
-        busy_machine: What a measurement does while other processes load the machine:
-            ``wait``, ``warn`` or ``ignore`` (`routetune.conditions`).
-        allow_external_data_outside: Read a model whose external data files lie outside
-            its folder (``..``, absolute paths, links out). Off: refused, one line. Never
-            from a recipe, which is data (SECURITY.md).
-    """
-
-    model: Path | None = None
-    example: str | None = None
-    output: Path | None = None
-    backend: str = "onnxruntime"
-    seasonings: tuple[str, ...] | None = None
-    search: str = "beam"
-    beam_width: int = 3
-    max_depth: int | None = 3
-    accuracy: str = DEFAULT_ACCURACY
-    inputs: Path | None = None
-    shapes: str | None = None
-    min_shapes: str | None = None
-    opt_shapes: str | None = None
-    max_shapes: str | None = None
-    space: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
-    routes: tuple[str, ...] = ()
-    base: tuple[str, ...] = ()
-    backend_options: Mapping[str, Any] = field(default_factory=dict)
-    model_sha256: str | None = None
-    fresh: bool = False
-    max_trials: int | None = None
-    time_budget_s: float | None = None
-    measure: MeasureSettings = field(default_factory=MeasureSettings)
-    build_workers: int = 1
-    trial_timeout_s: float = DEFAULT_TIMEOUT_S
-    worker_memory_mb: int | None = None
-    in_process: bool = False
-    min_speedup: float = DEFAULT_MIN_SPEEDUP
-    busy_machine: str = "wait"
-    allow_external_data_outside: bool = False
 
 
 @dataclass(frozen=True)
@@ -237,7 +153,7 @@ class TuneResult:
 
 
 def tune(
-    opts: TuneOptions,
+    opts: RunSpec,
     registry: Registry | None = None,
     on_start: Callable[[Prepared, int | None], None] = lambda run, planned: None,
     on_trial: Callable[[Trial, bool], None] = lambda trial, cached: None,
@@ -260,14 +176,15 @@ def tune(
         UsageError: Bad input (see `prepare_run`).
         StorageError: The trial store cannot be opened or written.
     """
-    run, early = quietly("prepare", lambda: prepare_run(opts, registry))
-    with locked(run.outdir):
-        keep(run.outdir / LOGS / "prepare.log", early)  # the libraries' lines, not the terminal's
-        return _tune_locked(run, opts, on_start, on_trial, on_status)
+    with opts.worded():  # an error names its option as the user wrote it
+        run, early = quietly("prepare", lambda: prepare_run(opts, registry))
+        with locked(run.outdir):
+            keep(run.outdir / LOGS / "prepare.log", early)  # the libraries' lines
+            return _tune_locked(run, opts, on_start, on_trial, on_status)
 
 
 def _tune_locked(
-    run: Prepared, opts: TuneOptions, on_start: Callable[[Prepared, int | None], None],
+    run: Prepared, opts: RunSpec, on_start: Callable[[Prepared, int | None], None],
     on_trial: Callable[[Trial, bool], None], on_status: Callable[[str], None],
 ) -> TuneResult:
     store_path = run.outdir / FILENAME
@@ -288,16 +205,13 @@ def _tune_locked(
         raise
     try:
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
-                          run.constraint, store, run.outdir, opts.measure, run.settings_hash,
-                          reference, run.repair, base=run.base,
-                          base_settings=run.backend_options, executor=executor,
-                          busy=BusyPolicy(opts.busy_machine))
+                          run.constraint, store, run.outdir, opts, run.settings_hash,
+                          reference, run.repair, base=run.base, executor=executor)
         run.base_passes = loop.base_passes
         record = runinfo.start_record(run, opts, loop.versions)
         records = runinfo.record_dir(run.outdir, record)
         runinfo.write(records, record)
-        strategy = run.registry.strategy(opts.search)(
-            run.space, SearchConfig(beam_width=opts.beam_width))
+        strategy = run.registry.strategy(opts.search)(run.space, run.strategy_options)
         skipped = [loop.record_skipped(Route((Step(n),)), reason)
                    for n, reason in run.not_applicable.items()]
         planned = strategy.planned()
@@ -336,7 +250,7 @@ def _tune_locked(
     return result
 
 
-def make_executor(run: Prepared, opts: TuneOptions) -> Executor:
+def make_executor(run: Prepared, opts: RunSpec) -> Executor:
     """The executor `opts` asks for: worker processes (`LocalPool`) unless in-process.
 
     Measuring workers: one per GPU that runs this backend's engines
@@ -348,7 +262,7 @@ def make_executor(run: Prepared, opts: TuneOptions) -> Executor:
     return LocalPool(opts.build_workers, gpus, opts.trial_timeout_s, opts.worker_memory_mb)
 
 
-def _finish(run: Prepared, opts: TuneOptions, trials: list[Trial], store: Path, winner: Trial,
+def _finish(run: Prepared, opts: RunSpec, trials: list[Trial], store: Path, winner: Trial,
             reason: str, confirmations: Sequence[Confirmation],
             stopped: str | None, records: Path, fresh: frozenset[str]) -> TuneResult:
     base = next(t for t in trials if t.route == "base")

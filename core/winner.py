@@ -21,7 +21,8 @@ from routetune.weights import copy_model, save_standalone
 
 if TYPE_CHECKING:
     from routetune.preparation import Prepared
-    from routetune.tuning import TuneOptions, TuneResult
+    from routetune.run_spec import RunSpec
+    from routetune.tuning import TuneResult
 
 
 WINNER_OUTPUTS = "winner_outputs.npz"
@@ -48,7 +49,7 @@ def load_outputs(path: Path) -> list[dict[str, np.ndarray]]:
     return [sets[i] for i in sorted(sets)]
 
 
-def write_winner(run: Prepared, result: TuneResult, opts: TuneOptions, records: Path
+def write_winner(run: Prepared, result: TuneResult, opts: RunSpec, records: Path
                   ) -> dict[str, Path]:
     """Write ``winner.onnx``, ``winner.json`` and ``winner.toml`` into `records`."""
     winner, reason = result.winner, result.winner_reason

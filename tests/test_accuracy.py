@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from routetune.accuracy import check_accuracy, parse_accuracy
+from routetune.accuracy import check_accuracy, measure_accuracy, parse_accuracy
 from routetune.errors import UsageError
 from routetune.registry import Registry
 
@@ -166,3 +166,26 @@ def test_ambiguous_or_incomplete_expressions_are_one_line(registry: Registry, te
         parse_accuracy(text, registry, ["y"])
     # an output-scoped bound beside an unscoped one is not a repeat: it replaces it there
     assert len(parse_accuracy("y:cos>=0.9,cos>=0.99", registry, ["y"]).thresholds) == 2
+
+
+def test_the_metrics_of_each_input_set_say_which_set_an_error_comes_from(
+        registry: Registry, tmp_path) -> None:  # noqa: ANN001
+    from routetune.judge import measurement
+    from routetune.store import TrialStore
+    from routetune.trial import Trial
+
+    refs = [{"y": np.ones(4, np.float32)}, {"y": np.arange(4, dtype=np.float32)}]
+    outs = [{"y": np.ones(4, np.float32)}, {"y": np.array([0, 1, 2, 5], np.float32)}]
+    measured = measure_accuracy(registry, outs, refs, {"y": (1e-3, 1e-3)})
+    first, second = measured.per_set["y"]
+    assert first["linf"] == 0.0 and second["linf"] == 2.0  # the error is the second set's
+    assert measured.metrics["y"]["linf"] == 2.0  # pooled: what the bounds judge
+    assert measure_accuracy(registry, outs[:1], refs[:1], {}).per_set == {}
+    trial = Trial("f", "m", "base", "onnxruntime", "cpu", "s", "ok",
+                  accuracy=measured.metrics, tolerances=measured.tolerances,
+                  accuracy_per_set=measured.per_set)
+    store = TrialStore.open(tmp_path / "t.sqlite")
+    stored = store.add(trial)
+    assert store.get("f").accuracy_per_set == stored.accuracy_per_set == measured.per_set
+    assert measurement(store.get("f")).per_set == measured.per_set
+    store.close()

@@ -53,7 +53,7 @@ BAD = {
     "too many build workers": (lambda d, m: ["tune", str(m), "--build-workers", "100000"],
                                "--build-workers 100000: give 1 to"),
     "timeout nan": (lambda d, m: ["tune", str(m), "--trial-timeout", "nan"],
-                    "--trial-timeout nan: give a positive number of seconds"),
+                    "--trial-timeout nan: must be a finite number more than 0"),
     "too little worker memory": (lambda d, m: ["tune", str(m), "--worker-memory", "300"],
                                  "--worker-memory 300: give at least 512"),
     "in-process with workers": (lambda d, m: ["tune", str(m), "--in-process",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import sys
 import types
@@ -13,9 +15,13 @@ import pytest
 from graphs import conv_bn
 from onnx import TensorProto, helper, numpy_helper
 
+from routetune.composer import RouteSpace
+from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.tuning import TuneOptions, tune
+from routetune.run_spec import RunSpec
+from routetune.testing import check_strategy, registry_with
+from routetune.tuning import tune
 
 DOC = Path(__file__).parents[1] / "CONTRIBUTING.md"
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)
@@ -25,6 +31,7 @@ def example(marker: str) -> types.ModuleType:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     source = next(b for b in blocks if b.startswith(f"# {marker}/"))
     module = types.ModuleType(marker)
+    sys.modules[marker] = module  # dataclasses look their module up while it runs
     exec(compile(source, f"CONTRIBUTING.md:{marker}", "exec"), module.__dict__)  # noqa: S102
     return module
 
@@ -45,7 +52,7 @@ def mul_by_one(path: Path) -> Path:
 
 def test_seasoning_example(registry: Registry, tmp_path: Path) -> None:
     example("routetune_mulone").routetune_register_seasonings(registry)
-    result = tune(TuneOptions(model=mul_by_one(tmp_path / "m.onnx"), output=tmp_path / "out",
+    result = tune(RunSpec(model=mul_by_one(tmp_path / "m.onnx"), output=tmp_path / "out",
                               seasonings=("remove-mul-by-one",), measure=QUICK,
                               in_process=True), registry)
     trial = next(t for t in result.trials if t.route == "remove-mul-by-one")
@@ -57,12 +64,29 @@ def test_seasoning_example(registry: Registry, tmp_path: Path) -> None:
 
 def test_backend_example(registry: Registry, tmp_path: Path) -> None:
     example("routetune_refeval").routetune_register_backends(registry)
-    result = tune(TuneOptions(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
+    result = tune(RunSpec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
                               backend="onnx-reference", shapes="x:1x3x32x32",
                               seasonings=("fuse-bn-into-conv",), measure=QUICK,
                               in_process=True), registry)
     assert {t.route: t.status for t in result.trials} == {"base": "ok", "fuse-bn-into-conv": "ok"}
     assert result.base.device == "cpu: onnx.reference"
+
+
+def test_strategy_example_takes_its_own_options(tmp_path: Path) -> None:
+    registry = registry_with(example("routetune_firstn"), "firstn")
+    space = RouteSpace([registry.seasoning("ort-threads").info], 1)
+    assert len(check_strategy(registry, "first-n", space)) == 1
+    spec = RunSpec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
+                   search="first-n", search_options={"count": 2}, shapes="x:1x3x32x32",
+                   seasonings=("ort-threads",), max_depth=1, measure=QUICK,
+                   in_process=True, busy_machine="ignore")
+    result = tune(spec, registry)
+    assert len([t for t in result.trials if t.route != "base"]) == 2
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["search"]["options"] == {"count": 2}
+    with pytest.raises(UsageError, match=re.escape(
+            "routetune.tune(search_options=...) count=0: must be 1 or more")):
+        tune(dataclasses.replace(spec, search_options={"count": 0}), registry)
 
 
 def test_contract_kit_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,7 +51,7 @@ from routetune.errors import RoutetuneError
 from routetune.inputs import load_npz, resolve_shapes
 from routetune.model import TensorSpec, prepare, with_weights_in
 from routetune.plugin_manager import load_registry
-from routetune.recipe import load_recipe, recipe_options
+from routetune.recipe import load_recipe, recipe_values
 from routetune.registry import Registry
 from routetune.report import write_reports
 from routetune.store import FILENAME as STORE
@@ -638,7 +638,7 @@ def test_hostile_recipes_are_refused_in_one_line(root: Path, registry: Registry,
         path.write_bytes(raw)
 
         def load() -> dict[str, Any]:
-            return recipe_options(load_recipe(path, registry), path)
+            return recipe_values(load_recipe(path, registry), path)
 
         outcome(load, folder, (path.name,))
 
@@ -648,7 +648,7 @@ def test_the_unmutated_recipes_load(root: Path, registry: Registry) -> None:
         with case(root) as folder:
             path = folder / "r.toml"
             path.write_text(tomli_w.dumps(doc))
-            assert recipe_options(load_recipe(path, registry), path)["model"] == (
+            assert recipe_values(load_recipe(path, registry), path)["model"] == (
                 folder / "m.onnx")
 
 
@@ -886,7 +886,7 @@ def _file_case(loader: str, name: str) -> Maker:
                     lambda: load_npz(file, prepare(model).inputs))
         registry = load_registry()
         return (["tune", "--recipe", str(file), *out],
-                lambda: recipe_options(load_recipe(file, registry), file))
+                lambda: recipe_values(load_recipe(file, registry), file))
     return make
 
 

@@ -15,9 +15,10 @@ from routetune.judge import judged
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
 from routetune.report import build_report
+from routetune.run_spec import RunSpec
 from routetune.store import SCHEMA_VERSION, TrialStore
 from routetune.trial import Status, Trial
-from routetune.tuning import TuneOptions, tune
+from routetune.tuning import tune
 
 DATA = Path(__file__).parent / "data"
 
@@ -98,7 +99,7 @@ def test_another_accuracy_rejudges_stored_trials_without_measuring(
     def run(accuracy: str) -> tuple[dict[str, Status], list[bool], float]:
         cached: list[bool] = []
         t0 = time.perf_counter()
-        result = tune(TuneOptions(
+        result = tune(RunSpec(
             example="ppocr-cls", output=out, seasonings=("fp16", "eliminate-noops"),
             max_depth=1, accuracy=accuracy, min_speedup=100.0,
             measure=MeasureSettings(warmup=2, min_runs=5, min_time_s=0.05)),

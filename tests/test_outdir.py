@@ -10,9 +10,10 @@ from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.model import sha256
 from routetune.outdir import make_outdir, move_aside
+from routetune.run_spec import RunSpec
 from routetune.store import TrialStore
 from routetune.trial import Trial
-from routetune.tuning import TuneOptions, tune
+from routetune.tuning import tune
 
 
 def test_move_aside_never_overwrites_an_earlier_backup(tmp_path: Path) -> None:
@@ -50,12 +51,12 @@ def test_a_folder_that_holds_another_models_run_keeps_it(registry, tmp_path: Pat
     first = matmul_chain(tmp_path / "a.onnx", depth=2, width=8, batch=2)
     second = matmul_chain(tmp_path / "b.onnx", depth=3, width=8, batch=2)
     fast = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
-    tune(TuneOptions(model=first, output=out, seasonings=("ort-no-spinning",), measure=fast,
+    tune(RunSpec(model=first, output=out, seasonings=("ort-no-spinning",), measure=fast,
                      in_process=True), registry)
     kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()
             and p.name.startswith(("winner", "run.json", "report"))}
     assert {"winner.onnx", "winner.json", "run.json", "report.html"} <= set(kept)
-    result = tune(TuneOptions(model=second, output=out, seasonings=("ort-no-spinning",),
+    result = tune(RunSpec(model=second, output=out, seasonings=("ort-no-spinning",),
                               measure=fast, in_process=True), registry)
     assert {name: (out / name).read_bytes() for name in kept} == kept  # never overwritten
     records = result.files["run"].parent

@@ -17,8 +17,9 @@ from routetune.measure import MeasureSettings
 from routetune.model import prepare
 from routetune.profile import make_profile
 from routetune.registry import Registry
+from routetune.run_spec import RunSpec
 from routetune.sample_audio import VAD_FRAME, VAD_RATE, speech_audio
-from routetune.tuning import TuneOptions, tune
+from routetune.tuning import tune
 
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
 
@@ -51,7 +52,7 @@ def test_a_scalar_input_given_through_inputs_shapes_or_a_recipe_tunes(
     for i, n in enumerate((4, 4, 6)):
         np.savez(data / f"{i}.npz", x=np.full((n, 16), 0.1 * i, np.float32),
                  t=np.array(0.25 * (i + 1), np.float32))
-    result = tune(TuneOptions(model=model, inputs=data, output=tmp_path / "a",
+    result = tune(RunSpec(model=model, inputs=data, output=tmp_path / "a",
                               seasonings=("ort-no-spinning",), measure=QUICK,
                               in_process=True), registry)
     assert result.base.status == "ok", result.base.reason
@@ -92,7 +93,7 @@ def test_silero_vads_single_step_model_tunes_on_its_real_sample_rate(
         np.savez(data / f"{i}.npz", input=audio[None, i * VAD_FRAME:(i + 1) * VAD_FRAME]
                  .astype(np.float32), state=np.zeros((2, 1, 128), np.float32),
                  sr=np.array(VAD_RATE, np.int64))
-    result = tune(TuneOptions(model=model, inputs=data, output=tmp_path / "out",
+    result = tune(RunSpec(model=model, inputs=data, output=tmp_path / "out",
                               seasonings=("fold-constants", "ort-threads"), max_depth=1,
                               measure=QUICK), registry)
     assert result.base.status == "ok", result.base.reason

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from routetune.rebuild import rebuild
 from routetune.registry import Registry
+from routetune.run_spec import RunSpec
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-from routetune.tuning import TuneOptions
 
 
 class Recast(Seasoning):
@@ -46,7 +46,7 @@ def test_a_pass_that_breaks_the_model_or_crashes_is_named_as_its_fault(
     registry.add_seasoning(Recast)
     registry.add_seasoning(Boom)
     model = conv_bn(tmp_path / "m.onnx")
-    opts = TuneOptions(model=model, output=tmp_path / "out", shapes="x:1x3x32x32")
+    opts = RunSpec(model=model, output=tmp_path / "out", shapes="x:1x3x32x32")
     broken = rebuild(opts, "recast", registry)
     assert broken.engine_file is None and not broken.failed
     assert broken.broken.startswith("after 'recast': the rewrite left a redundant Cast")

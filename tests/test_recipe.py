@@ -14,10 +14,10 @@ from graphs import conv_bn
 
 import routetune
 from routetune.errors import UsageError
-from routetune.options import tune_options
 from routetune.recipe import Recipe, json_schema, load_recipe
+from routetune.run_spec import merge
 
-FAST = {"min_runs": 3, "min_time": 0.02}
+FAST = {"min_runs": 3, "min_time_s": 0.02}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -88,14 +88,9 @@ def test_flags_given_override_the_recipe_and_the_rest_comes_from_it(tmp_path: Pa
         '[[seasonings]]\nname = "ort-threads"\n[seasonings.params]\nintra_op = [1]\n'
         '[search]\nstrategy = "exhaustive"\nmax_depth = 1\n[measure]\nmin_runs = 7\n'
         '[inputs]\nshapes = "x:1x3x32x32"\n[accuracy]\nexpr = "cos>=0.9"\n'))
-    flags = {"model": None, "example": None, "output": None, "backend": "onnxruntime",
-             "seasonings": None, "search": "beam", "beam_width": 3, "max_depth": 0,
-             "accuracy": "cos>=0.99", "inputs": None, "shapes": None, "min_shapes": None,
-             "opt_shapes": None, "max_shapes": None, "fresh": False, "max_trials": None,
-             "time_budget_s": None, "min_runs": 20, "min_time": 0.5,
+    given = {"recipe": path, "max_depth": 0, "min_time_s": 0.5,
              "space": {"ort-threads": {"intra_op": (2,)}}}
-    opts = tune_options(flags, path, registry,
-                        given=lambda name: name in ("max_depth", "min_time"))
+    opts = merge(given, "cli", registry)
     assert opts.model == tmp_path / "m.onnx"  # relative to the recipe
     assert (opts.search, opts.max_depth, opts.shapes) == ("exhaustive", 0, "x:1x3x32x32")
     assert (opts.measure.min_runs, opts.measure.min_time_s) == (7, 0.5)
@@ -190,7 +185,7 @@ def test_python_api_returns_the_result_with_records_dataframe_and_report(tuned, 
     assert paths["html"].read_text().startswith("<!DOCTYPE html>")
     with pytest.raises(UsageError, match="routetune.tune: unknown option 'bogus'"):
         routetune.tune(root / "m.onnx", bogus=1)
-    with pytest.raises(UsageError, match="routetune.tune: max_depth='2' must be int"):
+    with pytest.raises(UsageError, match=r"routetune.tune\(max_depth=...\): '2' must be int$"):
         routetune.tune(root / "m.onnx", max_depth="2")
 
 
@@ -227,8 +222,7 @@ def test_seasonings_flag_replaces_the_recipes_and_its_spaces(tmp_path: Path,
                                                              registry) -> None:  # noqa: ANN001
     path = write(tmp_path, HEAD + '[[seasonings]]\nname = "fp16"\n[seasonings.params]\n'
                                   'keep_io_types = [true]\n')
-    flags = {"seasonings": ("ort-threads",), "space": {}, "min_runs": 3, "min_time": 0.1}
-    opts = tune_options(flags, path, registry, given=lambda name: name == "seasonings")
+    opts = merge({"recipe": path, "seasonings": ("ort-threads",)}, "cli", registry)
     assert opts.seasonings == ("ort-threads",) and opts.space == {}
 
 

@@ -14,7 +14,8 @@ from PIL import Image
 from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.report import build_report, write_reports
-from routetune.tuning import TuneOptions, tune
+from routetune.run_spec import RunSpec
+from routetune.tuning import tune
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None,
@@ -26,7 +27,7 @@ def outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished exhaustive search over four seasonings on a Conv+BN model."""
     root = tmp_path_factory.mktemp("report")
     out = root / "out"
-    tune(TuneOptions(model=conv_bn(root / "m.onnx"), shapes="x:1x3x32x32", output=out,
+    tune(RunSpec(model=conv_bn(root / "m.onnx"), shapes="x:1x3x32x32", output=out,
                      seasonings=("fuse-bn-into-conv", "ort-threads", "fp16",
                                  "fold-constants"),
                      search="exhaustive", max_depth=2,

@@ -25,9 +25,10 @@ from test_weights import external_model, run_path
 from routetune.errors import UsageError
 from routetune.model import prepare
 from routetune.registry import Registry
+from routetune.run_spec import RunSpec
 from routetune.search.artifacts import matches_record
 from routetune.store import TrialStore
-from routetune.tuning import TuneOptions, tune
+from routetune.tuning import tune
 from routetune.weights import WEIGHTS
 
 ROOT = Path(__file__).parents[1]
@@ -171,7 +172,7 @@ def test_changed_candidate_models_and_weights_of_stored_trials_are_made_again(
     # are confirmed, run for winner_outputs.npz, or written as winner.onnx.
     path = external_model(tmp_path / "in" / "m.onnx")
     out = tmp_path / "out"
-    options = TuneOptions(model=path, output=out, shapes="x:2x64", seasonings=("fp16",),
+    options = RunSpec(model=path, output=out, shapes="x:2x64", seasonings=("fp16",),
                           accuracy="l2<=0.05", busy_machine="ignore", in_process=True)
     first = tune(options, registry)
     assert first.winner.status == "ok" and first.winner.artifact  # base or fp16
@@ -244,7 +245,7 @@ def test_with_the_flag_external_data_outside_is_copied_into_the_run(
         registry: Registry, tmp_path: Path) -> None:
     model = outside_model(tmp_path, "dotdot")
     out = tmp_path / "out"
-    result = tune(TuneOptions(model=model, output=out, shapes="x:2x64",
+    result = tune(RunSpec(model=model, output=out, shapes="x:2x64",
                               seasonings=("ort-no-spinning",), in_process=True,
                               allow_external_data_outside=True), registry)
     assert result.base.status == "ok"

@@ -14,8 +14,9 @@ from onnx import TensorProto, helper
 from routetune.measure import MeasureSettings
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.registry import Registry
+from routetune.run_spec import RunSpec
 from routetune.strict_fp16 import mentions_float16, strict_fp16_overflows
-from routetune.tuning import TuneOptions, tune
+from routetune.tuning import tune
 
 BACKEND = OnnxRuntimeBackend()
 
@@ -77,7 +78,7 @@ def test_a_layernorm_whose_variance_overflows_in_float16_never_wins(
     x = np.random.default_rng(0).uniform(-200, 200, (4, 2048)).astype(np.float32)
     np.savez(tmp_path / "x.npz", x=x)
     registry.add_seasoning(NaiveFp16)
-    opts = TuneOptions(model=model, output=tmp_path / "out", search="exhaustive",
+    opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive",
                        seasonings=("fp16", "naive-fp16"), inputs=tmp_path / "x.npz",
                        accuracy="rel_l2<=0.01", max_depth=1, in_process=True,
                        measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01))

@@ -12,7 +12,8 @@ import pytest
 from routetune.examples import get_example
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.tuning import TuneOptions, tune
+from routetune.run_spec import RunSpec
+from routetune.tuning import tune
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def cached_examples(model_path: Callable[[str], Path], model_cache: Path,
 
 
 def test_tune_ppocr_cls(cached_examples: None, registry: Registry, tmp_path: Path) -> None:
-    opts = TuneOptions(
+    opts = RunSpec(
         example="ppocr-cls", output=tmp_path / "out", search="beam", beam_width=2, max_depth=2,
         seasonings=("fold-constants", "fuse-bn-into-conv", "eliminate-noops", "ort-threads"),
         measure=MeasureSettings(warmup=2, min_runs=10, min_time_s=0.1),

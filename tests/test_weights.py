@@ -16,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from routetune.measure import MeasureSettings
 from routetune.model import prepare
 from routetune.registry import Registry
-from routetune.tuning import TuneOptions, tune
+from routetune.run_spec import RunSpec
+from routetune.tuning import tune
 from routetune.weights import WEIGHTS, has_external_data, source_sha256
 
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
@@ -75,7 +76,7 @@ def test_routes_on_external_data_keep_weights_in_the_store_and_the_winner_runs(
         registry: Registry, tmp_path: Path) -> None:
     path = external_model(tmp_path / "in" / "m.onnx")
     out = tmp_path / "out"
-    result = tune(TuneOptions(model=path, output=out, shapes="x:2x64",
+    result = tune(RunSpec(model=path, output=out, shapes="x:2x64",
                               seasonings=("fold-constants", "fp16", "int8-qdq"),
                               routes=("fold-constants,fp16",), measure=QUICK,
                               in_process=True, accuracy="l2<=0.05"), registry)
@@ -101,7 +102,7 @@ def test_routes_on_external_data_keep_weights_in_the_store_and_the_winner_runs(
 def test_a_winner_with_external_data_is_written_with_its_data_file(
         registry: Registry, tmp_path: Path) -> None:
     path = external_model(tmp_path / "in" / "m.onnx")
-    result = tune(TuneOptions(model=path, output=tmp_path / "out", shapes="x:2x64",
+    result = tune(RunSpec(model=path, output=tmp_path / "out", shapes="x:2x64",
                               seasonings=("ort-no-spinning",), measure=QUICK,
                               in_process=True), registry)
     winner = result.files["model"]

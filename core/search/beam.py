@@ -8,21 +8,32 @@ limit, or when no route of a depth is accurate.
 
 from __future__ import annotations
 
-from routetune.errors import UsageError
+from dataclasses import dataclass
+from typing import Any
+
+from routetune.option_schema import option
 from routetune.route import Route
 from routetune.search.strategy import Strategy, rank_key
 from routetune.trial import Status, Trial
+
+
+@dataclass(frozen=True)
+class BeamOptions:
+    """The beam search's options."""
+
+    beam_width: int = option(3, help="Routes kept per depth (the fastest accurate ones).",
+                             minimum=1)
 
 
 class Beam(Strategy):
     """Grows routes one seasoning at a time, keeping the fastest accurate per depth."""
 
     name = "beam"
+    Options = BeamOptions
+    options: BeamOptions
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self.config.beam_width < 1:
-            raise UsageError(f"--beam-width {self.config.beam_width}: must be 1 or more")
         self._beam: list[Route] = [Route()]
         self._seen: set[Route] = {Route()}
         self._depth_results: list[tuple[Route, Trial]] = []
@@ -33,7 +44,7 @@ class Beam(Strategy):
         if self._started:
             accurate = [(r, t) for r, t in self._depth_results if t.status == Status.OK]
             accurate.sort(key=lambda rt: rank_key(rt[1]))
-            self._beam = [r for r, _ in accurate[: self.config.beam_width]]
+            self._beam = [r for r, _ in accurate[: self.options.beam_width]]
         self._started = True
         self._depth_results = []
         frontier: list[Route] = []
@@ -48,7 +59,7 @@ class Beam(Strategy):
         """An upper bound: every depth grows ``beam_width`` routes by every one-step extension."""
         first = len(self.space.extensions(Route()))
         depths = max(self.space.max_depth - 1, 0)
-        return min(first + depths * self.config.beam_width * first, self.space.size() - 1)
+        return min(first + depths * self.options.beam_width * first, self.space.size() - 1)
 
     def tell(self, route: Route, trial: Trial) -> None:
         """Record a trial of the current depth."""

@@ -179,7 +179,8 @@ class Candidate:
                     elif overflows is not None:
                         notes.append("strict FP16 check: no overflow")
                 fields.update(accuracy=measured.metrics, faults=tuple(faults),
-                              notes=tuple(notes), tolerances=measured.tolerances)
+                              notes=tuple(notes), tolerances=measured.tolerances,
+                              accuracy_per_set=measured.per_set)
                 (fields["latency"], fields["base_latency"], fields["paired"]), conditions = (
                     self.timing.watched(lambda: self.timing.measure(runner, route)))
                 fields["conditions"], fields["noisy"] = conditions, conditions["busy"]

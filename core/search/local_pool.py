@@ -45,15 +45,12 @@ from routetune.conditions import STATUS_GLOB, read_statuses
 from routetune.errors import UsageError, describe
 from routetune.logs import LOGS
 from routetune.registry import Registry
+from routetune.run_spec import DEFAULT_TIMEOUT_S
 from routetune.search import worker
 from routetune.search.executor import AfterBuild, Executor, Job
 from routetune.search.handoff import Handoff
 from routetune.search.phases import BUILT, Outcome, TrialInputs
 from routetune.trial import Status
-
-DEFAULT_TIMEOUT_S = 1800.0
-"""Default per-phase timeout in seconds: a large TensorRT build at optimisation level 5
-can take many minutes; a hang still ends."""
 
 TIMELINE = "timeline.jsonl"
 """The phase log under ``OUTDIR/artifacts/`` (see the module docstring)."""

@@ -27,13 +27,12 @@ import onnx_graphsurgeon as gs
 import routetune
 from routetune.accuracy import Constraint
 from routetune.backend import Backend
-from routetune.conditions import BusyPolicy
 from routetune.judge import judged
 from routetune.logs import LOGS, captured
-from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, sha256
 from routetune.registry import Registry
 from routetune.route import Route
+from routetune.run_spec import RunSpec
 from routetune.search.candidate import with_preflight
 from routetune.search.executor import Executor, InlineExecutor, Job
 from routetune.search.phases import BUILT, Confirmation, Outcome, Recorded, TrialInputs
@@ -70,7 +69,8 @@ class SearchLoop:
         constraint: The accuracy constraint.
         store: The trial store.
         outdir: The output directory; candidate models go under ``artifacts/``.
-        measure_settings: How long to time each candidate.
+        spec: The run as asked for (how long to time, the build options every route
+            starts from, the busy-machine policy); it goes to the workers unchanged.
         settings_hash: sha256 of the inputs, constraint and measurement settings.
         reference: The backend that runs models in FP32 for precision seasonings
             (`Backend.evaluate`); None for none.
@@ -80,11 +80,8 @@ class SearchLoop:
             stored and compete for the win, but are not told to the strategy.
         base: Graph and precision steps applied to every route, the base route
             included (a recipe's ``base``), after the backend's preflight (the pinned prefix).
-        base_settings: Build options every route starts from (a recipe's backend
-            options).
         executor: Where trials run; default: this process (`InlineExecutor`). The loop
             starts it, and `close` closes it.
-        busy: What measurements do on a busy machine (``--busy-machine``).
 
     Raises:
         SeasoningError: A preflight or pinned-prefix step failed; no route can be built.
@@ -101,14 +98,12 @@ class SearchLoop:
         constraint: Constraint,
         store: TrialStore,
         outdir: Path,
-        measure_settings: MeasureSettings,
+        spec: RunSpec,
         settings_hash: str,
         reference: Backend | None = None,
         repair: bool = False,
         base: Route | None = None,
-        base_settings: Mapping[str, Any] | None = None,
         executor: Executor | None = None,
-        busy: BusyPolicy | None = None,
     ) -> None:
         self.registry = registry
         self.model = model
@@ -126,9 +121,7 @@ class SearchLoop:
         inputs = TrialInputs(model, backend.name, backend.profile, tuple(feeds),
                              tuple(references),
                              constraint.tolerance_map(list(references[0]) if references else []),
-                             outdir, measure_settings,
-                             model.data, dict(base_settings or {}),
-                             reference=reference is not None, busy=busy or BusyPolicy())
+                             outdir, model.data, spec, reference=reference is not None)
         with captured(outdir / LOGS / "base.log", "preflight"):
             local, self.base_passes = with_preflight(registry, inputs, backend, reference,
                                                          list(base or Route()))

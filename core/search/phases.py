@@ -23,6 +23,7 @@ from routetune.measure import (
 )
 from routetune.model import PreparedModel
 from routetune.profile import ShapeProfile
+from routetune.run_spec import RunSpec
 from routetune.trial import Status
 
 BUILT: Literal["built"] = "built"
@@ -43,17 +44,15 @@ class TrialInputs:
             (`routetune.accuracy.Constraint.tolerance_map`); the bounds are applied by
             the search loop (`routetune.judge`), not here.
         outdir: The output directory; models and engines go under ``artifacts/``.
-        measure: How long to time each candidate.
         base_data: The model after the backend's preflight and the pinned prefix
             (`with_preflight`), serialized.
-        base_settings: Build options every route starts from (a recipe's backend
-            options).
+        spec: The run as asked for, unchanged from the entry point: how long to time
+            (``measure``), the build options every route starts from
+            (``backend_options``), the busy-machine policy.
         base_passes: The pass records of the preflight and the pinned prefix, recorded
             with every trial.
         reference: Whether precision seasonings and the strict FP16 check may run
             models in FP32 on the reference backend (the FP32 reference role).
-        busy: What a measurement does on a busy machine (``--busy-machine``); its
-            ``gpu`` is filled in by the measuring worker.
     """
 
     model: PreparedModel
@@ -63,12 +62,25 @@ class TrialInputs:
     references: tuple[Mapping[str, np.ndarray], ...]
     tolerances: Tolerances
     outdir: Path
-    measure: MeasureSettings
     base_data: bytes
-    base_settings: Mapping[str, Any] = field(default_factory=dict)
+    spec: RunSpec = field(default_factory=RunSpec)
     base_passes: tuple[Mapping[str, Any], ...] = ()
     reference: bool = True
-    busy: BusyPolicy = BusyPolicy()
+
+    @property
+    def measure(self) -> MeasureSettings:
+        """How long to time each candidate (``spec.measure``)."""
+        return self.spec.measure
+
+    @property
+    def base_settings(self) -> Mapping[str, Any]:
+        """Build options every route starts from (``spec.backend_options``)."""
+        return self.spec.backend_options
+
+    @property
+    def busy(self) -> BusyPolicy:
+        """What a measurement does on a busy machine (its ``gpu`` is set by the worker)."""
+        return BusyPolicy(self.spec.busy_machine)
 
 
 @dataclass(frozen=True)

@@ -7,24 +7,21 @@ Strategies do no I/O, no timing and no building: `routetune.search.loop` owns th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from routetune.composer import RouteSpace
-from routetune.route import Route, parse_route
+from routetune.errors import UsageError
+from routetune.option_schema import OptionError, build, check_keyword, options_of, problem
+from routetune.route import Route
 from routetune.trial import Trial
+
+if TYPE_CHECKING:
+    from routetune.run_spec import RunSpec
 
 
 @dataclass(frozen=True)
-class SearchConfig:
-    """Settings shared by every strategy.
-
-    Args:
-        beam_width: Routes kept per depth by beam search (``--beam-width``).
-        seed: For strategies that sample; the built-ins are deterministic.
-    """
-
-    beam_width: int = 3
-    seed: int = 0
+class NoOptions:
+    """The options of a strategy that takes none."""
 
 
 class Strategy:
@@ -33,16 +30,22 @@ class Strategy:
     The loop measures the base route first and tells it to the strategy, then calls
     `ask` until it returns an empty list, telling every route it asked for.
 
+    A strategy declares its own options as a frozen dataclass of `option` fields
+    (`Options`); users set them with ``--search-option KEY=VALUE``, a recipe's
+    ``[search] options`` table or ``routetune.tune(search_options={...})``, checked
+    against the declaration before any trial runs (`configure`).
+
     Args:
         space: The routes that may be tried.
-        config: The search settings.
+        options: An instance of `Options`; its defaults when None.
     """
 
     name: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
 
-    def __init__(self, space: RouteSpace, config: SearchConfig) -> None:
+    def __init__(self, space: RouteSpace, options: Any = None) -> None:
         self.space = space
-        self.config = config
+        self.options = options if options is not None else self.Options()
 
     def ask(self) -> list[Route]:
         """The next routes to try; an empty list when the search is done."""
@@ -84,4 +87,35 @@ def rank_key(trial: Trial) -> Rank:
     relative = trial.relative
     return Rank(relative.p50 if relative else float("inf"),
                 trial.latency.p50 if trial.latency else float("inf"),
-                len(parse_route(trial.route)), trial.route)
+                len(trial.steps), trial.route)
+
+
+def configure(cls: type[Strategy], spec: RunSpec) -> Any:
+    """The strategy's `Strategy.Options` from the run's ``search_options``.
+
+    ``beam_width`` is the shorthand of the beam strategy's option of that name.
+
+    Raises:
+        OptionError: An option the strategy does not declare, a value of the wrong
+            type or out of its bounds; it names the option as the user wrote it.
+    """
+    declared = {o.name: o for o in options_of(cls.Options)}
+    given = dict(spec.search_options)
+    if spec.beam_width is not None:
+        given["beam_width"] = spec.beam_width
+    for key, value in given.items():
+        where = "beam_width" if key == "beam_width" and spec.beam_width is not None else (
+            "search_options")
+        shown = f" {value}" if where == "beam_width" else f" {key}={value!r}"
+        if key not in declared:
+            known = ", ".join(declared) or "none"
+            raise OptionError(where, f"{shown}: the {cls.name} search takes no option "
+                              f"'{key}' (its options: {known})")
+        try:
+            check_keyword(declared[key], value)
+        except UsageError as e:
+            raise OptionError(where, f"{shown}: {str(e).partition(': ')[2]}") from e
+        why = problem(declared[key], value)
+        if why:
+            raise OptionError(where, f"{shown}: {why}")
+    return build(cls.Options, given)

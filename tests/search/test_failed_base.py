@@ -13,7 +13,8 @@ from graphs import folded_mul_one
 
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.tuning import TuneOptions, tune
+from routetune.run_spec import RunSpec
+from routetune.tuning import tune
 
 QUICK = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05)
 
@@ -29,7 +30,7 @@ def test_a_route_that_loads_wins_when_onnx_runtime_refuses_the_base_route(
     model = folded_mul_one(tmp_path / "m.onnx", producer)
     with pytest.raises(Exception, match="is not a graph input"):
         ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    result = tune(TuneOptions(model=model, output=tmp_path / "out", measure=QUICK,
+    result = tune(RunSpec(model=model, output=tmp_path / "out", measure=QUICK,
                               seasonings=("ort-opt-level",), search="exhaustive",
                               in_process=True), registry)
     trials = {t.route: t for t in result.trials}

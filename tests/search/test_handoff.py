@@ -11,7 +11,6 @@ import pytest
 from graphs import conv_bn
 
 from routetune.accuracy import parse_accuracy
-from routetune.measure import MeasureSettings
 from routetune.model import prepare
 from routetune.registry import Registry
 from routetune.search.handoff import Handoff, receive
@@ -23,7 +22,7 @@ def inputs(tmp_path: Path, registry: Registry) -> TrialInputs:
     feed = {"x": np.ones((1, 3, 32, 32), np.float32)}
     return TrialInputs(model, "onnxruntime", None, (feed,), ({"y": np.zeros(1)},),
                        parse_accuracy("cos>=0.99", registry, ["y"]), tmp_path,
-                       MeasureSettings(), model.data)
+                       model.data)
 
 
 def test_a_worker_waits_for_the_inputs_and_gets_them_in_memory(

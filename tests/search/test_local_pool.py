@@ -110,8 +110,9 @@ def test_plugins_registered_in_process_are_refused_by_workers(tmp_path: Path) ->
 
     from routetune.errors import UsageError
     from routetune.plugin_manager import load_registry
+    from routetune.run_spec import RunSpec
     from routetune.seasoning import PassResult, Seasoning, SeasoningInfo
-    from routetune.tuning import TuneOptions, tune
+    from routetune.tuning import tune
 
     class Local(Seasoning):
         info = SeasoningInfo(name="local-only", stage="graph", summary="registered in-process")
@@ -121,7 +122,7 @@ def test_plugins_registered_in_process_are_refused_by_workers(tmp_path: Path) ->
 
     registry = load_registry()
     registry.add_seasoning(Local)
-    opts = TuneOptions(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
+    opts = RunSpec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
                        shapes="x:1x3x32x32", seasonings=("local-only",))
     with pytest.raises(UsageError, match="local-only.*--in-process"):
         tune(opts, registry)

@@ -14,8 +14,9 @@ from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.metrics import Metric
 from routetune.registry import Registry
+from routetune.run_spec import RunSpec
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-from routetune.tuning import TuneOptions, TuneResult, tune
+from routetune.tuning import TuneResult, tune
 from routetune.verdict import pick_winner
 
 QUICK = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05)
@@ -120,7 +121,7 @@ def test_registry(registry: Registry) -> Registry:
 
 
 def run(registry: Registry, model: Path, out: Path, **kw: object) -> TuneResult:
-    opts = TuneOptions(model=model, output=out, search="exhaustive", measure=QUICK,
+    opts = RunSpec(model=model, output=out, search="exhaustive", measure=QUICK,
                        in_process=True, **kw)
     return tune(opts, registry)
 
@@ -205,7 +206,7 @@ def test_a_broken_signature_is_build_failed(test_registry: Registry, tmp_path: P
 def test_resume_reuses_stored_trials_without_rebuilding(registry: Registry, tmp_path: Path) -> None:
     model = conv_bn(tmp_path / "m.onnx")
     seen: list[bool] = []
-    opts = TuneOptions(model=model, output=tmp_path / "out", search="exhaustive", measure=QUICK,
+    opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive", measure=QUICK,
                        shapes="x:1x3x32x32", seasonings=("fuse-bn-into-conv", "ort-opt-level"))
     first = tune(opts, registry, on_trial=lambda t, cached: seen.append(cached))
     assert seen and not any(seen)
@@ -226,11 +227,11 @@ def test_resume_reuses_stored_trials_without_rebuilding(registry: Registry, tmp_
 
 def test_fresh_moves_the_old_store_aside(registry: Registry, tmp_path: Path) -> None:
     model = conv_bn(tmp_path / "m.onnx")
-    opts = TuneOptions(model=model, output=tmp_path / "out", measure=QUICK, shapes="x:1x3x32x32",
+    opts = RunSpec(model=model, output=tmp_path / "out", measure=QUICK, shapes="x:1x3x32x32",
                        seasonings=("fuse-bn-into-conv",))
     tune(opts, registry)
     seen: list[bool] = []
-    tune(TuneOptions(**{**opts.__dict__, "fresh": True}), registry,
+    tune(RunSpec(**{**opts.__dict__, "fresh": True}), registry,
          on_trial=lambda t, cached: seen.append(cached))
     assert not any(seen)
     assert len(list((tmp_path / "out").glob("trials.*.sqlite"))) == 1

@@ -10,10 +10,11 @@ from graphs import matmul_chain
 from routetune.measure import Latency, MeasureSettings
 from routetune.registry import Registry
 from routetune.route import Route, parse_route
+from routetune.run_spec import RunSpec
 from routetune.search.repair import bisect_repair, faster_than_base, repair_point, repairs
 from routetune.search.strategy import rank_key
 from routetune.trial import Trial
-from routetune.tuning import TuneOptions, tune
+from routetune.tuning import tune
 
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)
 
@@ -95,7 +96,7 @@ def test_a_failing_int8_route_is_repaired_with_as_few_fp32_nodes_as_bisection_fi
         registry: Registry, tmp_path: Path) -> None:
     # big enough that INT8 GEMMs beat FP32 on a CPU, so a repair is worth trying
     model = matmul_chain(tmp_path / "chain.onnx", depth=4, width=512, batch=256)
-    opts = TuneOptions(model=model, output=tmp_path / "out", search="exhaustive",
+    opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive",
                        seasonings=("int8-qdq", "precision-repair"), accuracy="rel_l2<=0.02",
                        measure=QUICK)
     trials = tune(opts, registry).trials

@@ -5,11 +5,10 @@ from __future__ import annotations
 from routetune.composer import RouteSpace
 from routetune.measure import Latency
 from routetune.route import Route
-from routetune.search.beam import Beam
+from routetune.search.beam import Beam, BeamOptions
 from routetune.search.exhaustive import Exhaustive
 from routetune.search.mixed import Mixed
 from routetune.search.one_at_a_time import OneAtATime
-from routetune.search.strategy import SearchConfig
 from routetune.seasoning import Param, SeasoningInfo
 from routetune.trial import Status, Trial
 
@@ -56,7 +55,7 @@ def drive(strategy) -> list[list[Route]]:  # noqa: ANN001
 
 def test_exhaustive_visits_every_route_once() -> None:
     s = space()
-    batches = drive(Exhaustive(s, SearchConfig()))
+    batches = drive(Exhaustive(s))
     asked = [r for b in batches for r in b]
     assert len(asked) == len(set(asked)) == s.size() - 1
     assert set(asked) | {Route()} == set(s.routes())
@@ -64,7 +63,7 @@ def test_exhaustive_visits_every_route_once() -> None:
 
 def test_beam_keeps_width_and_grows_from_the_fastest_accurate() -> None:
     s = space()
-    batches = drive(Beam(s, SearchConfig(beam_width=2)))
+    batches = drive(Beam(s, BeamOptions(beam_width=2)))
     depth1 = sorted(str(r) for r in batches[0])
     assert depth1 == ["a", "b", "c", "c{k=2}", "c{k=3}", "d"]
     # the beam after depth 1 is c{k=3} and c{k=2} (d is fastest but inaccurate)
@@ -77,13 +76,13 @@ def test_beam_keeps_width_and_grows_from_the_fastest_accurate() -> None:
 
 
 def test_beam_stops_at_max_depth() -> None:
-    batches = drive(Beam(space(max_depth=1), SearchConfig(beam_width=3)))
+    batches = drive(Beam(space(max_depth=1), BeamOptions(beam_width=3)))
     assert len(batches) == 1
 
 
 def test_strategies_are_deterministic() -> None:
     for cls in (Exhaustive, Beam):
-        assert drive(cls(space(), SearchConfig())) == drive(cls(space(), SearchConfig()))
+        assert drive(cls(space())) == drive(cls(space()))
 
 
 def paired(route: Route, ms: float, status: str = "ok", base_ms: float = 10.0) -> Trial:
@@ -99,17 +98,17 @@ def test_one_at_a_time_is_the_base_plus_each_knob_alone() -> None:
     infos = [*space().infos.values(),
              SeasoningInfo(name="e", stage="build", summary="", requires=frozenset({"d"})),
              SeasoningInfo(name="f", stage="build", summary="", conflicts=frozenset({"a"}))]
-    asked = drive(OneAtATime(RouteSpace(infos), SearchConfig()))
+    asked = drive(OneAtATime(RouteSpace(infos)))
     assert [[str(r) for r in b] for b in asked] == [
         ["a", "b", "c", "c{k=2}", "c{k=3}", "d", "d,e", "f"]]
-    assert OneAtATime(RouteSpace(infos), SearchConfig()).planned() == 8
+    assert OneAtATime(RouteSpace(infos)).planned() == 8
 
 
 def test_mixed_combines_only_the_changes_that_beat_the_base_beyond_noise() -> None:
     """a: 20% faster, c{k=3}: 30% faster, b: 0.5% faster (inside the ±1% noise),
     d: fast but inaccurate, c{k=2}: slower. Phase 2 is a × c{k∈{1,3}} only."""
     times = {"a": 8.0, "b": 9.95, "c": 10.2, "c{k=2}": 11.0, "c{k=3}": 7.0, "d": 5.0}
-    strategy = Mixed(space(), SearchConfig())
+    strategy = Mixed(space())
     strategy.tell(Route(), paired(Route(), 10.0))
     first = strategy.ask()
     assert [str(r) for r in first] == ["a", "b", "c", "c{k=2}", "c{k=3}", "d"]
@@ -123,7 +122,7 @@ def test_mixed_combines_only_the_changes_that_beat_the_base_beyond_noise() -> No
 
 
 def test_mixed_stops_after_one_at_a_time_when_fewer_than_two_changes_help() -> None:
-    strategy = Mixed(space(), SearchConfig())
+    strategy = Mixed(space())
     strategy.tell(Route(), paired(Route(), 10.0))
     for r in strategy.ask():
         strategy.tell(r, paired(r, 8.0 if str(r) == "a" else 10.5))

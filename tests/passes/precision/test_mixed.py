@@ -22,8 +22,9 @@ from routetune.passes.precision.mixed import Bf16, Fp16
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.postconditions import cast_faults, check_candidate
 from routetune.registry import Registry
+from routetune.run_spec import RunSpec
 from routetune.seasoning import PassResult, RouteContext, RouteState
-from routetune.tuning import TuneOptions, tune
+from routetune.tuning import tune
 
 BACKEND = OnnxRuntimeBackend()
 
@@ -314,7 +315,7 @@ def test_keep_io_types_false_runs_in_the_search(registry: Registry, tmp_path: Pa
             for p in Fp16.info.params))
 
     registry.add_seasoning(Fp16Io)
-    opts = TuneOptions(model=conv_bn(tmp_path / "m.onnx", batch=1), output=tmp_path / "out",
+    opts = RunSpec(model=conv_bn(tmp_path / "m.onnx", batch=1), output=tmp_path / "out",
                        seasonings=("fp16-io",), accuracy="rel_l2<=0.01", in_process=True,
                        measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01))
     trial = next(t for t in tune(opts, registry).trials if t.route == "fp16-io")

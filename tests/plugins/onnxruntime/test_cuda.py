@@ -15,7 +15,8 @@ from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.cuda import CUDA_NS, CUDA_OPTIONS, OnnxRuntimeCudaBackend
 from routetune.plugins.onnxruntime.cuda_options import CudaNhwc
 from routetune.registry import Registry
-from routetune.tuning import TuneOptions, tune
+from routetune.run_spec import RunSpec
+from routetune.tuning import tune
 
 CUDA = OnnxRuntimeCudaBackend()
 WHY = CUDA.available()
@@ -92,7 +93,7 @@ def test_device_compute_time_excludes_the_copies_that_end_to_end_time_includes(
 def test_a_gpu_search_finds_fp16_and_records_the_device(registry: Registry,
                                                          tmp_path: Path) -> None:
     model = matmul_chain(tmp_path / "chain.onnx", depth=8, width=1024, batch=4096)
-    opts = TuneOptions(model=model, output=tmp_path / "out", backend="onnxruntime-cuda",
+    opts = RunSpec(model=model, output=tmp_path / "out", backend="onnxruntime-cuda",
                        seasonings=("fp16", "ort-cuda-graph", "ort-cuda-no-tf32"),
                        search="exhaustive", accuracy="cos>=0.9999,rel_l2<=0.01", measure=QUICK)
     result = tune(opts, registry)

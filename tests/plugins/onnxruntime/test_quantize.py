@@ -22,8 +22,9 @@ from routetune.measure import MeasureSettings
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
 from routetune.registry import Registry
+from routetune.run_spec import RunSpec
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning
-from routetune.tuning import TuneOptions, tune
+from routetune.tuning import tune
 
 BACKEND = OnnxRuntimeBackend()
 
@@ -307,7 +308,7 @@ SHORT = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
 
 def test_tune_int8_on_a_small_model(registry: Registry, tmp_path: Path) -> None:
     onnx.save(conv_matmul(), tmp_path / "m.onnx")
-    result = tune(TuneOptions(model=tmp_path / "m.onnx", seasonings=("int8-qdq",),
+    result = tune(RunSpec(model=tmp_path / "m.onnx", seasonings=("int8-qdq",),
                               search="exhaustive", measure=SHORT, output=tmp_path / "out"),
                   registry)
     int8 = [t for t in result.trials if t.route.startswith("int8-qdq")]
@@ -332,7 +333,7 @@ def test_tune_int8_on_a_small_model(registry: Registry, tmp_path: Path) -> None:
 def test_tune_int8_skips_a_quantized_model(registry: Registry, tmp_path: Path) -> None:
     _, qdq = season(Int8Qdq, conv_matmul())
     onnx.save(qdq, tmp_path / "q.onnx")
-    result = tune(TuneOptions(model=tmp_path / "q.onnx", seasonings=("int8-qdq", "ort-threads"),
+    result = tune(RunSpec(model=tmp_path / "q.onnx", seasonings=("int8-qdq", "ort-threads"),
                               search="exhaustive", measure=SHORT, output=tmp_path / "out"),
                   registry)
     assert result.not_applicable["int8-qdq"].startswith("the model is quantized already")
@@ -341,7 +342,7 @@ def test_tune_int8_skips_a_quantized_model(registry: Registry, tmp_path: Path) -
     # named alone, nothing is left to search: a usage error with the reason
     with pytest.raises(UsageError, match="--seasonings int8-qdq: none applies here "
                        r"\(int8-qdq: the model is quantized already"):
-        tune(TuneOptions(model=tmp_path / "q.onnx", seasonings=("int8-qdq",),
+        tune(RunSpec(model=tmp_path / "q.onnx", seasonings=("int8-qdq",),
                          output=tmp_path / "out2"), registry)
 
 
@@ -349,7 +350,7 @@ def test_tune_int8_skips_a_quantized_model(registry: Registry, tmp_path: Path) -
 def test_tune_int8_ppocr_cls(model_path: Callable[[str], Path], registry: Registry,
                              tmp_path: Path) -> None:
     # base + the first 4 int8 routes: per-channel MinMax, symmetric or not, both op sets
-    result = tune(TuneOptions(model=model_path("ppocr-cls"), shapes="x:1x3x48x192",
+    result = tune(RunSpec(model=model_path("ppocr-cls"), shapes="x:1x3x48x192",
                               seasonings=("int8-qdq",), search="exhaustive", measure=SHORT,
                               max_trials=5, output=tmp_path / "out"), registry)
     int8 = [t for t in result.trials if t.route.startswith("int8-qdq")]
