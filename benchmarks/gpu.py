@@ -80,10 +80,10 @@ def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: An
     out.mkdir(parents=True, exist_ok=True)
     torch_model, model_path, inputs = build_model(name, out)
     opts = RunSpec(model=model_path, example=None if model_path else name,
-                       output=out / "tune", backend="onnxruntime-cuda", fresh=args.fresh,
-                       beam_width=args.beam_width,
-                       accuracy=ACCURACY, inputs=inputs, measure=settings,
-                       time_budget_s=args.budget_s)
+                   output=out / "tune", backend="onnxruntime-cuda", fresh=args.fresh,
+                   beam_width=args.beam_width,
+                   accuracy=ACCURACY, inputs=inputs, measure=settings,
+                   time_budget_s=args.budget_s)
     started = time.perf_counter()
     result = tune(opts, registry)
     tuning_s = time.perf_counter() - started

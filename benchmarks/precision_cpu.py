@@ -47,8 +47,8 @@ def main() -> None:
     for name in args.models.split(","):
         started = time.perf_counter()
         result = tune(RunSpec(example=name, output=args.out / name, fresh=True,
-                                  seasonings=SEASONINGS, search="exhaustive",
-                                  accuracy=args.accuracy), registry)
+                              seasonings=SEASONINGS, search="exhaustive",
+                              accuracy=args.accuracy), registry)
         wall = time.perf_counter() - started
         last = result.confirmations[-1] if result.confirmations else None  # the one held,
         base, best = ((last.base_latency, last.latency) if last  # or the last tried

@@ -51,8 +51,8 @@ def main() -> None:
         started = time.perf_counter()
         unloaded.counting = False
         result = tune(RunSpec(example=name, backend="tensorrt", output=args.out / name,
-                                  fresh=True, seasonings=SEASONINGS, search="exhaustive",
-                                  max_depth=1), registry)
+                              fresh=True, seasonings=SEASONINGS, search="exhaustive",
+                              max_depth=1), registry)
         search_s = time.perf_counter() - started
         backend = TensorRtBackend(_profile(result))
         warm_cache = (args.out / name / "artifacts" / "engines" / TIMING_CACHE).read_bytes()

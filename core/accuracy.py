@@ -124,7 +124,7 @@ def parse_accuracy(text: str, registry: Registry, outputs: Sequence[str]) -> Con
         out, name, op, val = m["out"], m["name"], m["op"], m["val"]
         if val[0] in "<>=":  # "rel_l2<=" parses as "<" then "="
             raise OptionError("accuracy", f" '{text}': '{term}' has no number after "
-                             f"{op}{val}; write e.g. {name}{op}{val}0.01")
+                              f"{op}{val}; write e.g. {name}{op}{val}0.01")
         if out is not None and out not in outputs:
             raise OptionError(
                 "accuracy", f" '{text}': unknown output '{out}'; outputs: {', '.join(outputs)}"
@@ -141,17 +141,17 @@ def parse_accuracy(text: str, registry: Registry, outputs: Sequence[str]) -> Con
             tolerances = atol if name == "atol" else rtol
             if out in tolerances:
                 raise OptionError("accuracy", f" '{text}': {name} is set twice"
-                                 f"{f' for {out}' if out else ''}; give it once")
+                                  f"{f' for {out}' if out else ''}; give it once")
             tolerances[out] = value
             continue
         if op == "=" and name not in registry.metrics:
             raise OptionError("accuracy", f" '{text}': unknown setting '{name}'; '=' sets only "
-                             "atol or rtol, and a metric takes <= or >=")
+                              "atol or rtol, and a metric takes <= or >=")
         if op == "=":
             raise OptionError("accuracy", f" '{text}': '{term}' needs <= or >=, not =")
         if any(t.metric == name and t.output == out for t in thresholds):
             raise OptionError("accuracy", f" '{text}': {name} is bounded twice"
-                             f"{f' for {out}' if out else ''}; give one bound")
+                              f"{f' for {out}' if out else ''}; give one bound")
         metric = _metric(registry, name, text)
         if metric.higher_is_better != (op in (">=", ">")):
             want = ">=" if metric.higher_is_better else "<="
@@ -173,10 +173,10 @@ def _check_range(metric: Metric, op: str, value: float, term: str, text: str) ->
     always = value <= metric.lowest if lower else value >= metric.highest
     if never:
         raise OptionError("accuracy", f" '{text}': '{term}' can never hold ({span}); "
-                         "loosen the bound")
+                          "loosen the bound")
     if always:
         raise OptionError("accuracy", f" '{text}': '{term}' always holds ({span}); "
-                         "tighten the bound")
+                          "tighten the bound")
 
 
 def _metric(registry: Registry, name: str, text: str):  # noqa: ANN202

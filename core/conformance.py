@@ -108,7 +108,7 @@ def run_route(folder: Path, route: str, registry: Registry) -> Row:
     from routetune.run_spec import RunSpec
 
     opts = RunSpec(model=folder / "model.onnx", inputs=folder / "inputs",
-                       output=folder / "out")
+                   output=folder / "out")
     t0 = time.perf_counter()
     row = Row(folder.name, route, "ok")
     try:

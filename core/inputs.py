@@ -184,22 +184,22 @@ def _read_npz(path: Path) -> dict[str, np.ndarray | bytes]:
         data = np.load(path, allow_pickle=False)
     except _UNREADABLE as e:
         raise OptionError("inputs", f" {path}: not a readable .npz file ({one_line(e)}); "
-                         f"{fix}") from e
+                          f"{fix}") from e
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise OptionError("inputs", f" {path}: one .npy array, not an .npz file of named "
-                         f"inputs; {fix}(path, name=array)")
+                          f"inputs; {fix}(path, name=array)")
     with data:
         assert data.zip is not None  # open until the with block ends
         for info in data.zip.infolist():
             if info.file_size > MAX_INPUT_BYTES:
                 raise OptionError("inputs", f" {path}: {info.filename!r} takes "
-                                 f"{info.file_size / 2**30:.1f} GiB; give inputs of at most "
-                                 f"{MAX_INPUT_BYTES // 2**30} GiB each")
+                                  f"{info.file_size / 2**30:.1f} GiB; give inputs of at most "
+                                  f"{MAX_INPUT_BYTES // 2**30} GiB each")
         try:
             return {k: data[k] for k in data.files}
         except _UNREADABLE as e:
             raise OptionError("inputs", f" {path}: not a readable .npz file ({one_line(e)}); "
-                             f"{fix}") from e
+                              f"{fix}") from e
 
 
 def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
@@ -207,7 +207,7 @@ def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
     for name, value in _read_npz(path).items():
         if not isinstance(value, np.ndarray):  # a member that is not .npy: its raw bytes
             raise OptionError("inputs", f" {path}: {name!r} is not a NumPy array (not an .npy "
-                             "member); save with numpy.savez")
+                              "member); save with numpy.savez")
         arrays[name] = value
     names = [s.name for s in specs]
     for extra in set(arrays) - set(names):
@@ -224,7 +224,7 @@ def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
         arr = arrays[spec.name]
         if spec.dtype is None:
             raise OptionError("inputs", f" {path}: input '{spec.name}' is a sequence or optional "
-                             "value, which --inputs cannot give (tensors only)")
+                              "value, which --inputs cannot give (tensors only)")
         if spec.dtype == np.dtype(object) and arr.dtype.kind == "U":
             arr = arr.astype(object)  # ONNX strings: NumPy str arrays, no pickle needed
         if arr.dtype.kind in "Vu" and spec.dtype.isbuiltin != 1 and (

@@ -83,12 +83,12 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     opts.check()
     if opts.seasonings is not None and not opts.seasonings and not opts.routes:
         raise OptionError("seasonings", ": no names given; list seasonings (see `routetune "
-                         "seasonings`) or leave the flag out for all")
+                          "seasonings`) or leave the flag out for all")
     with_params = [n for n in opts.seasonings or () if "{" in n]
     if with_params:
         raise OptionError("seasonings", f" {with_params[0]}: takes seasoning names only; the "
-                         f"search tries each seasoning's parameter choices itself; give "
-                         f"'{with_params[0].split('{')[0]}'")
+                          f"search tries each seasoning's parameter choices itself; give "
+                          f"'{with_params[0].split('{')[0]}'")
     shapes, opt, low, high = (opts.spelled(n) for n in ("shapes", "opt_shapes",
                                                           "min_shapes", "max_shapes"))
     for name, given in (("shapes", opts.shapes), ("opt_shapes", opts.opt_shapes)):
@@ -218,11 +218,11 @@ def check_workers(opts: RunSpec) -> None:
     cores = os.cpu_count() or 1
     if not 1 <= opts.build_workers <= cores:
         raise OptionError("build_workers", f" {opts.build_workers}: give 1 to {cores} (this "
-                         f"machine's CPU cores; each build worker is a process)")
+                          f"machine's CPU cores; each build worker is a process)")
     memory = opts.worker_memory_mb
     if memory is not None and memory < MIN_WORKER_MEMORY_MB:
         raise OptionError("worker_memory_mb", f" {memory}: give at least {MIN_WORKER_MEMORY_MB} "
-                         "(MiB); a worker maps about 400 MiB of libraries before any trial")
+                          "(MiB); a worker maps about 400 MiB of libraries before any trial")
     changed = [opts.spelled(name) for name, used in (
         ("build_workers", opts.build_workers != 1),
         ("trial_timeout_s", opts.trial_timeout_s != DEFAULT_TIMEOUT_S),
@@ -272,12 +272,12 @@ def _check_named(names: Sequence[str], infos: Sequence[SeasoningInfo],
     if any(i.name == REPAIR for i in infos) and not any(i.stage == "precision"
                                                         for i in searched):
         raise OptionError("seasonings", f" {','.join(names)}: {REPAIR} repairs the failures of a "
-                         "precision seasoning; add fp16, bf16, int8-qdq or fp8-qdq")
+                          "precision seasoning; add fp16, bf16, int8-qdq or fp8-qdq")
     if not searched:
         why = "; ".join(f"{n}: {r}" for n, r in not_applicable.items())
         why = f" ({why})" if why else ""
         raise OptionError("seasonings", f" {','.join(names)}: none applies here{why}; "
-                         "see `routetune seasonings`")
+                          "see `routetune seasonings`")
 
 
 def _offered(
@@ -296,8 +296,8 @@ def _offered(
         if name in backend.preflight:
             if names is not None:
                 raise OptionError("seasonings", f": '{name}' is part of the {backend.name} "
-                                 "backend's preflight, applied before every build; "
-                                 "leave it out")
+                                  "backend's preflight, applied before every build; "
+                                  "leave it out")
             continue
         try:
             reason = cls().why_not(graph, backend)

@@ -183,7 +183,7 @@ def load_recipe(path: Path, registry: Registry) -> Any:
         raise OptionError("recipe", f" {path}: no such file") from e
     except RecursionError as e:  # tomllib recurses per nested array or inline table
         raise OptionError("recipe", f" {path}: not a readable TOML file (arrays or tables "
-                         "nested too deeply)") from e
+                          "nested too deeply)") from e
     except (OSError, ValueError) as e:  # TOMLDecodeError, UnicodeDecodeError, int digits
         raise OptionError("recipe", f" {path}: not a readable TOML file ({one_line(e)})") from e
     if doc.get("schema_version") == 1:

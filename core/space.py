@@ -34,7 +34,7 @@ def parse_space(terms: Iterable[str]) -> Space:
         name, param = name.strip(), param.strip()
         if not name or not param or not eq or not values.strip():
             raise OptionError("space", f" '{term}': write SEASONING:PARAM=VALUE1|VALUE2, e.g. "
-                             "trt-opt-level:level=4|5")
+                              "trt-opt-level:level=4|5")
         texts = [v.strip() for v in values.split("|")]
         if not all(texts):
             raise OptionError("space", f" '{term}': an empty value; separate values with one '|'")

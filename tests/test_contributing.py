@@ -53,8 +53,8 @@ def mul_by_one(path: Path) -> Path:
 def test_seasoning_example(registry: Registry, tmp_path: Path) -> None:
     example("routetune_mulone").routetune_register_seasonings(registry)
     result = tune(RunSpec(model=mul_by_one(tmp_path / "m.onnx"), output=tmp_path / "out",
-                              seasonings=("remove-mul-by-one",), measure=QUICK,
-                              in_process=True), registry)
+                          seasonings=("remove-mul-by-one",), measure=QUICK,
+                          in_process=True), registry)
     trial = next(t for t in result.trials if t.route == "remove-mul-by-one")
     assert trial.status == "ok"
     assert trial.passes[0]["stats"] == {"removed": 1}
@@ -65,9 +65,9 @@ def test_seasoning_example(registry: Registry, tmp_path: Path) -> None:
 def test_backend_example(registry: Registry, tmp_path: Path) -> None:
     example("routetune_refeval").routetune_register_backends(registry)
     result = tune(RunSpec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
-                              backend="onnx-reference", shapes="x:1x3x32x32",
-                              seasonings=("fuse-bn-into-conv",), measure=QUICK,
-                              in_process=True), registry)
+                          backend="onnx-reference", shapes="x:1x3x32x32",
+                          seasonings=("fuse-bn-into-conv",), measure=QUICK,
+                          in_process=True), registry)
     assert {t.route: t.status for t in result.trials} == {"base": "ok", "fuse-bn-into-conv": "ok"}
     assert result.base.device == "cpu: onnx.reference"
 

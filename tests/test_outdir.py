@@ -52,12 +52,12 @@ def test_a_folder_that_holds_another_models_run_keeps_it(registry, tmp_path: Pat
     second = matmul_chain(tmp_path / "b.onnx", depth=3, width=8, batch=2)
     fast = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
     tune(RunSpec(model=first, output=out, seasonings=("ort-no-spinning",), measure=fast,
-                     in_process=True), registry)
+                 in_process=True), registry)
     kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()
             and p.name.startswith(("winner", "run.json", "report"))}
     assert {"winner.onnx", "winner.json", "run.json", "report.html"} <= set(kept)
     result = tune(RunSpec(model=second, output=out, seasonings=("ort-no-spinning",),
-                              measure=fast, in_process=True), registry)
+                          measure=fast, in_process=True), registry)
     assert {name: (out / name).read_bytes() for name in kept} == kept  # never overwritten
     records = result.files["run"].parent
     assert records.parent == out / "runs" and (records / "winner.onnx").exists()

@@ -53,8 +53,8 @@ def test_a_scalar_input_given_through_inputs_shapes_or_a_recipe_tunes(
         np.savez(data / f"{i}.npz", x=np.full((n, 16), 0.1 * i, np.float32),
                  t=np.array(0.25 * (i + 1), np.float32))
     result = tune(RunSpec(model=model, inputs=data, output=tmp_path / "a",
-                              seasonings=("ort-no-spinning",), measure=QUICK,
-                              in_process=True), registry)
+                          seasonings=("ort-no-spinning",), measure=QUICK,
+                          in_process=True), registry)
     assert result.base.status == "ok", result.base.reason
     flags = cli("tune", str(model), "--shapes", "x:4x16,t:", "--seasonings",
                 "ort-no-spinning", "--min-time", "0.02", "--output", str(tmp_path / "b"))
@@ -94,8 +94,8 @@ def test_silero_vads_single_step_model_tunes_on_its_real_sample_rate(
                  .astype(np.float32), state=np.zeros((2, 1, 128), np.float32),
                  sr=np.array(VAD_RATE, np.int64))
     result = tune(RunSpec(model=model, inputs=data, output=tmp_path / "out",
-                              seasonings=("fold-constants", "ort-threads"), max_depth=1,
-                              measure=QUICK), registry)
+                          seasonings=("fold-constants", "ort-threads"), max_depth=1,
+                          measure=QUICK), registry)
     assert result.base.status == "ok", result.base.reason
     assert result.winner.status == "ok"
     # fold-constants inlines the decoder's nested If, whose condition folds to a constant

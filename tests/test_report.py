@@ -28,7 +28,7 @@ def outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("report")
     out = root / "out"
     tune(RunSpec(model=conv_bn(root / "m.onnx"), shapes="x:1x3x32x32", output=out,
-                     seasonings=("fuse-bn-into-conv", "ort-threads", "fp16",
+                 seasonings=("fuse-bn-into-conv", "ort-threads", "fp16",
                                  "fold-constants"),
                      search="exhaustive", max_depth=2,
                      measure=MeasureSettings(min_runs=5, min_time_s=0.05)))

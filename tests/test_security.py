@@ -173,7 +173,7 @@ def test_changed_candidate_models_and_weights_of_stored_trials_are_made_again(
     path = external_model(tmp_path / "in" / "m.onnx")
     out = tmp_path / "out"
     options = RunSpec(model=path, output=out, shapes="x:2x64", seasonings=("fp16",),
-                          accuracy="l2<=0.05", busy_machine="ignore", in_process=True)
+                      accuracy="l2<=0.05", busy_machine="ignore", in_process=True)
     first = tune(options, registry)
     assert first.winner.status == "ok" and first.winner.artifact  # base or fp16
     models = out / "artifacts" / "models"
@@ -246,8 +246,8 @@ def test_with_the_flag_external_data_outside_is_copied_into_the_run(
     model = outside_model(tmp_path, "dotdot")
     out = tmp_path / "out"
     result = tune(RunSpec(model=model, output=out, shapes="x:2x64",
-                              seasonings=("ort-no-spinning",), in_process=True,
-                              allow_external_data_outside=True), registry)
+                          seasonings=("ort-no-spinning",), in_process=True,
+                          allow_external_data_outside=True), registry)
     assert result.base.status == "ok"
     stored = list((out / "artifacts" / "models" / WEIGHTS).glob("*.bin"))
     assert stored and all(hashlib.sha256(f.read_bytes()).hexdigest() == f.stem

@@ -79,9 +79,9 @@ def test_a_layernorm_whose_variance_overflows_in_float16_never_wins(
     np.savez(tmp_path / "x.npz", x=x)
     registry.add_seasoning(NaiveFp16)
     opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive",
-                       seasonings=("fp16", "naive-fp16"), inputs=tmp_path / "x.npz",
-                       accuracy="rel_l2<=0.01", max_depth=1, in_process=True,
-                       measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01))
+                   seasonings=("fp16", "naive-fp16"), inputs=tmp_path / "x.npz",
+                   accuracy="rel_l2<=0.01", max_depth=1, in_process=True,
+                   measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01))
     trials = {t.route: t for t in tune(opts, registry).trials}
     naive = trials["naive-fp16"]
     assert naive.status == "accuracy-failed"

@@ -77,9 +77,9 @@ def test_routes_on_external_data_keep_weights_in_the_store_and_the_winner_runs(
     path = external_model(tmp_path / "in" / "m.onnx")
     out = tmp_path / "out"
     result = tune(RunSpec(model=path, output=out, shapes="x:2x64",
-                              seasonings=("fold-constants", "fp16", "int8-qdq"),
-                              routes=("fold-constants,fp16",), measure=QUICK,
-                              in_process=True, accuracy="l2<=0.05"), registry)
+                          seasonings=("fold-constants", "fp16", "int8-qdq"),
+                          routes=("fold-constants,fp16",), measure=QUICK,
+                          in_process=True, accuracy="l2<=0.05"), registry)
     by_route = {t.route: t for t in result.trials}
     for route in ("base", "fold-constants", "fp16", "int8-qdq", "fold-constants,fp16"):
         assert by_route[route].status in ("ok", "accuracy-failed"), (
@@ -103,8 +103,8 @@ def test_a_winner_with_external_data_is_written_with_its_data_file(
         registry: Registry, tmp_path: Path) -> None:
     path = external_model(tmp_path / "in" / "m.onnx")
     result = tune(RunSpec(model=path, output=tmp_path / "out", shapes="x:2x64",
-                              seasonings=("ort-no-spinning",), measure=QUICK,
-                              in_process=True), registry)
+                          seasonings=("ort-no-spinning",), measure=QUICK,
+                          in_process=True), registry)
     winner = result.files["model"]
     data = winner.with_name("winner.onnx.data")
     assert data.stat().st_size >= 2 * 64 * 128 * 4

@@ -31,8 +31,8 @@ def test_a_route_that_loads_wins_when_onnx_runtime_refuses_the_base_route(
     with pytest.raises(Exception, match="is not a graph input"):
         ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     result = tune(RunSpec(model=model, output=tmp_path / "out", measure=QUICK,
-                              seasonings=("ort-opt-level",), search="exhaustive",
-                              in_process=True), registry)
+                          seasonings=("ort-opt-level",), search="exhaustive",
+                          in_process=True), registry)
     trials = {t.route: t for t in result.trials}
     assert trials["base"].status == "build-failed"
     assert "ONNX Runtime refused the model" in trials["base"].reason

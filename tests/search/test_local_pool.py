@@ -123,7 +123,7 @@ def test_plugins_registered_in_process_are_refused_by_workers(tmp_path: Path) ->
     registry = load_registry()
     registry.add_seasoning(Local)
     opts = RunSpec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
-                       shapes="x:1x3x32x32", seasonings=("local-only",))
+                   shapes="x:1x3x32x32", seasonings=("local-only",))
     with pytest.raises(UsageError, match="local-only.*--in-process"):
         tune(opts, registry)
 

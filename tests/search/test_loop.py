@@ -122,7 +122,7 @@ def test_registry(registry: Registry) -> Registry:
 
 def run(registry: Registry, model: Path, out: Path, **kw: object) -> TuneResult:
     opts = RunSpec(model=model, output=out, search="exhaustive", measure=QUICK,
-                       in_process=True, **kw)
+                   in_process=True, **kw)
     return tune(opts, registry)
 
 
@@ -207,7 +207,7 @@ def test_resume_reuses_stored_trials_without_rebuilding(registry: Registry, tmp_
     model = conv_bn(tmp_path / "m.onnx")
     seen: list[bool] = []
     opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive", measure=QUICK,
-                       shapes="x:1x3x32x32", seasonings=("fuse-bn-into-conv", "ort-opt-level"))
+                   shapes="x:1x3x32x32", seasonings=("fuse-bn-into-conv", "ort-opt-level"))
     first = tune(opts, registry, on_trial=lambda t, cached: seen.append(cached))
     assert seen and not any(seen)
     rows = sqlite3.connect(tmp_path / "out" / "trials.sqlite").execute(
@@ -228,7 +228,7 @@ def test_resume_reuses_stored_trials_without_rebuilding(registry: Registry, tmp_
 def test_fresh_moves_the_old_store_aside(registry: Registry, tmp_path: Path) -> None:
     model = conv_bn(tmp_path / "m.onnx")
     opts = RunSpec(model=model, output=tmp_path / "out", measure=QUICK, shapes="x:1x3x32x32",
-                       seasonings=("fuse-bn-into-conv",))
+                   seasonings=("fuse-bn-into-conv",))
     tune(opts, registry)
     seen: list[bool] = []
     tune(RunSpec(**{**opts.__dict__, "fresh": True}), registry,

@@ -97,8 +97,8 @@ def test_a_failing_int8_route_is_repaired_with_as_few_fp32_nodes_as_bisection_fi
     # big enough that INT8 GEMMs beat FP32 on a CPU, so a repair is worth trying
     model = matmul_chain(tmp_path / "chain.onnx", depth=4, width=512, batch=256)
     opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive",
-                       seasonings=("int8-qdq", "precision-repair"), accuracy="rel_l2<=0.02",
-                       measure=QUICK)
+                   seasonings=("int8-qdq", "precision-repair"), accuracy="rel_l2<=0.02",
+                   measure=QUICK)
     trials = tune(opts, registry).trials
     plain = [t for t in trials if "precision-repair" not in t.route and t.route != "base"]
     assert len(plain) == 4 and all(t.status == "accuracy-failed" for t in plain)

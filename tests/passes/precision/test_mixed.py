@@ -316,8 +316,8 @@ def test_keep_io_types_false_runs_in_the_search(registry: Registry, tmp_path: Pa
 
     registry.add_seasoning(Fp16Io)
     opts = RunSpec(model=conv_bn(tmp_path / "m.onnx", batch=1), output=tmp_path / "out",
-                       seasonings=("fp16-io",), accuracy="rel_l2<=0.01", in_process=True,
-                       measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01))
+                   seasonings=("fp16-io",), accuracy="rel_l2<=0.01", in_process=True,
+                   measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01))
     trial = next(t for t in tune(opts, registry).trials if t.route == "fp16-io")
     assert trial.status == "ok", trial.reason  # the runner casts the float32 inputs
     assert trial.accuracy["y"]["rel_l2"] < 1e-2

@@ -94,8 +94,8 @@ def test_a_gpu_search_finds_fp16_and_records_the_device(registry: Registry,
                                                          tmp_path: Path) -> None:
     model = matmul_chain(tmp_path / "chain.onnx", depth=8, width=1024, batch=4096)
     opts = RunSpec(model=model, output=tmp_path / "out", backend="onnxruntime-cuda",
-                       seasonings=("fp16", "ort-cuda-graph", "ort-cuda-no-tf32"),
-                       search="exhaustive", accuracy="cos>=0.9999,rel_l2<=0.01", measure=QUICK)
+                   seasonings=("fp16", "ort-cuda-graph", "ort-cuda-no-tf32"),
+                   search="exhaustive", accuracy="cos>=0.9999,rel_l2<=0.01", measure=QUICK)
     result = tune(opts, registry)
     trials = {t.route: t for t in result.trials}
     assert trials["fp16"].status == "ok", trials["fp16"].reason

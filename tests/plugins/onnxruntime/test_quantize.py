@@ -309,7 +309,7 @@ SHORT = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
 def test_tune_int8_on_a_small_model(registry: Registry, tmp_path: Path) -> None:
     onnx.save(conv_matmul(), tmp_path / "m.onnx")
     result = tune(RunSpec(model=tmp_path / "m.onnx", seasonings=("int8-qdq",),
-                              search="exhaustive", measure=SHORT, output=tmp_path / "out"),
+                          search="exhaustive", measure=SHORT, output=tmp_path / "out"),
                   registry)
     int8 = [t for t in result.trials if t.route.startswith("int8-qdq")]
     assert len(int8) == 2 * 2  # per_channel x symmetric; other values are pin-only
@@ -334,7 +334,7 @@ def test_tune_int8_skips_a_quantized_model(registry: Registry, tmp_path: Path) -
     _, qdq = season(Int8Qdq, conv_matmul())
     onnx.save(qdq, tmp_path / "q.onnx")
     result = tune(RunSpec(model=tmp_path / "q.onnx", seasonings=("int8-qdq", "ort-threads"),
-                              search="exhaustive", measure=SHORT, output=tmp_path / "out"),
+                          search="exhaustive", measure=SHORT, output=tmp_path / "out"),
                   registry)
     assert result.not_applicable["int8-qdq"].startswith("the model is quantized already")
     assert ("int8-qdq", "skipped", result.not_applicable["int8-qdq"]) in [
@@ -343,7 +343,7 @@ def test_tune_int8_skips_a_quantized_model(registry: Registry, tmp_path: Path) -
     with pytest.raises(UsageError, match="--seasonings int8-qdq: none applies here "
                        r"\(int8-qdq: the model is quantized already"):
         tune(RunSpec(model=tmp_path / "q.onnx", seasonings=("int8-qdq",),
-                         output=tmp_path / "out2"), registry)
+                     output=tmp_path / "out2"), registry)
 
 
 @pytest.mark.slow
@@ -351,8 +351,8 @@ def test_tune_int8_ppocr_cls(model_path: Callable[[str], Path], registry: Regist
                              tmp_path: Path) -> None:
     # base + the first 4 int8 routes: per-channel MinMax, symmetric or not, both op sets
     result = tune(RunSpec(model=model_path("ppocr-cls"), shapes="x:1x3x48x192",
-                              seasonings=("int8-qdq",), search="exhaustive", measure=SHORT,
-                              max_trials=5, output=tmp_path / "out"), registry)
+                          seasonings=("int8-qdq",), search="exhaustive", measure=SHORT,
+                          max_trials=5, output=tmp_path / "out"), registry)
     int8 = [t for t in result.trials if t.route.startswith("int8-qdq")]
     assert len(int8) == 4
     for trial in int8:
