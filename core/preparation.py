@@ -33,7 +33,7 @@ from routetune.registry import Registry
 from routetune.route import Route, parse_route
 from routetune.run_spec import DEFAULT_TIMEOUT_S, RunSpec
 from routetune.search.artifacts import MODELS, save_model
-from routetune.search.repair import REPAIR
+from routetune.search.refinement import Refinement
 from routetune.search.strategy import configure
 from routetune.seasoning import SeasoningInfo
 from routetune.space import restrict_space
@@ -54,7 +54,8 @@ class Prepared:
     outdir: Path
     settings_hash: str
     source: Mapping[str, Any]
-    repair: bool = False
+    refinements: tuple[type[Refinement], ...] = ()
+    """The refinements of the seasonings offered (`routetune.search.refinement`)."""
     profile: ShapeProfile | None = None
     base: Route = field(default_factory=Route)
     pinned: tuple[Route, ...] = ()
@@ -142,8 +143,10 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     backend = type(backend)(profile)
     constraint = parse_accuracy(opts.accuracy, registry, [o.name for o in model.outputs])
     infos, not_applicable = _offered(registry, backend, model, opts.seasonings)
+    refinements = tuple(dict.fromkeys(
+        r for r in (registry.seasoning(i.name).refinement for i in infos) if r is not None))
     if opts.seasonings:  # () with pinned routes: search nothing, try the pinned ones
-        _check_named(opts.seasonings, infos, not_applicable)
+        _check_named(opts.seasonings, infos, not_applicable, refinements)
     infos = restrict_space(infos, opts.space, not_applicable, registry)
     space = RouteSpace(infos, opts.max_depth)
     inputs_hash = sha256(b"".join(a.tobytes() + str(a.shape).encode()
@@ -170,11 +173,10 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     settings_hash = sha256(json.dumps(
         [inputs_hash, measured, asdict(opts.measure), str(profile), str(base),
          sorted(opts.backend_options.items())], default=str).encode())
-    repair = any(info.name == REPAIR for info in infos)
     if profile.shapes:
         source["profile"] = str(profile)
     return Prepared(registry, model, backend, feeds, constraint, space, not_applicable,
-                    outdir, settings_hash, source, repair, profile, base=base,
+                    outdir, settings_hash, source, refinements, profile, base=base,
                     pinned=pinned, spec=opts,
                     strategy_options=strategy_options)
 
@@ -261,18 +263,19 @@ def available_backend(registry: Registry, name: str) -> Backend:
 
 
 def _check_named(names: Sequence[str], infos: Sequence[SeasoningInfo],
-                 not_applicable: Mapping[str, str]) -> None:
+                 not_applicable: Mapping[str, str],
+                 refinements: Sequence[type[Refinement]]) -> None:
     """Refuse a ``--seasonings`` list from which no route can be built.
 
     Raises:
-        UsageError: None of the named seasonings applies here, or ``precision-repair``
-            is named without a precision seasoning to repair.
+        UsageError: None of the named seasonings applies here, or a refinement has
+            nothing to refine (``precision-repair`` without a precision seasoning).
     """
     searched = [i for i in infos if i.searched]
-    if any(i.name == REPAIR for i in infos) and not any(i.stage == "precision"
-                                                        for i in searched):
-        raise OptionError("seasonings", f" {','.join(names)}: {REPAIR} repairs the failures of a "
-                          "precision seasoning; add fp16, bf16, int8-qdq or fp8-qdq")
+    for refinement in refinements:
+        why = refinement.why_idle(infos)
+        if why:
+            raise OptionError("seasonings", f" {','.join(names)}: {why}")
     if not searched:
         why = "; ".join(f"{n}: {r}" for n, r in not_applicable.items())
         why = f" ({why})" if why else ""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, final
 
 from routetune.errors import PluginError, UsageError
+from routetune.stash import Stash
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
 
     from routetune.backend import Backend
+    from routetune.search.refinement import Refinement
 
 logger = logging.getLogger(__name__)
 
@@ -180,27 +182,14 @@ class RouteState:
         settings: Backend build options, keyed by namespaced option name
             (``onnxruntime.graph_optimization_level``); checked against the backend's
             option schema before the build.
-        lowered: Set by a precision seasoning: how to redo its conversion with more
-            nodes kept in FP32 (``precision-repair`` reads it).
+        stash: What a step leaves for later steps of the route, by typed key
+            (`routetune.stash`): a precision seasoning's `Lowering` for
+            ``precision-repair``, for instance.
     """
 
     graph: gs.Graph | None
     settings: dict[str, Any] = field(default_factory=dict)
-    lowered: Lowering | None = None
-
-
-@dataclass(frozen=True)
-class Lowering:
-    """A precision seasoning's conversion, kept so that it can be redone.
-
-    Args:
-        seasoning: The precision seasoning as applied; it has a ``nodes_to_exclude``
-            parameter.
-        graph: A copy of the graph it converted, before conversion.
-    """
-
-    seasoning: Seasoning
-    graph: gs.Graph
+    stash: Stash = field(default_factory=Stash)
 
 
 @dataclass(frozen=True)
@@ -244,6 +233,9 @@ class Seasoning:
     """
 
     info: ClassVar[SeasoningInfo]
+    refinement: ClassVar[type[Refinement] | None] = None
+    """What the search does with this seasoning after each batch, when it is offered
+    (`routetune.search.refinement`); None for most seasonings."""
 
     def __init__(self, params: Mapping[str, ParamValue] | None = None) -> None:
         values = self.info.defaults()

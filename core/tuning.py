@@ -206,7 +206,8 @@ def _tune_locked(
     try:
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
                           run.constraint, store, run.outdir, opts, run.settings_hash,
-                          reference, run.repair, base=run.base, executor=executor)
+                          reference, [r(run.registry) for r in run.refinements],
+                          base=run.base, executor=executor)
         run.base_passes = loop.base_passes
         record = runinfo.start_record(run, opts, loop.versions)
         records = runinfo.record_dir(run.outdir, record)

@@ -12,8 +12,8 @@ from graphs import conv_bn, folded_mul_one, wasteful
 from routetune import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo, hookimpl
 from routetune.composer import RouteSpace
 from routetune.errors import PluginError
+from routetune.passes.precision.bisection import REPAIR
 from routetune.registry import Registry
-from routetune.search.repair import REPAIR
 from routetune.search.strategy import Strategy
 from routetune.testing import (
     ContractError,

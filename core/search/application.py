@@ -40,6 +40,7 @@ from routetune.search.artifacts import (
 )
 from routetune.search.phases import TrialInputs
 from routetune.seasoning import RouteContext, RouteState
+from routetune.stash import Stash
 from routetune.weights import externalize, import_graph
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class RouteApplier:
         self.store = inputs.model.weights  # external data: the folder it lives in
         self._snapshots: OrderedDict[Route, Snapshot] = OrderedDict()
         self._snapshots[Route()] = (inputs.base_data, [dict(p) for p in inputs.base_passes],
-                                    None)
+                                    Stash())
         self.prefixes = PrefixStore(registry, inputs, self.export)
 
     def apply(self, route: Route) -> tuple[bytes, list[dict[str, Any]], dict[str, Any]]:
@@ -104,11 +105,11 @@ class RouteApplier:
                 break
         prefix = Route(tuple(model_steps[:k]))
         self._snapshots.move_to_end(prefix)
-        data, passes, lowered = self._snapshots[prefix]
+        data, passes, stash = self._snapshots[prefix]
         passes = list(passes)
         proto = onnx.load_from_string(data) if model_steps[k:] else None
         state = RouteState(import_graph(proto, self.store) if proto is not None else None,
-                           settings=dict(self.inputs.base_settings), lowered=lowered)
+                           settings=dict(self.inputs.base_settings), stash=stash.copy())
         signature = self.inputs.model.signature
         faults = cast_faults(proto) if proto is not None else frozenset()
         for i in range(k, len(model_steps)):
@@ -120,8 +121,9 @@ class RouteApplier:
             except PostconditionError as e:  # name the pass that broke the contract
                 raise PostconditionError(f"after '{model_steps[i]}': {e}") from e
             data = exported.SerializeToString()
-            self._snapshot(Route(tuple(model_steps[: i + 1])), (data, passes, state.lowered))
-            self.prefixes.share(Route(tuple(model_steps[: i + 1])), (data, passes, state.lowered))
+            snapshot = (data, passes, state.stash.copy())
+            self._snapshot(Route(tuple(model_steps[: i + 1])), snapshot)
+            self.prefixes.share(Route(tuple(model_steps[: i + 1])), snapshot)
         for i, step in enumerate(build_steps):
             passes.append(self.step(step, state, Route(tuple(model_steps + build_steps[:i]))))
         return data, passes, self.backend.full_settings(state.settings)
@@ -171,8 +173,8 @@ class RouteApplier:
         return self.reference.evaluate(model, list(self.inputs.feeds), weights=self.store)
 
     def _snapshot(self, prefix: Route, snapshot: Snapshot) -> None:
-        data, passes, lowered = snapshot
-        self._snapshots[prefix] = (data, list(passes), lowered)
+        data, passes, stash = snapshot
+        self._snapshots[prefix] = (data, list(passes), stash)
         while len(self._snapshots) > SNAPSHOTS:
             oldest = next(iter(self._snapshots))
             if oldest.is_base:

@@ -27,7 +27,7 @@ from routetune.model import sha256
 from routetune.registry import Registry
 from routetune.route import Route
 from routetune.search.phases import TrialInputs
-from routetune.seasoning import Lowering
+from routetune.stash import Stash
 from routetune.weights import import_graph, intact
 
 logger = logging.getLogger(__name__)
@@ -36,16 +36,16 @@ MODELS = "artifacts/models"
 """Candidate models, relative to the output directory; for a model with external data
 also its weights store (``weights/``, `routetune.weights`)."""
 
-Snapshot = tuple[bytes, list[dict[str, Any]], Lowering | None]
-"""A route prefix's model, its pass records, and its precision step's `Lowering`."""
+Snapshot = tuple[bytes, list[dict[str, Any]], Stash]
+"""A route prefix's model, its pass records, and what its steps stashed for later ones."""
 
 
 class PrefixStore:
     """Route prefixes' models on disk, for the other workers of one search.
 
     Args:
-        registry: The installed plugins (a shared precision step's seasoning is made
-            again from its name and parameters).
+        registry: The installed plugins (stash codecs make their values again from
+            names, such as a precision step's seasoning and parameters).
         inputs: The search's trial inputs; the index is keyed by what a graph or
             precision step may read (`path`).
         export: Turns a graph into the model a candidate keeps
@@ -87,23 +87,24 @@ class PrefixStore:
 
         The model goes to ``artifacts/models/`` like a candidate; the index entry,
         ``artifacts/prefixes/<key>.json``, is data only: the model's sha256, the pass
-        records, and for a precision step's `Lowering` the seasoning's name and
-        parameters and its graph (a model in ``artifacts/models/`` too, by sha256).
-        Never pickle: an output folder may come from someone else, and reading it must
-        not run code. Written atomically.
+        records, and the route's stash as its keys' codecs write it (a precision step's
+        `Lowering`: the seasoning's name and parameters, and its graph as a model in
+        ``artifacts/models/`` too, by sha256; `routetune.stash`). Never pickle: an
+        output folder may come from someone else, and reading it must not run code. A
+        prefix whose stash holds a value that cannot travel is not shared. Written
+        atomically.
         """
         path = self.path(prefix)
         if path.exists():
             return
-        data, passes, lowered = snapshot
+        data, passes, stash = snapshot
+        encoded = stash.encode(self)
+        if encoded is None:
+            logger.debug("route prefix '%s' not shared: its stash cannot travel", prefix)
+            return
         save_model(self.outdir, data)
-        entry: dict[str, Any] = {"model_sha256": sha256(data), "passes": passes}
-        if lowered is not None:
-            graph = self.export(lowered.graph).SerializeToString()
-            save_model(self.outdir, graph)
-            entry["lowered"] = {"seasoning": lowered.seasoning.info.name,
-                                "params": dict(lowered.seasoning.params),
-                                "model_sha256": sha256(graph)}
+        entry: dict[str, Any] = {"model_sha256": sha256(data), "passes": passes,
+                                 "stash": encoded}
         try:
             text = json.dumps(entry)
         except (TypeError, ValueError) as e:  # a plugin's pass record that is not data
@@ -123,19 +124,25 @@ class PrefixStore:
         try:
             entry = json.loads(self.path(prefix).read_text())
             data = self.stored(entry["model_sha256"])
-            lowered = None
-            if entry.get("lowered") is not None:
-                low = entry["lowered"]
-                params = {k: tuple(v) if isinstance(v, list) else v  # JSON has no tuple
-                          for k, v in low["params"].items()}
-                seasoning = self.registry.seasoning(low["seasoning"])(params)
-                graph = onnx.load_from_string(self.stored(low["model_sha256"]))
-                lowered = Lowering(seasoning, import_graph(graph, self.store))
+            stash = Stash.decode(entry["stash"], self)
             passes = [dict(p) for p in entry["passes"]]
         except Exception as e:  # anything a planted or damaged file can cause: rebuild
             logger.debug("route prefix '%s' not taken from disk: %s", prefix, e)
             return None
-        return data, passes, lowered
+        return data, passes, stash
+
+    def keep(self, data: bytes) -> str:
+        """Keep a serialized model in ``artifacts/models/``; its sha256 (`StashContext`)."""
+        save_model(self.outdir, data)
+        return sha256(data)
+
+    def graph(self, data: bytes) -> gs.Graph:
+        """A kept model as a graph, its external data from the run's store."""
+        return import_graph(onnx.load_from_string(data), self.store)
+
+    def serialized(self, graph: gs.Graph) -> bytes:
+        """A graph as the model a candidate keeps, serialized."""
+        return self.export(graph).SerializeToString()
 
     def stored(self, digest: str) -> bytes:
         """The model `save_model` kept for this sha256, checked against it.

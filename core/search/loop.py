@@ -36,7 +36,7 @@ from routetune.run_spec import RunSpec
 from routetune.search.candidate import with_preflight
 from routetune.search.executor import Executor, InlineExecutor, Job
 from routetune.search.phases import BUILT, Confirmation, Outcome, Recorded, TrialInputs
-from routetune.search.repair import bisect_repair, repair_route, repairs
+from routetune.search.refinement import Refinement
 from routetune.search.strategy import Strategy
 from routetune.signals import interrupted
 from routetune.store import TrialStore
@@ -74,10 +74,9 @@ class SearchLoop:
         settings_hash: sha256 of the inputs, constraint and measurement settings.
         reference: The backend that runs models in FP32 for precision seasonings
             (`Backend.evaluate`); None for none.
-        repair: Whether, after each batch of routes, the fastest route that failed the
-            accuracy constraint is repaired, once per precision seasoning, with
-            ``precision-repair`` trials (`routetune.search.repair`). Those trials are
-            stored and compete for the win, but are not told to the strategy.
+        refinements: The refinements of the seasonings offered, called after each batch
+            (`routetune.search.refinement`), such as precision-repair's. Their trials
+            are stored and compete for the win, but are not told to the strategy.
         base: Graph and precision steps applied to every route, the base route
             included (a recipe's ``base``), after the backend's preflight (the pinned prefix).
         executor: Where trials run; default: this process (`InlineExecutor`). The loop
@@ -101,7 +100,7 @@ class SearchLoop:
         spec: RunSpec,
         settings_hash: str,
         reference: Backend | None = None,
-        repair: bool = False,
+        refinements: Sequence[Refinement] = (),
         base: Route | None = None,
         executor: Executor | None = None,
     ) -> None:
@@ -111,8 +110,7 @@ class SearchLoop:
         self.store = store
         self.outdir = outdir
         self.settings_hash = settings_hash
-        self.repair = repair
-        self._repaired: set[str] = set()  # precision seasonings repaired already
+        self.refinements = tuple(refinements)
         self.stopped: str | None = None
         """Why the last `run` stopped before the strategy was done, or None."""
         self.device = backend.device()
@@ -225,7 +223,7 @@ class SearchLoop:
 
     def _search(self, strategy: Strategy, visit: Callable[..., list[Trial]],
                 trials: list[Trial], pinned: Sequence[Route]) -> None:
-        """The base route, the pinned routes, the strategy's batches and the repairs."""
+        """The base route, the pinned routes, the strategy's batches and refinements."""
         if not visit([Route()]):
             return
         extra = [route for route in pinned if not route.is_base]
@@ -235,14 +233,10 @@ class SearchLoop:
             done = list(zip(batch, visit(batch), strict=False))
             if len(done) < len(batch):
                 return
-            if self.repair:
-                for route, at, why_not in repairs(done, self.registry, self._repaired):
-                    if why_not:
-                        trials.append(self.record_skipped(repair_route(route, at, 1), why_not))
-                        continue
-                    self._repaired.add(route.steps[at - 1].name)
-                    bisect_repair(route, at, lambda r: next(iter(visit([r], tell=False)), None),
-                                  lambda r, why: trials.append(self.record_skipped(r, why)))
+            for refinement in self.refinements:
+                refinement.after_batch(
+                    done, lambda r: next(iter(visit([r], tell=False)), None),
+                    lambda r, why: trials.append(self.record_skipped(r, why)))
                 if self.stopped:
                     return
 

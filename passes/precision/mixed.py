@@ -38,9 +38,9 @@ from routetune.passes.precision.float_types import (
     _type_attrs,
     numpy_dtype,
 )
+from routetune.passes.precision.lowering import LOWERED, Lowering
 from routetune.passes.precision.ranges import Ranges, tensor_ranges
 from routetune.seasoning import (
-    Lowering,
     Param,
     PassResult,
     RouteContext,
@@ -155,7 +155,7 @@ class MixedPrecision(Seasoning):
                 break
             no_kernel.update(gaps)  # rule 8: convert again, those nodes kept in FP32
             replace_graph(graph, copy_graph(before))
-        state.lowered = Lowering(self, before)
+        state.stash[LOWERED] = Lowering(self, before)
         stats = {"low_nodes": len(low), "fp32_nodes": len(kept), "casts": casts, **counts,
                  **tidied}
         note = "; ".join(f"{n}: {why}" for n, why in list(kept.items())[:20])

@@ -2,7 +2,7 @@
 
 When a low-precision route fails the accuracy constraint, the search loop adds this
 seasoning after the route's precision step and bisects ``count``: 1, 2, 4, … until the
-route passes, then halves the gap back down (`routetune.search.repair`). Each step is
+route passes, then halves the gap back down (`routetune.passes.precision.bisection`). Each step is
 a measured trial, so a route that keeps a few nodes in FP32 competes on speed with
 everything else. The references are Polygraphy's ``debug precision`` (bisection over
 layers kept in higher precision) and NNCF's accuracy control (ranking by each node's
@@ -18,6 +18,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from routetune.passes.graph.constants import copy_graph, replace_graph
+from routetune.passes.precision.bisection import RepairRefinement
+from routetune.passes.precision.lowering import LOWERED
 from routetune.passes.precision.sensitivity import Sensitivity, rank_nodes
 from routetune.seasoning import (
     Param,
@@ -54,11 +56,12 @@ class PrecisionRepair(Seasoning):
         params=(Param("count", (1,), 1, "how many of the most sensitive nodes stay FP32"),),
         after=REPAIRED, searched=False,
     )
+    refinement = RepairRefinement
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Rank, pick the top ``count`` nodes, and redo the precision step without them."""
         count = int(self.params["count"])
-        lowered = state.lowered
+        lowered = state.stash.get(LOWERED)
         if lowered is None:
             raise ValueError("precision-repair must follow a precision seasoning "
                              f"({', '.join(sorted(REPAIRED))}); put it right after one")
@@ -82,7 +85,8 @@ class PrecisionRepair(Seasoning):
         again = RouteState(copy_graph(lowered.graph), state.settings)
         result = redo(again, ctx)
         replace_graph(state.graph, again.graph)
-        state.lowered = again.lowered
+        if LOWERED in again.stash:  # none when the redo converted nothing: keep the first
+            state.stash[LOWERED] = again.stash[LOWERED]
         kept = ", ".join(map(str, chosen))
         note = (f"kept in FP32: {kept or 'none'}; {len(ranking)} converted nodes ranked; "
                 f"{previous.info.name}: {result.note}")

@@ -48,6 +48,7 @@ from routetune.backend import Backend
 from routetune.model import name_nodes
 from routetune.passes.graph.casts import tidy_casts
 from routetune.passes.graph.constants import copy_graph, inferred_types, replace_graph
+from routetune.passes.precision.lowering import LOWERED, Lowering
 from routetune.plugins.onnxruntime.calibration import (
     MAX_RANGE_RATIO,
     _constants_to_initializers,
@@ -59,7 +60,6 @@ from routetune.plugins.onnxruntime.calibration import (
     range_mismatches,
 )
 from routetune.seasoning import (
-    Lowering,
     Param,
     PassResult,
     RouteContext,
@@ -212,7 +212,7 @@ class _QdqSeasoning(Seasoning):
             stats.update(tidy_casts(new))  # may cast to the type it already has
         new.cleanup()
         replace_graph(state.graph, new)
-        state.lowered = Lowering(self, before)
+        state.stash[LOWERED] = Lowering(self, before)
         return PassResult(True, stats, "; ".join(notes))
 
 

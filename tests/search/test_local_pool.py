@@ -149,7 +149,13 @@ def test_a_route_waits_for_the_build_of_its_prefix_and_reuses_its_model(tmp_path
     for route, e in builds.items():
         if route.startswith("fp16,"):  # fp16's model steps are a prefix of these
             assert e["start"] >= builds["fp16"]["end"], route
-    assert list((out / "artifacts" / "prefixes").glob("*.json"))
+    entries = [json.loads(p.read_text())
+               for p in (out / "artifacts" / "prefixes").glob("*.json")]
+    lowerings = [e["stash"]["precision.lowering"] for e in entries
+                 if "precision.lowering" in e["stash"]]  # fp16's, for precision-repair
+    assert lowerings and all(low["seasoning"] == "fp16" for low in lowerings)
+    for low in lowerings:  # its FP32 graph travels as a kept model, not a pickle
+        assert (out / "artifacts" / "models" / f"{low['model_sha256'][:16]}.onnx").exists()
     store = TrialStore.open(out / "trials.sqlite")
     try:
         trials = {t.route: t for t in store.trials()}

@@ -1,5 +1,8 @@
 """Precision repair in the search: after an accuracy failure, find how few nodes must stay FP32.
 
+``precision-repair``'s refinement (`RepairRefinement`, `routetune.search.refinement`):
+the search loop calls it after each batch when the seasoning is offered.
+
 After each batch of routes a strategy asks for, the loop picks, for each precision
 seasoning (``fp16``, ``int8-qdq`` …) not repaired yet, the fastest of the batch's routes
 whose precision step failed the accuracy constraint (speed relative to the base route,
@@ -20,11 +23,13 @@ from collections.abc import Callable, Sequence
 
 from routetune.registry import Registry
 from routetune.route import Route, Step
+from routetune.search.refinement import Refinement, Skip, Visit
 from routetune.search.strategy import rank_key
+from routetune.seasoning import SeasoningInfo
 from routetune.trial import Status, Trial
 
 REPAIR = "precision-repair"
-"""The seasoning the loop inserts (`routetune.passes.precision.repair`)."""
+"""The seasoning the refinement inserts (`routetune.passes.precision.repair`)."""
 
 SMALL = 8
 """Up to this many ranked nodes the repair may keep all of them in FP32; above it, at
@@ -152,3 +157,32 @@ def _ranked(trial: Trial) -> int:
         if str(record.get("step", "")).startswith(REPAIR):
             return int(record.get("stats", {}).get("ranked", 0))
     return 0
+
+
+class RepairRefinement(Refinement):
+    """After each batch, repair its fastest accuracy failure per precision seasoning.
+
+    Each precision seasoning is repaired once per run (`repairs`, then `bisect_repair`).
+    """
+
+    def __init__(self, registry: Registry) -> None:
+        super().__init__(registry)
+        self.repaired: set[str] = set()  # precision seasonings repaired already
+
+    @classmethod
+    def why_idle(cls, offered: Sequence[SeasoningInfo]) -> str | None:
+        """None when a precision seasoning is searched; else the fix."""
+        if any(i.stage == "precision" and i.searched for i in offered):
+            return None
+        return (f"{REPAIR} repairs the failures of a precision seasoning; add fp16, bf16, "
+                "int8-qdq or fp8-qdq")
+
+    def after_batch(self, done: Sequence[tuple[Route, Trial]], visit: Visit,
+                    skip: Skip) -> None:
+        """Repair the batch's fastest accuracy failure of each precision seasoning."""
+        for route, at, why_not in repairs(done, self.registry, self.repaired):
+            if why_not:
+                skip(repair_route(route, at, 1), why_not)
+                continue
+            self.repaired.add(route.steps[at - 1].name)
+            bisect_repair(route, at, visit, skip)

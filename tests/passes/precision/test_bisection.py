@@ -8,10 +8,15 @@ import pytest
 from graphs import matmul_chain
 
 from routetune.measure import Latency, MeasureSettings
+from routetune.passes.precision.bisection import (
+    bisect_repair,
+    faster_than_base,
+    repair_point,
+    repairs,
+)
 from routetune.registry import Registry
 from routetune.route import Route, parse_route
 from routetune.run_spec import RunSpec
-from routetune.search.repair import bisect_repair, faster_than_base, repair_point, repairs
 from routetune.search.strategy import rank_key
 from routetune.trial import Trial
 from routetune.tuning import tune
