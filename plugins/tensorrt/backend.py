@@ -2,7 +2,8 @@
 
 Built with TensorRT 11 where installed, else TensorRT-RTX (`module.find_tensorrt`):
 parse the ONNX file (``OnnxParser``), make the builder config and one optimisation
-profile, build a serialized plan (``build_serialized_network``). Precision is the
+profile, build a serialized plan (``build_serialized_network``), each step a loader in
+Polygraphy's style (`routetune.plugins.tensorrt.loaders`). Precision is the
 graph's own: no FP16/INT8 builder flags exist in TensorRT 11. Plans are kept in
 ``OUTDIR/artifacts/engines/<trial fingerprint>.plan`` and handed back on resume when the
 model, settings and TensorRT version it was built from are unchanged (the ``.sha256``
@@ -18,65 +19,29 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import logging
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from routetune.backend import Backend, Engine, OptionSpec, Runner
-from routetune.errors import BuildError, EngineNotRunnable
+from routetune.errors import EngineNotRunnable
 from routetune.plugins.cuda import cuda_versions
-from routetune.plugins.tensorrt import timing_cache
+from routetune.plugins.tensorrt.loaders import (
+    NS,
+    ConfigFromSettings,
+    NetworkFromOnnx,
+    PlanCache,
+    PlanFromNetwork,
+    TimingCacheFile,
+)
+from routetune.plugins.tensorrt.logger import make_logger
 from routetune.plugins.tensorrt.module import TensorRtModule, find_tensorrt
 from routetune.profile import ShapeProfile
 
-logger_ = logging.getLogger(__name__)
-
-NS = "tensorrt."
 TILING = ("none", "fast", "moderate", "full")
 PREFLIGHT = ("int32-limits", "fold-if")
 """The TensorRT base pipeline: graph rewrites the ONNX parser needs (see each seasoning)."""
 TIMING_CACHE = "timing.cache"
-WORKSPACE_BYTES = 4 << 30
-"""The workspace memory pool limit, 4 GiB: the TensorRT sample's value (research notes)."""
-
-
-@functools.cache
-def _logger_class(trt: Any) -> type:
-    class KeepingLogger(trt.ILogger):  # type: ignore[name-defined,misc]
-        """Keeps warnings and errors, for failure messages; logs them at DEBUG level.
-
-        A failure's message is its errors, not the warnings TensorRT logs on every build
-        (``nbStreams -1 should not be negative`` for the default aux-stream count).
-        """
-
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.messages: list[str] = []
-            self._errors: list[str] = []
-
-        def log(self, severity: Any, msg: str) -> None:
-            text = " ".join(msg.split())
-            if int(severity) <= int(trt.ILogger.Severity.ERROR):
-                self._errors.append(text)
-            if int(severity) <= int(trt.ILogger.Severity.WARNING):
-                self.messages.append(text)
-                logger_.debug("TensorRT: %s", text)
-
-        def errors(self) -> str:
-            return ("; ".join(self._errors[-3:]) or "; ".join(self.messages[-3:])
-                    or "no message from TensorRT")
-
-    return KeepingLogger
-
-
-def make_logger(trt: Any) -> Any:
-    """A TensorRT logger (``trt.ILogger``) whose ``errors()`` gives its last messages."""
-    return _logger_class(trt)()
 
 
 class TensorRtBackend(Backend):
@@ -139,60 +104,30 @@ class TensorRtBackend(Backend):
               key: str = "") -> Engine:
         """Parse, configure and build a serialized plan; reuse a stored one for `key`.
 
+        The build is a composition of loaders (`routetune.plugins.tensorrt.loaders`):
+        the network from the ONNX file, the config from the settings, the timing cache,
+        the plan; `PlanCache` keeps the plan per trial.
+
         Raises:
             BuildError: The parser refused the model (its messages, with node names and
                 the operators it cannot take), TensorRT rejected a build-route knob, a
                 dynamic input has no profile, or the build failed.
         """
-        plan_path = workdir / "engines" / f"{key}.plan" if key else None
-        if plan_path is not None:
-            source = self._source_digest(model_path, settings)
-            stamp = plan_path.with_suffix(".sha256")
-            if plan_path.exists() and stamp.exists() and stamp.read_text() == source:
-                data = plan_path.read_bytes()
-                return Engine(model_path, dict(settings), plan_path, len(data), handle=data,
-                              sha256=hashlib.sha256(data).hexdigest(), reused=True)
+        plans = PlanCache(workdir / "engines" / f"{key}.plan", PlanCache.source_of(
+            model_path, settings, str(self.trt))) if key else None
+        data = plans.get() if plans is not None else None
+        if plans is not None and data is not None:
+            return Engine(model_path, dict(settings), plans.path, len(data), handle=data,
+                          sha256=hashlib.sha256(data).hexdigest(), reused=True)
         trt = self.trt.module
-        logger = make_logger(trt)
-        builder = trt.Builder(logger)
-        network = builder.create_network(0)  # TensorRT 11: always strongly typed
-        parser = trt.OnnxParser(network, logger)
-        if not parser.parse_from_file(str(model_path)):
-            raise BuildError(parse_failure(parser, model_path))
-        config = builder.create_builder_config()
-        configure(trt, config, settings)
-        config.add_optimization_profile(_profile(builder, network, settings))
-        cache_path = workdir / "engines" / TIMING_CACHE
-        with warnings.catch_warnings():  # TensorRT-RTX: timing-cache calls are no-ops
-            warnings.simplefilter("ignore", DeprecationWarning)
-            cache = config.create_timing_cache(timing_cache.read(cache_path))
-            if any("deserialize timing cache" in m for m in logger.messages):
-                # Without a GPU TensorRT cannot read any cache (it needs a CUDA context):
-                # expected, so not a warning there.
-                _warn_once(logging.WARNING if _gpu() else logging.INFO,
-                           "%s could not load the timing cache %s (%s); this build starts "
-                           "from an empty one", self.trt, cache_path, logger.errors())
-            config.set_timing_cache(cache, False)
-            plan = builder.build_serialized_network(network, config)
-            if plan is None:
-                raise BuildError(f"{self.trt} could not build the engine: {logger.errors()}")
-            timing_cache.merge(cache_path, config)  # locked, merged, atomic
-        data = bytes(plan)
-        if plan_path is not None:
-            _write(plan_path, data)
-            _write(stamp, source.encode())
-        return Engine(model_path, dict(settings), plan_path or model_path, len(data),
-                      handle=data, sha256=hashlib.sha256(data).hexdigest() if plan_path else "")
-
-    def _source_digest(self, model_path: Path, settings: Mapping[str, Any]) -> str:
-        """sha256 of what a plan is built from: model bytes, settings, TensorRT version.
-
-        A stored plan is reused only when this matches (a changed seasoning or TensorRT
-        would otherwise hand back a stale engine under the same fingerprint).
-        """
-        digest = hashlib.sha256(model_path.read_bytes())
-        digest.update(json.dumps([dict(settings), str(self.trt)], sort_keys=True).encode())
-        return digest.hexdigest()
+        cache = TimingCacheFile(workdir / "engines" / TIMING_CACHE, str(self.trt), bool(_gpu()))
+        data = PlanFromNetwork(NetworkFromOnnx(trt, model_path),
+                               ConfigFromSettings(trt, settings), cache)()
+        if plans is not None:
+            plans.put(data)
+        return Engine(model_path, dict(settings), plans.path if plans else model_path,
+                      len(data), handle=data,
+                      sha256=hashlib.sha256(data).hexdigest() if plans else "")
 
     def open(self, engine: Engine) -> Runner:
         """Deserialize the plan and wrap it in a `TensorRtRunner`.
@@ -228,82 +163,6 @@ def make_runtime(trt: Any, logger: Any) -> Any:
     runtime = trt.Runtime(logger)
     runtime.engine_host_code_allowed = False
     return runtime
-
-
-def configure(trt: Any, config: Any, settings: Mapping[str, Any]) -> None:
-    """Set the builder config from full settings, and check what TensorRT kept.
-
-    Raises:
-        BuildError: TensorRT did not keep the build route (a knob it rejects; the
-            Python setter drops ``setBuildRoute``'s success flag, so it is read back).
-    """
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
-    config.builder_optimization_level = settings[NS + "builder_optimization_level"]
-    config.tiling_optimization_level = getattr(
-        trt.TilingOptimizationLevel, settings[NS + "tiling_optimization_level"].upper())
-    config.max_aux_streams = settings[NS + "max_aux_streams"]
-    if settings[NS + "tf32"]:
-        config.set_flag(trt.BuilderFlag.TF32)
-    else:
-        config.clear_flag(trt.BuilderFlag.TF32)
-    route = settings[NS + "build_route"]
-    if route:
-        config.build_route = route
-        if config.build_route != route:
-            raise BuildError(
-                f"TensorRT rejected the build route '{route}' (read back "
-                f"'{config.build_route}'): a knob it does not know; see `routetune "
-                "seasonings` for this TensorRT's knobs")
-
-
-def parse_failure(parser: Any, model_path: Path) -> str:
-    """The parser's errors in one line, with the operators it cannot take."""
-    errors = []
-    for i in range(parser.num_errors):
-        e = parser.get_error(i)
-        where = f"node '{e.node_name()}' ({e.node_operator()})" if e.node_name() else \
-            f"node {e.node()}"
-        errors.append(f"{where}: {' '.join(e.desc().split())}")
-    model = onnx.load(str(model_path), load_external_data=False)
-    ops = sorted({n.op_type for n in model.graph.node})
-    unsupported = [op for op in ops if not parser.supports_operator(op)]
-    text = "TensorRT's ONNX parser refused the model: " + "; ".join(errors[:5])
-    if unsupported:
-        text += f"; operators it cannot take: {', '.join(unsupported)}"
-    return text[:900]
-
-
-def _profile(builder: Any, network: Any, settings: Mapping[str, Any]) -> Any:
-    """One optimisation profile with every network input's min/opt/max shape.
-
-    Raises:
-        BuildError: A dynamic input has no shapes in the profile.
-    """
-    shapes = ShapeProfile.parse(settings[NS + "profile"]).shapes
-    profile = builder.create_optimization_profile()
-    for i in range(network.num_inputs):
-        tensor = network.get_input(i)
-        dims = tuple(tensor.shape)
-        if tensor.name in shapes:
-            profile.set_shape(tensor.name, *shapes[tensor.name])
-        elif any(d < 0 for d in dims):
-            dim = next(j for j, d in enumerate(dims) if d < 0)
-            raise BuildError(f"input '{tensor.name}' dimension {dim} is dynamic and the "
-                             "profile has no shapes for it; give --shapes or --min/--opt/"
-                             "--max-shapes")
-        else:
-            profile.set_shape(tensor.name, dims, dims, dims)
-    return profile
-
-
-@functools.cache
-def _warn_once(level: int, message: str, *args: object) -> None:
-    """Log once per process for the same arguments."""
-    logger_.log(level, message, *args)
-
-
-def _write(path: Path, data: bytes) -> None:
-    timing_cache.write_atomic(path, data)
 
 
 @functools.cache

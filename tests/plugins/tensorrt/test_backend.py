@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from tensorrt_helpers import PROFILE, TRT, conv, needs_trt, settings
 
 from routetune.errors import BuildError, EngineNotRunnable
 from routetune.plugins.tensorrt.backend import (
@@ -19,38 +20,14 @@ from routetune.plugins.tensorrt.backend import (
     TensorRtBackend,
     _gpu,
     all_build_routes,
-    configure,
-    make_logger,
     make_runtime,
 )
-from routetune.plugins.tensorrt.module import find_tensorrt
+from routetune.plugins.tensorrt.loaders import configure
+from routetune.plugins.tensorrt.logger import make_logger
 from routetune.profile import ShapeProfile
 from routetune.search.artifacts import build_engine
 
-TRT = find_tensorrt()
-needs_trt = pytest.mark.skipif(TRT.module is None, reason=f"tensorrt backend: {TRT.reason}")
 pytestmark = needs_trt
-
-PROFILE = ShapeProfile({"x": ((1, 3, 32, 32), (2, 3, 32, 32), (4, 3, 32, 32))})
-
-
-def conv(path: Path, dims: list[int | str] | None = None) -> Path:
-    """x f32[N,3,32,32] -> Conv 'conv0' (8 channels, 3x3, pad 1) -> Relu 'relu0' -> y."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims or ["N", 3, 32, 32])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 3, 3, 3],
-                           np.random.default_rng(0).random(216).astype(np.float32))
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv0", pads=[1, 1, 1, 1]),
-         helper.make_node("Relu", ["c"], ["y"], name="relu0")], "conv", [x], [y], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
-
-
-def settings(backend: TensorRtBackend, **changes: object) -> dict:
-    return backend.full_settings({NS + k: v for k, v in changes.items()})
 
 
 def test_discovery_reports_the_module_and_version() -> None:
@@ -183,7 +160,7 @@ def test_plans_never_run_host_code_and_are_not_version_compatible(tmp_path: Path
 
 def test_timing_cache_is_saved_per_output_directory_and_reloaded(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("INFO", logger="routetune.plugins.tensorrt.backend")
+    caplog.set_level("INFO", logger="routetune.plugins.tensorrt.loaders")
     """The cache file is written after a build and read before the next one.
 
     TensorRT says when it cannot load the file, and the build goes on from an empty
@@ -322,7 +299,6 @@ def test_the_base_pipeline_names_paddles_unknown_dims_apart(tmp_path: Path) -> N
 
 
 def test_a_failure_message_is_tensorrts_error_not_its_routine_warnings() -> None:
-    from routetune.plugins.tensorrt.backend import make_logger
 
     trt = TRT.module
     logger = make_logger(trt)
