@@ -340,7 +340,8 @@ def test_tune_int8_skips_a_quantized_model(registry: Registry, tmp_path: Path) -
     assert ("int8-qdq", "skipped", result.not_applicable["int8-qdq"]) in [
         (t.route, t.status, t.reason) for t in result.trials]
     # named alone, nothing is left to search: a usage error with the reason
-    with pytest.raises(UsageError, match="--seasonings int8-qdq: none applies here "
+    with pytest.raises(UsageError, match=r"routetune.tune\(seasonings=...\) int8-qdq: none "
+                       "applies here "
                        r"\(int8-qdq: the model is quantized already"):
         tune(RunSpec(model=tmp_path / "q.onnx", seasonings=("int8-qdq",),
                      output=tmp_path / "out2"), registry)
