@@ -73,8 +73,8 @@ def main() -> None:
 def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: Any
                 ) -> dict[str, Any]:
     """Tune one model, then time everything side by side; figures by row name."""
-    from routetune.run_spec import RunSpec
-    from routetune.tuning import tune
+    from routetune.run.run_spec import RunSpec
+    from routetune.run.tuning import tune
 
     out = args.out / name
     out.mkdir(parents=True, exist_ok=True)
@@ -203,7 +203,7 @@ def _feeds(name: str, inputs: Path | None) -> list[dict[str, np.ndarray]]:
     """The validation input sets the search used."""
     if inputs is not None:
         return [dict(np.load(f, allow_pickle=False)) for f in sorted(inputs.glob("*.npz"))]
-    from routetune.examples import get_example
+    from routetune.feeds.examples import get_example
 
     example = get_example(name)
     return example.make_inputs(example.shapes, 0, 4)

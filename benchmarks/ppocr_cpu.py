@@ -24,8 +24,8 @@ import onnxruntime as ort
 import routetune
 from routetune.plugin_manager import load_registry
 from routetune.route import parse_route
-from routetune.run_spec import RunSpec
-from routetune.tuning import tune
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 
 
 def main() -> None:

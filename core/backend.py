@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from routetune.errors import BackendError
-from routetune.profile import ShapeProfile
+from routetune.feeds.profile import ShapeProfile
 
 Feed = Mapping[str, np.ndarray]
 
@@ -225,7 +225,7 @@ class Backend:
 
         Such a device hides overflow of the low type (ONNX Runtime's CPU provider runs
         many float16 kernels in float32), so the search adds the strict-FP16 check
-        (`routetune.strict_fp16`) to the accuracy check. The default is False.
+        (`routetune.judging.strict_fp16`) to the accuracy check. The default is False.
 
         Args:
             dtype: An ONNX element type name in lower case (``float16``).

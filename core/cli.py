@@ -16,14 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from routetune import signals
 from routetune.errors import RoutetuneError, UsageError
-from routetune.option_schema import options_of
+from routetune.judging.verdict import FAILED
 from routetune.plugin_manager import load_registry
-from routetune.run_spec import RunSpec, merge
-from routetune.verdict import FAILED
+from routetune.run.option_schema import options_of
+from routetune.run.run_spec import RunSpec, merge
 
 if TYPE_CHECKING:
-    from routetune.preparation import Prepared
     from routetune.registry import Registry
+    from routetune.run.preparation import Prepared
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,7 +45,7 @@ the user's input (2) nor an engine that does not match (1)."""
 def _with_options(command: str, *extra: inspect.Parameter) -> Callable[[F], F]:
     """Give a command a parameter per option of `command` in `RunSpec`, then `extra`.
 
-    The signature is made from the option declarations (`routetune.option_schema`), so
+    The signature is made from the option declarations (`routetune.run.option_schema`), so
     the flags, their help and defaults are declared once, in `RunSpec`.
     """
     def wrap(func: F) -> F:
@@ -86,8 +86,8 @@ def _spec(ctx: typer.Context, values: dict[str, Any], registry: Registry) -> Run
     bool, typer.Option("--verbose", "-v", help="Log each trial.")]))
 def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> None:
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
-    from routetune.display import conditions_lines, trials_table
-    from routetune.tuning import tune
+    from routetune.reporting.display import conditions_lines, trials_table
+    from routetune.run.tuning import tune
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -156,7 +156,7 @@ def report_command(
     outdir: Annotated[Path, typer.Argument(help="Output directory of a `routetune tune` run.")],
 ) -> None:
     """Write report.html, report.md and report.json from a run's trial store."""
-    from routetune.report import write_reports
+    from routetune.reporting.report import write_reports
 
     paths = write_reports(outdir)
     console.print(f"wrote {', '.join(p.name for p in paths.values())} to {outdir}")
@@ -166,7 +166,7 @@ def report_command(
 def seasonings_command() -> None:
     """List the installed seasonings, backends, search strategies and metrics."""
     registry = load_registry()
-    from routetune.display import components_table, seasonings_table
+    from routetune.reporting.display import components_table, seasonings_table
 
     console.print(seasonings_table(registry))
     console.print(components_table(registry))
@@ -193,7 +193,7 @@ def build_command(ctx: typer.Context, route: str | None = None, **values: Any) -
     recipe = opts.recipe
     if route is None and recipe is None:
         raise UsageError("give --route TEXT or --recipe FILE (a recipe that pins one route)")
-    from routetune.rebuild import rebuild
+    from routetune.run.rebuild import rebuild
 
     with opts.worded():
         done = rebuild(opts, route, registry)
@@ -223,7 +223,7 @@ def schema_command() -> None:
     """Print the recipe format's JSON Schema (for editors that validate TOML)."""
     import json
 
-    from routetune.recipe import json_schema
+    from routetune.run.recipe import json_schema
 
     print(json.dumps(json_schema(), indent=2))
 

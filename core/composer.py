@@ -20,9 +20,9 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from routetune.errors import UsageError
-from routetune.option_schema import OptionError
 from routetune.registry import Registry
 from routetune.route import Route, Step
+from routetune.run.option_schema import OptionError
 from routetune.seasoning import STAGES, ParamValue, SeasoningInfo
 
 

@@ -3,7 +3,7 @@
 The ONNX project ships a test case for every operator
 (``onnx.backend.test.case.node.collect_testcases()``: one-operator models, some written
 as functions, each with input sets). `run_route` runs what ``routetune build MODEL
---route R --inputs DIR`` runs (`routetune.rebuild.rebuild`, in this process) on one
+--route R --inputs DIR`` runs (`routetune.run.rebuild.rebuild`, in this process) on one
 written test and classifies the result:
 
 - ``ok``: the pass changed the model, which built, and its outputs match the FP32
@@ -104,8 +104,8 @@ def write_case(case: Any, folder: Path) -> str:
 
 def run_route(folder: Path, route: str, registry: Registry) -> Row:
     """`routetune build` of one route on one written test, classified."""
-    from routetune.rebuild import rebuild  # imports the search; not needed to list tests
-    from routetune.run_spec import RunSpec
+    from routetune.run.rebuild import rebuild  # imports the search; not needed to list tests
+    from routetune.run.run_spec import RunSpec
 
     opts = RunSpec(model=folder / "model.onnx", inputs=folder / "inputs",
                    output=folder / "out")

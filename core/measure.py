@@ -34,7 +34,7 @@ from statistics import NormalDist
 import numpy as np
 
 from routetune.backend import Feed, Runner
-from routetune.option_schema import option
+from routetune.run.option_schema import option
 
 
 @dataclass(frozen=True)

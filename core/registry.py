@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import pluggy
 
     from routetune.backend import Backend
-    from routetune.metrics import Metric
+    from routetune.judging.metrics import Metric
     from routetune.search.strategy import Strategy
 
 logger = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from routetune.errors import UsageError
-from routetune.option_schema import OptionError
 from routetune.registry import Registry
 from routetune.route import parse_value
+from routetune.run.option_schema import OptionError
 from routetune.seasoning import SeasoningInfo
 
 Space = dict[str, dict[str, tuple[Any, ...]]]

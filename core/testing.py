@@ -29,9 +29,9 @@ import numpy as np
 
 from routetune.composer import RouteSpace
 from routetune.errors import RoutetuneError, UsageError
-from routetune.option_schema import options_of
 from routetune.registry import Registry
 from routetune.route import Route, Step
+from routetune.run.option_schema import options_of
 
 ONE_LINE = 1000
 """Characters an error message may have at most (a longer one is not one line to read;
@@ -145,9 +145,9 @@ def check_seasoning(registry: Registry, name: str, model: Path | str, workdir: P
 
 def _candidate(registry: Registry, model: Path, workdir: Path, backend_name: str):  # noqa: ANN202
     """A `routetune.search.candidate.Candidate` as the search makes one, for `model`."""
-    from routetune.inputs import synthesize
+    from routetune.feeds.inputs import synthesize
     from routetune.model import prepare
-    from routetune.preparation import reference_backend
+    from routetune.run.preparation import reference_backend
     from routetune.search.candidate import with_preflight
     from routetune.search.phases import TrialInputs
 
@@ -238,7 +238,7 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
         o.name for o in options_of(declared)}
     if loose:
         raise ContractError(f"{what}: Options field(s) {', '.join(sorted(loose))} are not "
-                            "declared with routetune.option_schema.option (no help, no "
+                            "declared with routetune.run.option_schema.option (no help, no "
                             "checks, no recipe or --search-option spelling)")
     try:
         declared()
@@ -290,7 +290,7 @@ def check_metric(registry: Registry, name: str, seed: int = 0,
     Raises:
         ContractError: A rule is broken.
     """
-    from routetune.accuracy import parse_accuracy
+    from routetune.judging.accuracy import parse_accuracy
 
     metric = registry.metric(name)
     what = f"metric '{name}'"

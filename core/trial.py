@@ -18,9 +18,9 @@ from routetune.route import Route, parse_route
 class Status(str, Enum):
     """A trial's status. Only ``ok`` can win.
 
-    ``ok`` and ``accuracy-failed`` are the verdict of `routetune.accuracy.judge` on the
+    ``ok`` and ``accuracy-failed`` are the verdict of `routetune.judging.accuracy.judge` on the
     trial's measurement, under the run's constraint; a trial of another run with the
-    same tolerances is judged again when it is read (`routetune.judge.judged`).
+    same tolerances is judged again when it is read (`routetune.judging.judge.judged`).
     ``build-only``: the engine was built, but this device cannot run it
     (`routetune.errors.EngineNotRunnable`), so it was not checked or timed. ``crashed``:
     the candidate's worker died (a signal: segfault, abort), ran out of memory, or a
@@ -87,13 +87,14 @@ class Trial:
         engine_sha256: sha256 of the engine file the backend kept for this trial (a
             TensorRT plan), hex: such a file is opened again only if it still has this
             hash (`routetune.search.candidate.Candidate.engine`). Empty or None: none.
-        faults: Accuracy defects no bound excuses (`routetune.accuracy.AccuracyMeasurement`).
+        faults: Accuracy defects no bound excuses
+            (`routetune.judging.accuracy.AccuracyMeasurement`).
         notes: Remarks on the measurement (an almost-constant reference, the strict
             FP16 check).
         tolerances: Per output, ``(atol, rtol)`` the ``accuracy`` metrics were computed
             at; empty for a trial not measured, or stored before schema 4.
         accuracy_per_set: Per output, the ``accuracy`` metrics of each validation input
-            set, in the sets' order (`routetune.accuracy.AccuracyMeasurement.per_set`);
+            set, in the sets' order (`routetune.judging.accuracy.AccuracyMeasurement.per_set`);
             empty with one input set.
     """
 

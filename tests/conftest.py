@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from routetune.errors import RoutetuneError
-from routetune.examples import cache_dir, fetch
+from routetune.feeds.examples import cache_dir, fetch
 from routetune.plugin_manager import load_registry
 from routetune.registry import Registry
 

@@ -9,9 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from routetune.feeds.profile import ShapeProfile
 from routetune.plugins.tensorrt.backend import NS, TensorRtBackend
 from routetune.plugins.tensorrt.module import find_tensorrt
-from routetune.profile import ShapeProfile
 
 TRT = find_tensorrt()
 needs_trt = pytest.mark.skipif(TRT.module is None, reason=f"tensorrt backend: {TRT.reason}")

@@ -176,7 +176,7 @@ def test_a_second_run_on_a_locked_output_is_refused(
     model, out, rows = tuned
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from routetune.outdir import locked; "
+         "from routetune.run.outdir import locked; "
          "cm = locked(Path(sys.argv[1])); cm.__enter__(); print('locked', flush=True); "
          "time.sleep(60)", str(out)], stdout=subprocess.PIPE, text=True)
     try:

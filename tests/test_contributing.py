@@ -19,9 +19,9 @@ from routetune.composer import RouteSpace
 from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.run_spec import RunSpec
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 from routetune.testing import check_strategy, registry_with
-from routetune.tuning import tune
 
 DOC = Path(__file__).parents[1] / "CONTRIBUTING.md"
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)

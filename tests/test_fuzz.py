@@ -4,8 +4,8 @@ A results folder, a model folder, a recipe or an input set may come from someone
 it is data, never code. Every loader a user's file reaches is fuzzed here in process
 with Hypothesis (derandomized, bounded examples): ONNX models and their external data
 (`routetune.model.prepare`, `routetune.weights_check.check_files`), ``.npz`` inputs
-(`routetune.inputs.load_npz`), recipes (`routetune.recipe.load_recipe`), ``run.json``
-(`routetune.runinfo.read` and the report) and ``trials.sqlite``
+(`routetune.feeds.inputs.load_npz`), recipes (`routetune.run.recipe.load_recipe`), ``run.json``
+(`routetune.run.runinfo.read` and the report) and ``trials.sqlite``
 (`routetune.store.TrialStore` and the report). The contract, per input: the loader
 succeeds, or raises a `RoutetuneError` whose message is one line naming the file; never
 another exception (a traceback), never a hang, never a write outside the given folder.
@@ -46,14 +46,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper, numpy_helper
 
-from routetune import runinfo, weights, weights_check
 from routetune.errors import RoutetuneError
-from routetune.inputs import load_npz, resolve_shapes
+from routetune.feeds.inputs import load_npz, resolve_shapes
 from routetune.model import TensorSpec, prepare, with_weights_in
 from routetune.plugin_manager import load_registry
-from routetune.recipe import load_recipe, recipe_values
 from routetune.registry import Registry
-from routetune.report import write_reports
+from routetune.reporting.report import write_reports
+from routetune.run import runinfo, weights, weights_check
+from routetune.run.recipe import load_recipe, recipe_values
 from routetune.store import FILENAME as STORE
 from routetune.store import TrialStore
 

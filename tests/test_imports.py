@@ -62,9 +62,9 @@ def test_import_routetune_loads_no_tuner_and_tune_is_the_function() -> None:
     # the recipe schema or the worker pool; `routetune.tune` loads them on first use,
     # and stays the function even after the module that runs a tuning is imported.
     code = ("import sys, routetune\n"
-            "heavy = sorted(m for m in ('onnx', 'pydantic', 'pebble', 'routetune.tuning')\n"
+            "heavy = sorted(m for m in ('onnx', 'pydantic', 'pebble', 'routetune.run.tuning')\n"
             "               if m in sys.modules)\n"
-            "import routetune.tuning\n"
+            "import routetune.run.tuning\n"
             "print(heavy, routetune.tune.__module__, callable(routetune.tune))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)

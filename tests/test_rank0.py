@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from graphs import scaled
 
-from routetune.examples import Example, fetch_example
-from routetune.inputs import parse_shapes, synthesize
+from routetune.feeds.examples import Example, fetch_example
+from routetune.feeds.inputs import parse_shapes, synthesize
+from routetune.feeds.profile import make_profile
+from routetune.feeds.sample_audio import VAD_FRAME, VAD_RATE, speech_audio
 from routetune.measure import MeasureSettings
 from routetune.model import prepare
-from routetune.profile import make_profile
 from routetune.registry import Registry
-from routetune.run_spec import RunSpec
-from routetune.sample_audio import VAD_FRAME, VAD_RATE, speech_audio
-from routetune.tuning import tune
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
 

@@ -25,10 +25,10 @@ from test_weights import external_model, run_path
 from routetune.errors import UsageError
 from routetune.model import prepare
 from routetune.registry import Registry
-from routetune.run_spec import RunSpec
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 from routetune.search.artifacts import matches_record
 from routetune.store import TrialStore
-from routetune.tuning import tune
 from routetune.weights import WEIGHTS
 
 ROOT = Path(__file__).parents[1]

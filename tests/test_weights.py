@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from routetune.measure import MeasureSettings
 from routetune.model import prepare
 from routetune.registry import Registry
-from routetune.run_spec import RunSpec
-from routetune.tuning import tune
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 from routetune.weights import WEIGHTS, has_external_data, source_sha256
 
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from routetune.option_schema import option
 from routetune.route import Route
+from routetune.run.option_schema import option
 from routetune.search.strategy import Strategy, rank_key
 from routetune.trial import Status, Trial
 

@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 import onnx
 
-from routetune.accuracy import measure_accuracy
 from routetune.backend import Backend, Engine, Runner
 from routetune.errors import (
     BuildError,
@@ -44,6 +43,8 @@ from routetune.errors import (
     SeasoningError,
     describe,
 )
+from routetune.judging.accuracy import measure_accuracy
+from routetune.judging.strict_fp16 import mentions_float16, strict_fp16_overflows
 from routetune.measure import (
     Latency,
     Speedup,
@@ -63,7 +64,6 @@ from routetune.search.artifacts import (
 from routetune.search.pairing import PairedTiming
 from routetune.search.phases import BUILT, Confirmation, Outcome, Recorded, TrialInputs
 from routetune.seasoning import RouteState
-from routetune.strict_fp16 import mentions_float16, strict_fp16_overflows
 from routetune.trial import Status
 from routetune.weights import import_graph
 
@@ -145,7 +145,7 @@ class Candidate:
             ``ok`` (measured; the search loop judges it against the constraint),
             ``build-only``, ``build-failed`` or ``crashed``, with ``accuracy``,
             ``faults``, ``notes`` and ``tolerances``
-            (`routetune.accuracy.AccuracyMeasurement`), ``latency`` and
+            (`routetune.judging.accuracy.AccuracyMeasurement`), ``latency`` and
             ``base_latency`` (ms), ``paired`` (the paired speed-up), ``conditions`` and
             ``noisy`` (`routetune.conditions`) added to `built`.
         """

@@ -45,7 +45,7 @@ from routetune.conditions import STATUS_GLOB, read_statuses
 from routetune.errors import UsageError, describe
 from routetune.logs import LOGS
 from routetune.registry import Registry
-from routetune.run_spec import DEFAULT_TIMEOUT_S
+from routetune.run.run_spec import DEFAULT_TIMEOUT_S
 from routetune.search import worker
 from routetune.search.executor import AfterBuild, Executor, Job
 from routetune.search.handoff import Handoff

@@ -25,14 +25,14 @@ import onnx
 import onnx_graphsurgeon as gs
 
 import routetune
-from routetune.accuracy import Constraint
 from routetune.backend import Backend
-from routetune.judge import judged
+from routetune.judging.accuracy import Constraint
+from routetune.judging.judge import judged
 from routetune.logs import LOGS, captured
 from routetune.model import PreparedModel, sha256
 from routetune.registry import Registry
 from routetune.route import Route
-from routetune.run_spec import RunSpec
+from routetune.run.run_spec import RunSpec
 from routetune.search.candidate import with_preflight
 from routetune.search.executor import Executor, InlineExecutor, Job
 from routetune.search.phases import BUILT, Confirmation, Outcome, Recorded, TrialInputs

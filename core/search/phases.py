@@ -14,16 +14,16 @@ from typing import Any, Literal
 
 import numpy as np
 
-from routetune.accuracy import Tolerances
 from routetune.conditions import BusyPolicy
+from routetune.feeds.profile import ShapeProfile
+from routetune.judging.accuracy import Tolerances
 from routetune.measure import (
     Latency,
     MeasureSettings,
     Speedup,
 )
 from routetune.model import PreparedModel
-from routetune.profile import ShapeProfile
-from routetune.run_spec import RunSpec
+from routetune.run.run_spec import RunSpec
 from routetune.trial import Status
 
 BUILT: Literal["built"] = "built"
@@ -41,8 +41,8 @@ class TrialInputs:
         feeds: The validation input sets (input name to array).
         references: The FP32 reference outputs, one mapping per input set.
         tolerances: Per output, ``(atol, rtol)`` to measure accuracy at
-            (`routetune.accuracy.Constraint.tolerance_map`); the bounds are applied by
-            the search loop (`routetune.judge`), not here.
+            (`routetune.judging.accuracy.Constraint.tolerance_map`); the bounds are applied by
+            the search loop (`routetune.judging.judge`), not here.
         outdir: The output directory; models and engines go under ``artifacts/``.
         base_data: The model after the backend's preflight and the pinned prefix
             (`with_preflight`), serialized.

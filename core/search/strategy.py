@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from routetune.composer import RouteSpace
 from routetune.errors import UsageError
-from routetune.option_schema import OptionError, build, check_keyword, options_of, problem
 from routetune.route import Route
+from routetune.run.option_schema import OptionError, build, check_keyword, options_of, problem
 from routetune.trial import Trial
 
 if TYPE_CHECKING:
-    from routetune.run_spec import RunSpec
+    from routetune.run.run_spec import RunSpec
 
 
 @dataclass(frozen=True)

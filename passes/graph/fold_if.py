@@ -24,7 +24,7 @@ from routetune.weights_check import resolving_in
 
 if TYPE_CHECKING:
     from routetune.backend import Backend
-    from routetune.profile import ShapeProfile
+    from routetune.feeds.profile import ShapeProfile
 
 
 class FoldIf(Seasoning):

@@ -17,6 +17,7 @@ import math
 import onnx
 import onnx_graphsurgeon as gs
 
+from routetune.judging.strict_fp16 import mentions_float16, strict_fp16_overflows
 from routetune.passes.graph.constants import copy_graph, replace_graph
 from routetune.passes.precision.bisection import RepairRefinement
 from routetune.passes.precision.lowering import LOWERED
@@ -29,7 +30,6 @@ from routetune.seasoning import (
     Seasoning,
     SeasoningInfo,
 )
-from routetune.strict_fp16 import mentions_float16, strict_fp16_overflows
 
 REPAIRED = frozenset({"fp16", "bf16", "int8-qdq", "fp8-qdq"})
 """The built-in precision seasonings that record a `Lowering` this one can redo."""

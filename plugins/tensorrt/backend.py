@@ -25,6 +25,7 @@ from typing import Any
 
 from routetune.backend import Backend, Engine, OptionSpec, Runner
 from routetune.errors import EngineNotRunnable
+from routetune.feeds.profile import ShapeProfile
 from routetune.plugins.cuda import cuda_versions
 from routetune.plugins.tensorrt.loaders import (
     NS,
@@ -36,7 +37,6 @@ from routetune.plugins.tensorrt.loaders import (
 )
 from routetune.plugins.tensorrt.logger import make_logger
 from routetune.plugins.tensorrt.module import TensorRtModule, find_tensorrt
-from routetune.profile import ShapeProfile
 
 TILING = ("none", "fast", "moderate", "full")
 PREFLIGHT = ("int32-limits", "fold-if")

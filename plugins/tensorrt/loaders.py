@@ -27,9 +27,9 @@ from typing import Any
 import onnx
 
 from routetune.errors import BuildError
+from routetune.feeds.profile import ShapeProfile
 from routetune.plugins.tensorrt import timing_cache
 from routetune.plugins.tensorrt.logger import make_logger
-from routetune.profile import ShapeProfile
 
 logger_ = logging.getLogger(__name__)
 

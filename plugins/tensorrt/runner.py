@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from routetune.backend import Feed, Runner
+from routetune.feeds.profile import ShapeProfile
 from routetune.plugins.cuda import event_timed
-from routetune.profile import ShapeProfile
 
 
 class TensorRtRunner(Runner):

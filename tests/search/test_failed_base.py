@@ -13,8 +13,8 @@ from graphs import folded_mul_one
 
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.run_spec import RunSpec
-from routetune.tuning import tune
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 
 QUICK = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05)
 

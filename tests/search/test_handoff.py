@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from graphs import conv_bn
 
-from routetune.accuracy import parse_accuracy
+from routetune.judging.accuracy import parse_accuracy
 from routetune.model import prepare
 from routetune.registry import Registry
 from routetune.search.handoff import Handoff, receive

@@ -110,9 +110,9 @@ def test_plugins_registered_in_process_are_refused_by_workers(tmp_path: Path) ->
 
     from routetune.errors import UsageError
     from routetune.plugin_manager import load_registry
-    from routetune.run_spec import RunSpec
+    from routetune.run.run_spec import RunSpec
+    from routetune.run.tuning import tune
     from routetune.seasoning import PassResult, Seasoning, SeasoningInfo
-    from routetune.tuning import tune
 
     class Local(Seasoning):
         info = SeasoningInfo(name="local-only", stage="graph", summary="registered in-process")

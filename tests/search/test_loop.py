@@ -11,13 +11,13 @@ import pytest
 from graphs import conv_bn, matmul_chain, wasteful
 
 from routetune.errors import UsageError
+from routetune.judging.metrics import Metric
+from routetune.judging.verdict import pick_winner
 from routetune.measure import MeasureSettings
-from routetune.metrics import Metric
 from routetune.registry import Registry
-from routetune.run_spec import RunSpec
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import TuneResult, tune
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-from routetune.tuning import TuneResult, tune
-from routetune.verdict import pick_winner
 
 QUICK = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05)
 

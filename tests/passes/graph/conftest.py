@@ -20,7 +20,7 @@ from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning
 def ppocr_cls_path(model_path: Callable[[str], Path]) -> Path:
     """The PP-OCR mobile v2.0 direction classifier, x f32[N,3,48,192] -> f32[N,2].
 
-    Fetched by `routetune.examples` from the rapidocr-onnxruntime 1.4.4 wheel, sha256
+    Fetched by `routetune.feeds.examples` from the rapidocr-onnxruntime 1.4.4 wheel, sha256
     checked; the test skips when the wheel cannot be downloaded.
     """
     return model_path("ppocr-cls")

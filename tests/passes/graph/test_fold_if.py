@@ -7,9 +7,9 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto, helper
 
+from routetune.feeds.profile import ShapeProfile
 from routetune.passes.graph.fold_if import FoldIf
 from routetune.plugins.tensorrt.backend import TensorRtBackend
-from routetune.profile import ShapeProfile
 from routetune.seasoning import RouteContext, RouteState
 
 

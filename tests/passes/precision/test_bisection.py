@@ -16,10 +16,10 @@ from routetune.passes.precision.bisection import (
 )
 from routetune.registry import Registry
 from routetune.route import Route, parse_route
-from routetune.run_spec import RunSpec
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 from routetune.search.strategy import rank_key
 from routetune.trial import Trial
-from routetune.tuning import tune
 
 QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)
 

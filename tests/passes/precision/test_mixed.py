@@ -14,7 +14,7 @@ import pytest
 from graphs import conv_bn, layernorm
 from onnx import TensorProto, helper, numpy_helper
 
-from routetune.examples import get_example
+from routetune.feeds.examples import get_example
 from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, prepare
 from routetune.passes.graph.fuse_bn_into_conv import FuseBnIntoConv
@@ -22,9 +22,9 @@ from routetune.passes.precision.mixed import Bf16, Fp16
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.postconditions import cast_faults, check_candidate
 from routetune.registry import Registry
-from routetune.run_spec import RunSpec
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 from routetune.seasoning import PassResult, RouteContext, RouteState
-from routetune.tuning import tune
 
 BACKEND = OnnxRuntimeBackend()
 

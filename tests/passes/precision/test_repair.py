@@ -11,12 +11,12 @@ import pytest
 from graphs import layernorm, matmul_chain
 from naive_fp16 import NaiveFp16
 
+from routetune.judging.strict_fp16 import strict_fp16_overflows
 from routetune.passes.precision.repair import PrecisionRepair
 from routetune.passes.precision.sensitivity import rank_nodes
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.quantize import Int8Qdq
 from routetune.seasoning import RouteContext, RouteState
-from routetune.strict_fp16 import strict_fp16_overflows
 
 BACKEND = OnnxRuntimeBackend()
 

@@ -15,8 +15,8 @@ from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.cuda import CUDA_NS, CUDA_OPTIONS, OnnxRuntimeCudaBackend
 from routetune.plugins.onnxruntime.cuda_options import CudaNhwc
 from routetune.registry import Registry
-from routetune.run_spec import RunSpec
-from routetune.tuning import tune
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 
 CUDA = OnnxRuntimeCudaBackend()
 WHY = CUDA.available()

@@ -22,9 +22,9 @@ from routetune.measure import MeasureSettings
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
 from routetune.registry import Registry
-from routetune.run_spec import RunSpec
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning
-from routetune.tuning import tune
 
 BACKEND = OnnxRuntimeBackend()
 

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 from tensorrt_helpers import PROFILE, TRT, conv, needs_trt, settings
 
 from routetune.errors import BuildError, EngineNotRunnable
+from routetune.feeds.profile import ShapeProfile
 from routetune.plugins.tensorrt.backend import (
     NS,
     TensorRtBackend,
@@ -24,7 +25,6 @@ from routetune.plugins.tensorrt.backend import (
 )
 from routetune.plugins.tensorrt.loaders import configure
 from routetune.plugins.tensorrt.logger import make_logger
-from routetune.profile import ShapeProfile
 from routetune.search.artifacts import build_engine
 
 pytestmark = needs_trt
@@ -342,7 +342,7 @@ BUILD_WORKER = """
 import sys
 from pathlib import Path
 from routetune.plugins.tensorrt.backend import TensorRtBackend
-from routetune.profile import ShapeProfile
+from routetune.feeds.profile import ShapeProfile
 
 model, workdir, level = sys.argv[1], sys.argv[2], int(sys.argv[3])
 backend = TensorRtBackend(ShapeProfile.parse({profile!r}))

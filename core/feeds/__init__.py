@@ -1,0 +1,1 @@
+"""Model inputs: validation inputs, the optimisation profile, the bundled examples."""

@@ -1,0 +1,1 @@
+"""Judging candidates: accuracy metrics, the judge, the strict FP16 check, the verdict."""

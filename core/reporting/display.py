@@ -1,0 +1,183 @@
+"""Terminal tables (rich) for trials and for the installed plugins."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import JustifyMethod
+from rich.markup import escape
+from rich.table import Table
+
+from routetune.registry import Registry
+from routetune.run.option_schema import options_of
+from routetune.trial import Trial
+
+if TYPE_CHECKING:
+    from routetune.run.tuning import TuneResult
+
+STATUS_STYLE = {
+    "ok": "green", "accuracy-failed": "yellow", "build-failed": "red",
+    "crashed": "red", "timed-out": "magenta", "skipped": "dim", "build-only": "cyan",
+}
+
+
+SHOWN_PARAMS = 12
+"""Parameters listed per seasoning by ``routetune seasonings`` (TensorRT has ~200 knobs)."""
+
+
+def accuracy_text(trial: Trial, registry: Registry) -> str:
+    """The worst value of each headline metric across outputs (``l0 0 cos 0.99999``)."""
+    if not trial.accuracy:
+        return ""
+    parts = []
+    for name in ("l0", "cos", "rel_l2", "linf"):
+        values = [m[name] for m in trial.accuracy.values() if name in m]
+        if not values:
+            continue
+        higher = name in registry.metrics and registry.metrics[name].item.higher_is_better
+        worst = min(values) if higher else max(values)
+        parts.append(f"{name} {worst:.6g}")
+    return " ".join(parts)
+
+
+def trials_table(
+    trials: list[Trial] | tuple[Trial, ...], winner: Trial, registry: Registry,
+    title: str = "",
+) -> Table:
+    """A table of trials in the given order: route, status and reason, latency, accuracy.
+
+    Latency columns are in ms: p50 and p90 of all timed runs, and ``±`` the half-width
+    of the 95% interval of the median of the block medians. "base p50" is the base
+    route's p50 measured in alternating blocks with the trial. Speed-up is the paired
+    estimate (`routetune.measure.paired_speedup`) with its 95% interval over blocks: the
+    machine's speed drifts, so p50s of different trials are not compared directly. A
+    trial timed while the machine was busy is marked "noisy" in its status.
+    """
+    table = Table(title=title, show_lines=False, expand=False)
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("#", "right"), ("route", "left"), ("status", "left"), ("p50 ms", "right"),
+        ("p90 ms", "right"), ("±", "right"), ("base p50 ms", "right"), ("speed-up", "right"),
+        ("accuracy", "left"), ("reason", "left"))
+    for col, justify in columns:
+        table.add_column(col, justify=justify, overflow="fold")
+    for i, t in enumerate(trials, 1):
+        lat = t.latency
+        speed = f"{t.speedup:.2f}x" if t.speedup else ""
+        if t.paired is not None:
+            speed += f" [{t.paired.ci_low:.2f}, {t.paired.ci_high:.2f}]"
+        route = f"[bold]{escape(t.route)}[/bold]" if t is winner else escape(t.route)
+        status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
+        if t.noisy:
+            status += " [magenta]noisy[/]"
+        table.add_row(
+            str(i), route, status,
+            f"{lat.p50:.3f}" if lat else "", f"{lat.p90:.3f}" if lat else "",
+            f"{lat.spread:.3f}" if lat else "",
+            f"{t.base_latency.p50:.3f}" if t.base_latency else "", speed,
+            accuracy_text(t, registry), escape(verdict_text(t, registry)),
+        )
+    return table
+
+
+def verdict_text(trial: Trial, registry: Registry) -> str:
+    """The trial's reason, then what each precision step decided.
+
+    For each precision step: its non-zero statistics (``fp16: low_nodes 252,
+    fp32_nodes 35, kept_data_max 20``), and for ``precision-repair`` the nodes it kept
+    in FP32, so that a reader sees why a precision route passed or failed.
+    """
+    parts = [trial.reason] if trial.reason else []
+    for record in trial.passes:
+        step = str(record.get("step", ""))
+        name = step.split("{")[0]
+        if name not in registry.seasonings or (
+                registry.seasoning(name).info.stage != "precision"):
+            continue
+        stats = ", ".join(f"{k} {v}" for k, v in record.get("stats", {}).items() if v)
+        text = f"{name}: {stats or 'no change'}"
+        note = str(record.get("note", ""))
+        if note.startswith("kept in FP32:"):
+            text += f"; {note.split('; ')[0]}"
+        parts.append(text)
+    return " | ".join(parts)
+
+
+def seasonings_table(registry: Registry) -> Table:
+    """Every installed seasoning: name, stage, parameters, constraints, backends, plugin.
+
+    Where a seasoning can never apply on an available backend (a precision the backend
+    has no kernels for), the summary says so.
+    """
+    backends = [e.item() for e in registry.backends.values()]
+    backends = [b for b in backends if b.available() is None]
+    table = Table(title="seasonings")
+    for col in ("name", "stage", "parameters (choices; default)", "constraints", "backends",
+                "plugin", "summary"):
+        table.add_column(col, overflow="fold")
+    for name, entry in sorted(registry.seasonings.items()):
+        info = entry.item.info
+        params = "; ".join(
+            f"{p.name}={'|'.join(map(str, p.choices))} (default {p.default})"
+            for p in info.params[:SHOWN_PARAMS])
+        if len(info.params) > SHOWN_PARAMS:
+            params += f"; … {len(info.params) - SHOWN_PARAMS} more"
+        cons = " ".join(
+            f"{label} {','.join(sorted(v))}" for label, v in (
+                ("requires", info.requires), ("conflicts", info.conflicts),
+                ("after", info.after), ("before", info.before)) if v
+        )
+        summary = info.summary
+        for backend in backends:
+            why = entry.item().supports(backend)
+            if why and (not info.backends or backend.name in info.backends):
+                summary += f" [yellow](not on {backend.name}: {escape(why)})[/]"
+        plugin = f"{entry.plugin} ({registry.plugins.get(entry.plugin, '?')})"
+        table.add_row(name, info.stage, escape(params), cons,
+                      ",".join(sorted(info.backends)) or "all", plugin, summary)
+    return table
+
+
+def components_table(registry: Registry) -> Table:
+    """The installed backends, search strategies and metrics, with their plugins."""
+    table = Table(title="backends, search strategies, accuracy metrics")
+    for col in ("kind", "name", "plugin", "note"):
+        table.add_column(col, overflow="fold")
+    for name, entry in sorted(registry.backends.items()):
+        backend = entry.item()
+        reason = backend.available()
+        note = escape(f"unavailable: {reason}" if reason else f"version {backend.version()}")
+        table.add_row("backend", name, entry.plugin, note)
+    for name, entry in sorted(registry.strategies.items()):
+        options = "; ".join(f"option {o.name}={o.default!r}: {o.meta.help}"
+                            for o in options_of(entry.item.Options))
+        doc = (entry.item.__doc__ or "").splitlines()[0]
+        table.add_row("search", name, entry.plugin, escape(f"{doc} {options}".strip()))
+    for name, entry in sorted(registry.metrics.items()):
+        table.add_row("metric", name, entry.plugin, entry.item.help)
+    return table
+
+
+def conditions_lines(result: TuneResult) -> list[str]:
+    """What the verdict rests on: the confirmation, and how busy the machine was."""
+    lines = []
+    for c in result.confirmations:
+        p = c.paired
+        held = "held" if result.confirmed is c else "did not hold"
+        lines.append(
+            f"confirmation of {escape(c.route)} ({held}; fresh process, paired blocks): "
+            f"{p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] over the base route, p50 "
+            f"{c.latency.p50:.3f} ms vs {c.base_latency.p50:.3f} ms, {p.pairs} block pairs, "
+            f"base drift ±{p.drift:.1%}")
+    measured = [t for t in result.trials if t.latency is not None]
+    noisy = result.noisy
+    text = (f"machine: {len(noisy)} of {len(measured)} measured trials noisy "
+            f"(--busy-machine {result.busy_machine})")
+    if result.waited_s >= 0.5:
+        text += f"; waited {result.waited_s:.0f} s in all for a quiet machine"
+    if noisy:
+        text += "; busy: " + escape(noisy[0].noisy)
+        colour = "yellow"
+    else:
+        colour = "dim"
+    lines.append(f"[{colour}]{text}[/]")
+    return lines

@@ -1,0 +1,1 @@
+"""A run: its options, their recipe form, preparation, the main job, the files it writes."""

@@ -1,0 +1,313 @@
+"""A run's preparation: every input resolved and checked before any trial runs.
+
+`prepare_run` turns `routetune.run.tuning.RunSpec` into a `Prepared` run: the model, its
+inputs and optimisation profile, the backend, the accuracy constraint, the route space
+and the settings hash that keys the stored trials. Bad input stops here, as one
+`UsageError`, before the output folder holds anything of this run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routetune.backend import Backend
+from routetune.composer import RouteSpace, resolve_route
+from routetune.errors import BackendError, UsageError, one_line
+from routetune.feeds import examples
+from routetune.feeds.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
+from routetune.feeds.profile import ShapeProfile, make_profile
+from routetune.judging.accuracy import Constraint, parse_accuracy
+from routetune.model import PreparedModel, prepare, sha256, with_weights_in
+from routetune.option_seasoning import check_option_keys
+from routetune.plugin_manager import load_registry
+from routetune.registry import Registry
+from routetune.route import Route, parse_route
+from routetune.run.option_schema import OptionError
+from routetune.run.outdir import make_outdir
+from routetune.run.run_spec import DEFAULT_TIMEOUT_S, RunSpec
+from routetune.search.artifacts import MODELS, save_model
+from routetune.search.refinement import Refinement
+from routetune.search.strategy import configure
+from routetune.seasoning import SeasoningInfo
+from routetune.space import restrict_space
+from routetune.weights import import_graph
+
+
+@dataclass
+class Prepared:
+    """A tuning run's inputs, resolved and checked before any trial runs."""
+
+    registry: Registry
+    model: PreparedModel
+    backend: Backend
+    feeds: list[dict[str, np.ndarray]]
+    constraint: Constraint
+    space: RouteSpace
+    not_applicable: dict[str, str]
+    outdir: Path
+    settings_hash: str
+    source: Mapping[str, Any]
+    refinements: tuple[type[Refinement], ...] = ()
+    """The refinements of the seasonings offered (`routetune.search.refinement`)."""
+    profile: ShapeProfile | None = None
+    base: Route = field(default_factory=Route)
+    pinned: tuple[Route, ...] = ()
+    spec: RunSpec = field(default_factory=RunSpec)
+    """The run as asked for."""
+    strategy_options: Any = None
+    """The search strategy's options (`routetune.search.strategy.Strategy.Options`)."""
+    base_passes: list[dict[str, Any]] = field(default_factory=list)
+    """The backend's preflight and the pinned prefix as applied (set once the search loop
+    has started)."""
+
+    @property
+    def backend_options(self) -> Mapping[str, Any]:
+        """Build options every route starts from (``spec.backend_options``)."""
+        return self.spec.backend_options
+
+
+def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
+    """Resolve and check everything a run needs; no trial runs yet.
+
+    Raises:
+        UsageError: Any bad input: model, example, backend, seasoning, accuracy
+            expression, inputs, shapes or output directory.
+    """
+    registry = registry or load_registry()
+    opts.check()
+    if opts.seasonings is not None and not opts.seasonings and not opts.routes:
+        raise OptionError("seasonings", ": no names given; list seasonings (see `routetune "
+                          "seasonings`) or leave the flag out for all")
+    with_params = [n for n in opts.seasonings or () if "{" in n]
+    if with_params:
+        raise OptionError("seasonings", f" {with_params[0]}: takes seasoning names only; the "
+                          f"search tries each seasoning's parameter choices itself; give "
+                          f"'{with_params[0].split('{')[0]}'")
+    shapes, opt, low, high = (opts.spelled(n) for n in ("shapes", "opt_shapes",
+                                                          "min_shapes", "max_shapes"))
+    for name, given in (("shapes", opts.shapes), ("opt_shapes", opts.opt_shapes)):
+        if opts.inputs is not None and given:
+            raise OptionError(name, f" with {opts.spelled('inputs')}: the inputs fix the (opt) "
+                              f"shapes; give one of them ({low} and {high} may go with the "
+                              "inputs)")
+    if opts.shapes and opts.opt_shapes:
+        raise OptionError("shapes", f" with {opt}: {shapes} sets min, opt and max at once; "
+                          f"give {opt} with {low}/{high} instead")
+    check_workers(opts)
+    registry.reference_backend()  # what every candidate is checked against, before any work
+    backend = available_backend(registry, opts.backend)
+    check_option_keys(registry, backend)  # a plugin's misspelled option: now, not mid-search
+    strategy_options = configure(registry.strategy(opts.search), opts)  # before any work
+    source: dict[str, Any] = {}
+    shapes_flag = opts.spelled("opt_shapes" if opts.opt_shapes else "shapes")
+    given_shapes = parse_shapes(opts.opt_shapes or opts.shapes, shapes_flag)
+    if opts.example and opts.model is not None:
+        raise UsageError("give either MODEL.onnx or --example NAME, not both")
+    example = examples.get_example(opts.example) if opts.example else None
+    if example is not None:
+        path = examples.fetch_example(example)
+        source["example"] = example.name
+        given_shapes = {**example.shapes, **given_shapes}
+    elif opts.model is not None:
+        path = opts.model
+        source["path"] = str(opts.model.resolve())
+    else:
+        raise UsageError("no model given; pass MODEL.onnx or --example NAME (e.g. ppocr-det)")
+    model = prepare(path, opts.allow_external_data_outside)
+    if opts.model_sha256 and opts.model_sha256 != model.source_sha256:
+        raise UsageError(f"{path}: sha256 {model.source_sha256} is not the recipe's "
+                         f"{opts.model_sha256}; the model changed since the recipe was written")
+    outdir = make_outdir(opts.output, path, model.source_sha256, backend.name)
+    model = with_weights_in(model, (outdir / MODELS).resolve())
+    if opts.inputs is not None:
+        feeds = load_npz(opts.inputs, model.inputs)
+        source["inputs"] = str(opts.inputs.resolve())
+        shapes = {s.name: tuple(feeds[0][s.name].shape) for s in model.inputs}
+    else:
+        shapes = resolve_shapes(model.inputs, given_shapes, shapes_flag)
+        if example is not None:
+            feeds = example.make_inputs(shapes, 0, 4)
+        else:
+            feeds = synthesize(model.inputs, shapes)
+        source["shapes"] = ",".join(f"{k}:{'x'.join(map(str, v))}" for k, v in shapes.items())
+    profile = make_profile(model.inputs, shapes, opts.min_shapes or opts.shapes,
+                           opts.max_shapes or opts.shapes,
+                           feeds if opts.inputs is not None else ())
+    backend = type(backend)(profile)
+    constraint = parse_accuracy(opts.accuracy, registry, [o.name for o in model.outputs])
+    infos, not_applicable = _offered(registry, backend, model, opts.seasonings)
+    refinements = tuple(dict.fromkeys(
+        r for r in (registry.seasoning(i.name).refinement for i in infos) if r is not None))
+    if opts.seasonings:  # () with pinned routes: search nothing, try the pinned ones
+        _check_named(opts.seasonings, infos, not_applicable, refinements)
+    infos = restrict_space(infos, opts.space, not_applicable, registry)
+    space = RouteSpace(infos, opts.max_depth)
+    inputs_hash = sha256(b"".join(a.tobytes() + str(a.shape).encode()
+                                  for f in feeds for a in f.values()))
+    base = resolve_route(parse_route(",".join(opts.base)), registry)
+    if any(registry.seasoning(n).info.stage == "build" for n in base.names):
+        raise UsageError(f"base '{base}': build seasonings cannot be in the pinned prefix; "
+                         "give build options as backend options")
+    pinned = tuple(resolve_route(parse_route(text), registry) for text in opts.routes)
+    for route in pinned:
+        for step in route:
+            why = registry.seasoning(step.name)().supports(backend)
+            if why:
+                raise UsageError(f"pinned route '{route}': {step.name} {why}, not "
+                                 f"{backend.name}; drop it or change the backend")
+    try:
+        backend.full_settings(opts.backend_options)
+    except BackendError as e:
+        raise UsageError(f"backend options: {e}") from e
+    # what a measurement depends on: the bounds are not in it (a stored trial is judged
+    # again under another --accuracy), the tolerances and the installed metrics are
+    measured = [sorted(constraint.tolerance_map([o.name for o in model.outputs]).items()),
+                sorted(registry.metrics)]
+    settings_hash = sha256(json.dumps(
+        [inputs_hash, measured, asdict(opts.measure), str(profile), str(base),
+         sorted(opts.backend_options.items())], default=str).encode())
+    if profile.shapes:
+        source["profile"] = str(profile)
+    return Prepared(registry, model, backend, feeds, constraint, space, not_applicable,
+                    outdir, settings_hash, source, refinements, profile, base=base,
+                    pinned=pinned, spec=opts,
+                    strategy_options=strategy_options)
+
+
+def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
+    """The FP32 reference outputs of the original model, one mapping per input set.
+
+    A model with external data runs from its copy in the run's store (the same graph
+    and bytes, `with_weights_in`): its own locations may lead out of its folder, which
+    ONNX Runtime refuses, when ``--allow-external-data-outside`` let them in.
+
+    Raises:
+        UsageError: The reference runtime cannot load or run the model on these inputs.
+    """
+    source = run.model.source
+    if run.model.weights is not None:
+        source = save_model(run.outdir, run.model.data)
+    try:
+        with backend.reference(source) as runner:
+            return [runner.infer(feed) for feed in run.feeds]
+    except Exception as e:  # the runtime's own error types
+        raise UsageError(
+            f"{run.model.source}: the FP32 reference ({backend.name}, optimisations off) "
+            f"cannot run the model on these inputs: {one_line(e, 300)}; "
+            "the original model must run in ONNX Runtime on the CPU"
+        ) from e
+
+
+MIN_WORKER_MEMORY_MB = 512
+"""The smallest ``--worker-memory``: a worker maps about 400 MiB of libraries."""
+
+
+def check_workers(opts: RunSpec) -> None:
+    """Refuse worker settings that cannot work.
+
+    Raises:
+        UsageError: No build worker or more than CPU cores, a timeout that is not a
+            positive finite number, too little memory, or worker settings with
+            ``--in-process``.
+    """
+    cores = os.cpu_count() or 1
+    if not 1 <= opts.build_workers <= cores:
+        raise OptionError("build_workers", f" {opts.build_workers}: give 1 to {cores} (this "
+                          f"machine's CPU cores; each build worker is a process)")
+    memory = opts.worker_memory_mb
+    if memory is not None and memory < MIN_WORKER_MEMORY_MB:
+        raise OptionError("worker_memory_mb", f" {memory}: give at least {MIN_WORKER_MEMORY_MB} "
+                          "(MiB); a worker maps about 400 MiB of libraries before any trial")
+    changed = [opts.spelled(name) for name, used in (
+        ("build_workers", opts.build_workers != 1),
+        ("trial_timeout_s", opts.trial_timeout_s != DEFAULT_TIMEOUT_S),
+        ("worker_memory_mb", memory is not None)) if used]
+    if opts.in_process and changed:
+        raise OptionError("in_process", f" with {', '.join(changed)}: trials in this process "
+                          "have no workers, timeouts or memory limits; drop one or the other")
+
+
+def reference_backend(registry: Registry, backend: Backend) -> Backend:
+    """The backend that computes the FP32 reference outputs.
+
+    `backend` itself if it holds the role (`routetune.registry.Registry.add_backend`),
+    else a new instance of the one that does.
+
+    Raises:
+        UsageError: No backend holds the role, or it is not available here.
+    """
+    cls = registry.reference_backend()
+    if type(backend) is cls:
+        return backend
+    return available_backend(registry, cls.name)
+
+
+def available_backend(registry: Registry, name: str) -> Backend:
+    """A new instance of backend `name`.
+
+    Raises:
+        UsageError: No such backend, or it is not available here (the reason).
+    """
+    backend = registry.backend(name)()
+    reason = backend.available()
+    if reason:
+        raise OptionError("backend", f" {name}: not available here ({reason})")
+    return backend
+
+
+def _check_named(names: Sequence[str], infos: Sequence[SeasoningInfo],
+                 not_applicable: Mapping[str, str],
+                 refinements: Sequence[type[Refinement]]) -> None:
+    """Refuse a ``--seasonings`` list from which no route can be built.
+
+    Raises:
+        UsageError: None of the named seasonings applies here, or a refinement has
+            nothing to refine (``precision-repair`` without a precision seasoning).
+    """
+    searched = [i for i in infos if i.searched]
+    for refinement in refinements:
+        why = refinement.why_idle(infos)
+        if why:
+            raise OptionError("seasonings", f" {','.join(names)}: {why}")
+    if not searched:
+        why = "; ".join(f"{n}: {r}" for n, r in not_applicable.items())
+        why = f" ({why})" if why else ""
+        raise OptionError("seasonings", f" {','.join(names)}: none applies here{why}; "
+                          "see `routetune seasonings`")
+
+
+def _offered(
+    registry: Registry, backend: Backend, model: PreparedModel, names: tuple[str, ...] | None
+) -> tuple[list[SeasoningInfo], dict[str, str]]:
+
+    graph = import_graph(model.proto, model.weights)
+    # Unasked, a seasoning made for other backends is left out, not listed as skipped.
+    chosen = names if names is not None else tuple(
+        n for n, e in sorted(registry.seasonings.items())
+        if not e.item.info.backends or backend.name in e.item.info.backends)
+    infos: list[SeasoningInfo] = []
+    skipped: dict[str, str] = {}
+    for name in chosen:
+        cls = registry.seasoning(name)
+        if name in backend.preflight:
+            if names is not None:
+                raise OptionError("seasonings", f": '{name}' is part of the {backend.name} "
+                                  "backend's preflight, applied before every build; "
+                                  "leave it out")
+            continue
+        try:
+            reason = cls().why_not(graph, backend)
+        except Exception as e:  # a plugin's check must not stop the run
+            reason = f"applicable() raised {type(e).__name__}: {e}"
+        if reason:
+            skipped[name] = reason
+        else:
+            infos.append(cls.info)
+    return infos, skipped

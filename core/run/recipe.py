@@ -1,0 +1,366 @@
+"""Route recipes: TOML files that say what to tune and how, or pin one route exactly.
+
+Schema version 2 (``schema_version = 2``); ``routetune schema`` prints it as JSON Schema
+(draft 2020-12) for editors. Tables and keys:
+
+- ``[model]``: ``path`` (an ONNX file, relative to the recipe) or ``example`` (a bundled
+  example name); ``sha256`` (optional: the file must have this hash).
+- ``[backend]``: ``name``; ``[backend.options]``: build options every route starts
+  from (``"onnxruntime.intra_op_num_threads" = 2``; see each backend's options).
+- ``base``: route steps (graph and precision seasonings) applied to every route, the
+  base route included: ``base = ["fold-constants"]``.
+- ``[[seasonings]]``: the seasonings to consider, each ``name`` with optional
+  ``[seasonings.params]`` listing the values to try per parameter
+  (``op_types_to_exclude = [["Softmax"], []]``). Left out: every applicable one. An
+  empty list (``seasonings = []``): none, only the pinned routes.
+- ``routes``: route texts always tried (pinned), e.g. ``["fp16,ort-threads{intra_op=2}"]``.
+- ``[search]``: ``strategy``, ``beam_width``, ``max_depth``, ``max_trials``,
+  ``time_budget_s``.
+- ``[accuracy]``: ``expr`` (the ``--accuracy`` expression) and ``[accuracy.outputs]``,
+  an expression per output name.
+- ``[measure]``: ``min_runs``, ``min_time_s``.
+- ``[inputs]``: ``path`` (``.npz`` file or folder, relative to the recipe), or
+  ``shapes``, ``min_shapes``, ``opt_shapes``, ``max_shapes`` (trtexec spelling).
+- ``output``: the output directory (relative to the recipe).
+- ``[result]``: what a search measured, in winner recipes; read as information only.
+
+Version 1 (``winner.toml`` before 2026-11-29: ``[route] text``) is read as version 2
+with that route pinned and nothing searched.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+from routetune.errors import RoutetuneError, UsageError, one_line
+from routetune.run.option_schema import OptionError, OptionInfo, options_of
+from routetune.run.run_spec import RunSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    from routetune.registry import Registry
+    from routetune.run.preparation import Prepared
+    from routetune.run.tuning import TuneResult
+
+SCHEMA_VERSION = 2
+Value = bool | int | float | str | list[Any]
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _ModelTable(_Table):
+    """``[model]``: exactly one of ``path`` and ``example``."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> _ModelTable:
+        if (getattr(self, "path", None) is None) == (getattr(self, "example", None) is None):
+            raise ValueError("give exactly one of path and example")
+        return self
+
+
+class _AccuracyTable(_Table):
+    """``[accuracy]``: one expression, and expressions per output name."""
+
+    outputs: dict[str, str] = Field(default_factory=dict,
+                                    description="an accuracy expression per output name")
+
+
+class SeasoningSpec(_Table):
+    """One ``[[seasonings]]`` entry: a seasoning and the values to try per parameter."""
+
+    name: str
+    params: dict[str, list[Value]] = Field(
+        default_factory=dict, description="per parameter, the values the search tries")
+
+
+HAND_WRITTEN = ("seasonings", "seasonings.params")
+"""Recipe fields of options that `Recipe` declares itself (an array of tables)."""
+
+
+def _recipe_type(info: OptionInfo) -> Any:
+    """The TOML value type of an option: paths as strings, tuples as arrays."""
+    if info.meta.choices:
+        return Literal[info.meta.choices]  # type: ignore[valid-type]
+    text = str(info.type)
+    optional = "None" in text
+    if "Path" in text:
+        kind: Any = str
+    elif text.startswith("tuple["):
+        kind = list[str]
+    elif "Mapping" in text:
+        kind = dict[str, Value]
+    else:
+        return info.type
+    return kind | None if optional else kind
+
+
+def _field(info: OptionInfo) -> tuple[Any, Any]:
+    """A pydantic field from an option: its type, default, bounds and help."""
+    default = info.default
+    if isinstance(default, tuple):
+        default = list(default)
+    kwargs: dict[str, Any] = {"description": info.meta.help}
+    if info.meta.minimum is not None:
+        kwargs["ge"] = info.meta.minimum
+    if info.meta.above is not None:
+        kwargs["gt"] = info.meta.above
+    if isinstance(default, (dict, list)):
+        return _recipe_type(info), Field(default_factory=type(default), **kwargs)
+    return _recipe_type(info), Field(default, **kwargs)
+
+
+def _table(name: str, base: type[_Table] = _Table) -> Any:
+    """The pydantic model of table `name`, with a field per option declared in it."""
+    fields: dict[str, Any] = {
+        info.meta.recipe.split(".")[1]: _field(info) for info in options_of(RunSpec)
+        if info.meta.recipe and info.meta.recipe.startswith(f"{name}.")
+        and info.meta.recipe not in HAND_WRITTEN}
+    return create_model(f"{name.capitalize()}Spec", __base__=base, **fields)
+
+
+ModelSpec = _table("model", _ModelTable)
+BackendSpec = _table("backend")
+SearchSpec = _table("search")
+AccuracySpec = _table("accuracy", _AccuracyTable)
+MeasureSpec = _table("measure")
+InputsSpec = _table("inputs")
+_TOP: dict[str, Any] = {info.meta.recipe: _field(info) for info in options_of(RunSpec)
+        if info.meta.recipe in ("base", "routes", "output")}
+
+
+class _Recipe(_Table):
+    model_config = ConfigDict(extra="forbid", title="routetune recipe")
+    schema_version: Literal[2]
+    model: ModelSpec  # type: ignore[valid-type]
+    backend: BackendSpec = Field(default_factory=BackendSpec)  # type: ignore[valid-type]
+    seasonings: list[SeasoningSpec] | None = Field(
+        None, description="the seasonings to consider; left out: every applicable one")
+    search: SearchSpec = Field(default_factory=SearchSpec)  # type: ignore[valid-type]
+    accuracy: AccuracySpec = Field(default_factory=AccuracySpec)  # type: ignore[valid-type]
+    measure: MeasureSpec = Field(default_factory=MeasureSpec)  # type: ignore[valid-type]
+    inputs: InputsSpec = Field(default_factory=InputsSpec)  # type: ignore[valid-type]
+    result: dict[str, Any] | None = Field(None, description="written by winner recipes")
+
+
+Recipe: Any = create_model("Recipe", __base__=_Recipe, **_TOP)
+"""A route recipe, schema version 2 (see the module documentation); its tables and
+fields come from `routetune.run.run_spec.RunSpec`'s option declarations."""
+
+
+def json_schema() -> dict[str, Any]:
+    """The recipe's JSON Schema (what ``routetune schema`` prints)."""
+    schema = Recipe.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://routetune.dev/schema/recipe-{SCHEMA_VERSION}.json"
+    return schema
+
+
+def load_recipe(path: Path, registry: Registry) -> Any:
+    """Read, upgrade (version 1) and validate a recipe against the schema and the plugins.
+
+    Raises:
+        UsageError: Unreadable TOML, or field-level problems, all in one line, e.g.
+            ``r.toml: seasonings[2].params.op_types_to_exclude: unknown op type 'Softmx'``.
+    """
+    if path.exists() and not path.is_file():  # a FIFO or a device: reading it never ends
+        raise OptionError("recipe", f" {path}: not a regular file")
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise OptionError("recipe", f" {path}: no such file") from e
+    except RecursionError as e:  # tomllib recurses per nested array or inline table
+        raise OptionError("recipe", f" {path}: not a readable TOML file (arrays or tables "
+                          "nested too deeply)") from e
+    except (OSError, ValueError) as e:  # TOMLDecodeError, UnicodeDecodeError, int digits
+        raise OptionError("recipe", f" {path}: not a readable TOML file ({one_line(e)})") from e
+    if doc.get("schema_version") == 1:
+        doc = _upgrade_v1(doc)
+    try:
+        recipe = Recipe.model_validate(doc)
+    except ValidationError as e:
+        problems = [f"{_where(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+                    for err in e.errors()]
+        raise UsageError(_one_line(f"{path}: " + "; ".join(problems))) from e
+    problems = _check_names(recipe, registry)
+    if problems:
+        raise UsageError(_one_line(f"{path}: " + "; ".join(problems)))
+    return recipe
+
+
+def _one_line(text: str) -> str:
+    """`text` with every run of whitespace, line breaks included, as one space.
+
+    Problems quote the recipe's values (a route text with a line break in it).
+    """
+    return " ".join(text.split())
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(recipe)"
+
+
+def _check_names(recipe: Any, registry: Registry) -> list[str]:
+    """Problems a schema cannot see: names and values that the installed plugins refuse."""
+    from routetune.composer import resolve_route
+    from routetune.route import parse_route
+
+    problems: list[str] = []
+
+    def check(where: str, call: Any) -> Any:
+        try:
+            return call()
+        except RoutetuneError as e:  # the field path already names the parameter
+            field = where.rsplit(".", 1)[-1]
+            problems.append(f"{where}: {str(e).removeprefix(f'parameter {field!r}: ')}")
+            return None
+
+    check("backend.name", lambda: registry.backend(recipe.backend.name))
+    check("search.strategy", lambda: registry.strategy(recipe.search.strategy))
+    for i, spec in enumerate(recipe.seasonings or []):
+        cls = check(f"seasonings[{i}].name", lambda spec=spec: registry.seasoning(spec.name))
+        if cls is None:
+            continue
+        for name, values in spec.params.items():
+            where = f"seasonings[{i}].params.{name}"
+            param = check(where, lambda name=name, cls=cls: cls.info.param(name))
+            for raw in values if param is not None else []:
+                value = tuple(raw) if isinstance(raw, list) else raw
+                if check(where, lambda p=param, v=value: p.check(v)) is None:
+                    break
+    for i, text in enumerate(recipe.routes):
+        check(f"routes[{i}]", lambda text=text: resolve_route(parse_route(text), registry))
+    for i, text in enumerate(recipe.base):
+        route = check(f"base[{i}]", lambda text=text: resolve_route(parse_route(text),
+                                                                     registry))
+        for step in route or ():
+            if registry.seasoning(step.name).info.stage == "build":
+                problems.append(f"base[{i}]: '{step.name}' is a build seasoning; put build "
+                                "options in [backend.options]")
+    return problems
+
+
+def _upgrade_v1(doc: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 winner recipe as version 2: its route pinned, nothing searched.
+
+    A table that is not a table (``model = "m.onnx"``) is passed on as it is, for the
+    schema to name it.
+    """
+    def table(name: str, keys: tuple[str, ...]) -> Any:
+        value = doc.get(name, {})
+        return {k: v for k, v in value.items() if k in keys} if isinstance(
+            value, dict) else value
+
+    def entry(name: str, key: str, default: Any) -> Any:
+        value = doc.get(name, {})
+        return value.get(key, default) if isinstance(value, dict) else value
+
+    return {"schema_version": 2, "model": table("model", ("path", "example", "sha256")),
+            "backend": {"name": entry("backend", "name", "onnxruntime")},
+            "routes": [entry("route", "text", "base")], "seasonings": [],
+            "accuracy": {"expr": entry("accuracy", "expr", None)},
+            "inputs": table("inputs", ("path", "shapes")),
+            "result": doc.get("result")}
+
+
+def recipe_values(recipe: Any, path: Path) -> dict[str, Any]:
+    """The options a recipe sets, by name: the fields it writes, none of the defaults.
+
+    Paths are taken from the recipe's folder; arrays become tuples. ``[[seasonings]]``
+    gives ``seasonings`` (the names) and ``space`` (their parameter values);
+    ``[accuracy]`` gives one ``accuracy`` expression, per-output terms appended.
+    """
+    here = path.parent
+    out: dict[str, Any] = {}
+    for info in options_of(RunSpec):
+        where = info.meta.recipe
+        if where is None or where in HAND_WRITTEN:
+            continue
+        table, _, key = where.rpartition(".")
+        holder = getattr(recipe, table) if table else recipe
+        if key not in holder.model_fields_set:
+            continue
+        value = getattr(holder, key)
+        if isinstance(value, str) and "Path" in str(info.type):
+            value = here / value if not Path(value).is_absolute() else Path(value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        elif isinstance(value, dict):
+            value = dict(value)
+        out[info.name] = value
+    per_output = ",".join(f"{name}:{expr}" for name, expr in recipe.accuracy.outputs.items())
+    if per_output:
+        expr = out.get("accuracy")
+        out["accuracy"] = f"{expr},{per_output}" if expr else per_output
+    if recipe.seasonings is not None:
+        out["seasonings"] = tuple(s.name for s in recipe.seasonings)
+        out["space"] = {s.name: {k: tuple(tuple(v) if isinstance(v, list) else v
+                                          for v in values) for k, values in s.params.items()}
+                        for s in recipe.seasonings}
+    return out
+
+
+def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
+                        opts: RunSpec) -> Path:
+    """Write the winning route as a version-2 recipe that pins it and searches nothing.
+
+    ``routetune build --recipe`` rebuilds exactly that engine from it, and ``routetune
+    tune --recipe`` re-measures it against the base route.
+
+    Returns:
+        `path`.
+    """
+    winner = result.winner
+    model: dict[str, Any] = {"sha256": run.model.source_sha256}
+    model.update({k: str(v) for k, v in run.source.items() if k in ("path", "example")})
+    inputs = {k: v for k, v in run.source.items() if k == "shapes"}
+    inputs.update({k: v for k, v in (("min_shapes", opts.min_shapes),
+                                     ("max_shapes", opts.max_shapes)) if v})
+    if "inputs" in run.source:
+        inputs = {"path": run.source["inputs"]}
+    measured: dict[str, Any] = {"status": winner.status, "reason": result.winner_reason,
+                                "device": winner.device,
+                                "speedup": round(result.winner_speedup, 4)}
+    confirmed = result.confirmed
+    if confirmed is not None:  # the confirmation's own p50, never the search's
+        measured["p50_ms"] = round(confirmed.latency.p50, 4)
+        measured["speedup_ci"] = [round(confirmed.paired.ci_low, 4),
+                                  round(confirmed.paired.ci_high, 4)]
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "model": model,
+        "backend": {"name": run.backend.name, "options": dict(opts.backend_options)},
+        "base": list(opts.base),
+        "seasonings": [],
+        "routes": [winner.route],
+        "search": {"strategy": "exhaustive", "max_depth": 0},
+        "accuracy": {"expr": run.constraint.text},
+        "measure": {"min_runs": opts.measure.min_runs, "min_time_s": opts.measure.min_time_s,
+                    "min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine},
+        "inputs": inputs,
+        "output": os.path.relpath(run.outdir, path.parent),
+        "result": measured,
+    }
+    path.write_text(tomli_w.dumps(_drop_empty(doc)))
+    return path
+
+
+def _drop_empty(doc: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if v not in ({}, None) and not (
+        k == "base" and v == [])}
+

@@ -1,0 +1,282 @@
+"""`RunSpec`: what a run was asked to do, each option declared once, frozen and picklable.
+
+The command line, a recipe and the Python API each give values; `merge` combines them
+(what was given overrides the recipe, the recipe overrides the defaults) into one
+`RunSpec`, which flows unchanged from the entry point to the worker processes
+(`routetune.search.phases.TrialInputs.spec`). The option table is the dataclass itself
+(`routetune.run.option_schema`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from routetune.conditions import MODES
+from routetune.errors import UsageError
+from routetune.judging.accuracy import DEFAULT_ACCURACY
+from routetune.judging.verdict import DEFAULT_MIN_SPEEDUP
+from routetune.measure import MeasureSettings
+from routetune.route import parse_value
+from routetune.run.option_schema import (
+    OptionError,
+    OptionInfo,
+    Source,
+    build,
+    option,
+    options_of,
+    problem,
+    values_of,
+)
+
+if TYPE_CHECKING:
+    from routetune.registry import Registry
+
+BOTH = ("tune", "build")
+
+DEFAULT_TIMEOUT_S = 1800.0
+"""Default per-phase timeout in seconds: a large TensorRT build at optimisation level 5
+can take many minutes; a hang still ends."""
+
+
+def _names(value: str | Iterable[str]) -> tuple[str, ...]:
+    """Seasoning names from ``"a,b"`` or a list."""
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(s.strip() for s in items if s.strip())
+
+
+def _route_texts(value: str | Iterable[str]) -> tuple[str, ...]:
+    """Route texts: one string is one route, not letters."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _path(value: str | Path) -> Path:
+    return Path(value) if isinstance(value, str) else value
+
+
+def _space(terms: list[str] | None) -> dict[str, dict[str, tuple[Any, ...]]]:
+    from routetune.space import parse_space
+
+    return parse_space(terms or ())
+
+
+def _pairs(terms: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` terms as a mapping; values as in route text (``2``, ``true``)."""
+    out: dict[str, Any] = {}
+    for term in terms or ():
+        key, eq, text = term.partition("=")
+        if not key.strip() or not eq or not text.strip():
+            raise UsageError(f"--search-option '{term}': write KEY=VALUE, e.g. beam_width=4")
+        out[key.strip()] = parse_value(text.strip(), f"--search-option '{term}'")
+    return out
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything ``routetune tune`` takes, with the CLI's defaults (each field's help).
+
+    Fields declared with `option` are options: the flag, recipe field and API keyword
+    of each are in its declaration. The three fields after them record where the
+    values came from, so that an error names the option as the user wrote it.
+    """
+
+    model: Path | None = option(
+        None, help="ONNX model file.", argument=True, recipe="model.path", commands=BOTH,
+        from_keyword=_path)
+    recipe: Path | None = option(
+        None, help="A recipe (TOML, `routetune schema`); options given as well override "
+        "its fields.", commands=BOTH, from_keyword=_path)
+    example: str | None = option(
+        None, help="Bundled example model, e.g. ppocr-det.", recipe="model.example",
+        commands=BOTH)
+    output: Path | None = option(
+        None, help="Output directory (default: routetune-out/STEM-SHA8-BACKEND, one per "
+        "model and backend).", recipe="output", commands=BOTH, from_keyword=_path)
+    backend: str = option(
+        "onnxruntime", help="Backend that builds and runs engines.", recipe="backend.name",
+        commands=BOTH)
+    seasonings: tuple[str, ...] | None = option(
+        None, help="Restrict the space to these seasonings, comma-separated (default: all "
+        "applicable).", recipe="seasonings", cli_type=str | None, from_cli=_names,
+        from_keyword=_names)
+    search: str = option(
+        "beam", help="Search strategy: beam, exhaustive, one-at-a-time, mixed or a "
+        "plugin's.", recipe="search.strategy")
+    search_options: Mapping[str, Any] = option(
+        default_factory=dict, help="An option of the search strategy: KEY=VALUE "
+        "(repeatable; see `routetune seasonings`).", flag="--search-option",
+        recipe="search.options", cli_type=list[str] | None, from_cli=_pairs)
+    beam_width: int | None = option(
+        None, help="Routes kept per depth by beam search (its beam_width option).",
+        recipe="search.beam_width", minimum=1)
+    max_depth: int | None = option(
+        3, help="Seasonings per route at most.", recipe="search.max_depth", minimum=0,
+        cli_type=int)
+    accuracy: str = option(
+        DEFAULT_ACCURACY, help="Accuracy constraint, e.g. 'cos>=0.999' or "
+        "'out0:linf<=0.01'.", recipe="accuracy.expr", commands=BOTH)
+    inputs: Path | None = option(
+        None, help="Validation inputs: an .npz file or a directory of them.",
+        recipe="inputs.path", commands=BOTH, from_keyword=_path)
+    shapes: str | None = option(
+        None, help="Shapes of dynamic inputs, trtexec style: x:1x3x320x320 (min, opt and "
+        "max at once).", recipe="inputs.shapes", commands=BOTH)
+    min_shapes: str | None = option(
+        None, help="Optimisation profile min shapes (default: opt).",
+        recipe="inputs.min_shapes")
+    opt_shapes: str | None = option(
+        None, help="Optimisation profile opt shapes; accuracy and latency are taken here "
+        "(default: --shapes).", recipe="inputs.opt_shapes")
+    max_shapes: str | None = option(
+        None, help="Optimisation profile max shapes (default: opt).",
+        recipe="inputs.max_shapes")
+    space: Mapping[str, Mapping[str, tuple[Any, ...]]] = option(
+        default_factory=dict, help="Values to search for one parameter: "
+        "SEASONING:PARAM=V1|V2 (repeatable).", recipe="seasonings.params",
+        cli_type=list[str] | None, from_cli=_space)
+    routes: tuple[str, ...] = option(
+        (), help="Route texts always tried, after the base route (pinned routes).",
+        flag=None, recipe="routes", from_keyword=_route_texts)
+    base: tuple[str, ...] = option(
+        (), help="Route steps (graph and precision) applied to every route, the base "
+        "route included (the pinned prefix).", flag=None, recipe="base",
+        from_keyword=_route_texts)
+    backend_options: Mapping[str, Any] = option(
+        default_factory=dict, help="Build options every route starts from (backend "
+        "option keys).", flag=None, recipe="backend.options")
+    model_sha256: str | None = option(
+        None, help="The sha256 the model file must have.", flag=None,
+        recipe="model.sha256")
+    fresh: bool = option(
+        False, help="Ignore stored trials (the old store is moved aside), or reuse them.",
+        flag="--fresh/--resume")
+    max_trials: int | None = option(
+        None, help="Stop after this many trials (the base route included).",
+        recipe="search.max_trials", minimum=1)
+    time_budget_s: float | None = option(
+        None, help="Stop after this many seconds.", recipe="search.time_budget_s", above=0)
+    measure: MeasureSettings = option(
+        default_factory=MeasureSettings, help="How long to time each candidate.",
+        group=True)
+    build_workers: int = option(
+        1, help="Builds run at once, each in a worker process.")
+    trial_timeout_s: float = option(
+        DEFAULT_TIMEOUT_S, help="Seconds each trial phase (build; run, check and time) may "
+        "take before its worker is killed (status timed-out).", above=0)
+    worker_memory_mb: int | None = option(
+        None, help="Address-space limit per worker process in MiB (RLIMIT_AS); a trial "
+        "over it is crashed. Not for GPU backends.")
+    in_process: bool = option(
+        False, help="Run trials in this process, one at a time, without isolation or "
+        "timeouts (for debugging plugins).", flag="--in-process")
+    min_speedup: float = option(
+        DEFAULT_MIN_SPEEDUP, help="A route wins only if the lower end of its confirmed "
+        "speed-up's 95% interval is above this.", recipe="measure.min_speedup", minimum=1.0)
+    busy_machine: str = option(
+        "wait", help="While other processes load the machine: wait (for quiet, then "
+        "measure), warn (measure, mark noisy) or ignore (noisy trials may win).",
+        recipe="measure.busy_machine", choices=MODES)
+    allow_external_data_outside: bool = option(
+        False, help="Read a model whose external data files lie outside its folder "
+        "(refused otherwise: see SECURITY.md). Never from a recipe.",
+        flag="--allow-external-data-outside", commands=BOTH)
+    sources: Mapping[str, Source] = field(default_factory=dict)
+    """Option name → where its value was written; options not in it took the default."""
+    entry: Source = "api"
+    """The front end: ``cli`` or ``api`` (how an option not given is spelled)."""
+
+    def info(self, name: str) -> OptionInfo:
+        """The declaration of option `name`."""
+        return next(o for o in options_of(RunSpec) if o.name == name)
+
+    def spelled(self, name: str) -> str:
+        """Option `name` as the user wrote it: flag, recipe field or keyword."""
+        return self.info(name).spelled(self.sources.get(name, self.entry), self.recipe)
+
+    def reword(self, error: UsageError) -> UsageError:
+        """`error` naming its option as the user wrote it (an `OptionError`), else as is."""
+        if isinstance(error, OptionError):
+            reworded = UsageError(self.spelled(error.option) + error.rest)
+            reworded.__cause__ = error.__cause__
+            return reworded
+        return error
+
+    @contextmanager
+    def worded(self) -> Iterator[None]:
+        """Reword the `OptionError` raised inside after where its option was written."""
+        try:
+            yield
+        except UsageError as e:
+            reworded = self.reword(e)
+            if reworded is e:
+                raise
+            raise reworded from e
+
+    def check(self) -> None:
+        """Check every option's value against its declared bounds and choices.
+
+        Raises:
+            OptionError: The first option out of bounds, e.g. ``--max-trials 0: must be
+                1 or more``.
+        """
+        values = values_of(self)
+        for info in options_of(RunSpec):
+            why = problem(info, values[info.name])
+            if why:
+                raise OptionError(info.name, f" {values[info.name]}: {why}")
+
+
+def defaults() -> dict[str, Any]:
+    """Every option's default, by name."""
+    return {o.name: o.default for o in options_of(RunSpec)}
+
+
+def merge(given: Mapping[str, Any], entry: Source, registry: Registry) -> RunSpec:
+    """One `RunSpec` from the options given and the recipe among them.
+
+    Each option takes, in order of precedence: the value given (on the command line
+    or as a keyword), the recipe's, the default. ``space`` is merged per parameter;
+    ``seasonings`` given drops the recipe's spaces of seasonings left out; a model or
+    example given replaces the recipe's model and its sha256.
+
+    Args:
+        given: Option name → value, for the options the user gave (not the defaults).
+        entry: The front end that gave them (``cli`` or ``api``).
+        registry: The installed plugins, to validate the recipe against.
+
+    Raises:
+        UsageError: The recipe does not validate (one line, field by field).
+    """
+    values = defaults()
+    sources: dict[str, Source] = {}
+    recipe = given.get("recipe")
+    if recipe is not None:
+        from routetune.run.recipe import load_recipe, recipe_values
+
+        from_recipe = recipe_values(load_recipe(recipe, registry), recipe)
+        values.update(from_recipe)
+        sources.update(dict.fromkeys(from_recipe, "recipe"))
+    for name, value in given.items():
+        if name == "space":
+            value = _merged_space(values["space"], value)
+        values[name] = value
+        sources[name] = entry
+    if recipe is not None and "seasonings" in given and values["seasonings"] is not None:
+        keep = set(values["seasonings"])  # the recipe's spaces of seasonings left out go
+        values["space"] = {k: v for k, v in values["space"].items() if k in keep}
+    if recipe is not None and ("model" in given or "example" in given):
+        values["model"], values["example"] = given.get("model"), given.get("example")
+        values["model_sha256"] = None  # the recipe's hash is of its own model
+    return build(RunSpec, {**values, "sources": sources, "entry": entry})
+
+
+def _merged_space(recipe: Mapping[str, Mapping[str, tuple[Any, ...]]],
+                  given: Mapping[str, Mapping[str, tuple[Any, ...]]]
+                  ) -> dict[str, dict[str, tuple[Any, ...]]]:
+    out = {k: dict(v) for k, v in recipe.items()}
+    for name, params in given.items():
+        out.setdefault(name, {}).update(params)
+    return out

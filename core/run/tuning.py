@@ -1,0 +1,278 @@
+"""The main job: tune one model on one backend and keep the fastest accurate route.
+
+`tune` is what ``routetune tune`` runs; the CLI only parses flags and prints.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from routetune.errors import StorageError, UsageError
+from routetune.judging.accuracy import check_accuracy
+from routetune.judging.verdict import DEFAULT_MIN_SPEEDUP, confirm_winner
+from routetune.logs import LOGS, keep, quietly
+from routetune.registry import Registry
+from routetune.reporting.report import write_reports
+from routetune.route import Route, Step
+from routetune.run import runinfo
+from routetune.run.outdir import locked, move_aside
+from routetune.run.preparation import Prepared, prepare_run, reference_backend, reference_outputs
+from routetune.run.run_spec import RunSpec
+from routetune.run.winner import WINNER_OUTPUTS, save_outputs, write_winner
+from routetune.search.executor import Executor, InlineExecutor
+from routetune.search.local_pool import TIMELINE, LocalPool
+from routetune.search.loop import Budget, SearchLoop
+from routetune.search.phases import Confirmation
+from routetune.search.strategy import rank_key
+from routetune.store import FILENAME, TrialStore
+from routetune.trial import Status, Trial
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What a tuning run found.
+
+    Args:
+        winner: The winning trial (the base route when nothing else is accurate).
+        winner_reason: Why it won, in one line.
+        trials: Every trial of this run, sorted with the winner first, then accurate
+            routes by latency, then the rest.
+        base: The base route's trial.
+        space_size: Routes in the route space.
+        not_applicable: Seasoning name to the reason it was not offered.
+        outdir: The output directory.
+        files: What was written, by role (``model``, ``settings``, ``recipe``, ``store``).
+        stopped: Why the search stopped early (a budget), or None when it ran to the end.
+        confirmations: The routes re-measured against the base route after the search,
+            in a fresh worker process, in the order tried
+            (`routetune.judging.verdict.confirm_winner`); the first
+            one that held won, and is the last.
+        busy_machine: The ``--busy-machine`` mode.
+        min_speedup: The ``--min-speedup`` the verdict used.
+        fresh: Fingerprints of the trials this run measured (the others came from the
+            store).
+    """
+
+    winner: Trial
+    winner_reason: str
+    trials: tuple[Trial, ...]
+    base: Trial
+    space_size: int
+    not_applicable: Mapping[str, str]
+    outdir: Path
+    files: dict[str, Path]
+    stopped: str | None = None
+    confirmations: tuple[Confirmation, ...] = ()
+    busy_machine: str = "wait"
+    min_speedup: float = DEFAULT_MIN_SPEEDUP
+    fresh: frozenset[str] = frozenset()
+
+    @property
+    def confirmed(self) -> Confirmation | None:
+        """The winner's confirmation; None when the base route stands."""
+        if self.winner is self.base or not self.confirmations:
+            return None
+        last = self.confirmations[-1]
+        return last if last.route == self.winner.route else None
+
+    @property
+    def noisy(self) -> list[Trial]:
+        """The trials measured while the machine was busy (`Trial.noisy`)."""
+        return [t for t in self.trials if t.noisy]
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds this run's measurements waited for a quiet machine, in all.
+
+        Trials read from the store (`fresh` lacks them) waited in the run that measured
+        them, and are not counted.
+        """
+        return sum(float(t.conditions.get("waited_s", 0.0)) for t in self.trials
+                   if t.fingerprint in self.fresh) + sum(
+            float(c.conditions.get("waited_s", 0.0)) for c in self.confirmations)
+
+    def records(self) -> list[dict[str, Any]]:
+        """The trials as flat records, winner first (`routetune.reporting.report.trial_row`).
+
+        Each: route, status, reason, ``p50_ms``/``p90_ms``/``ci_ms`` (ms), ``speedup``,
+        ``build_ms`` (ms), ``engine_bytes`` (bytes), ``error`` (worst value per metric).
+        """
+        from routetune.reporting.report import trial_row
+
+        return [trial_row(t) for t in self.trials]
+
+    def to_dataframe(self) -> Any:
+        """The records as a ``pandas.DataFrame``, one row per trial, winner first.
+
+        Raises:
+            UsageError: pandas is not installed.
+        """
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise UsageError("TuneResult.to_dataframe needs pandas; pip install pandas") from e
+        rows = self.records()
+        for row in rows:
+            row.update({f"error_{k}": v for k, v in row.pop("error").items()})
+        return pd.DataFrame(rows)
+
+    def report(self, path: Path | str | None = None) -> dict[str, Path]:
+        """Write ``report.html``, ``report.md`` and ``report.json`` of this run.
+
+        Args:
+            path: A directory to write them into; default: the output directory.
+
+        Returns:
+            The paths, by format (``html``, ``md``, ``json``).
+        """
+        from routetune.reporting.report import write_reports
+
+        records = self.files["run"].parent if "run" in self.files else self.outdir
+        return write_reports(records, Path(path) if path is not None else None)
+
+    @property
+    def fallback(self) -> bool:
+        """Whether the base route stands because no other route was accurate and faster.
+
+        The reason is `winner_reason`; the winner may itself have failed (when even
+        the base route did not build, run or meet the constraint).
+        """
+        return self.winner is self.base
+
+    @property
+    def winner_speedup(self) -> float:
+        """The winner's confirmed speed-up over the base route (1.0 for the base route)."""
+        confirmed = self.confirmed
+        return 1.0 if confirmed is None else confirmed.paired.value
+
+
+def tune(
+    opts: RunSpec,
+    registry: Registry | None = None,
+    on_start: Callable[[Prepared, int | None], None] = lambda run, planned: None,
+    on_trial: Callable[[Trial, bool], None] = lambda trial, cached: None,
+    on_status: Callable[[str], None] = lambda text: None,
+) -> TuneResult:
+    """Run a whole search and write the winner to the output directory.
+
+    Args:
+        opts: What to tune and how.
+        registry: The installed plugins; loaded from entry points when None.
+        on_start: Called once the run is prepared, with the number of trials planned.
+        on_trial: Called after each trial, with whether it came from the store.
+        on_status: Called with a line to show while a measurement waits for a quiet
+            machine (``--busy-machine wait``).
+
+    Returns:
+        The result; never None. When nothing is accurate the base route wins.
+
+    Raises:
+        UsageError: Bad input (see `prepare_run`).
+        StorageError: The trial store cannot be opened or written.
+    """
+    with opts.worded():  # an error names its option as the user wrote it
+        run, early = quietly("prepare", lambda: prepare_run(opts, registry))
+        with locked(run.outdir):
+            keep(run.outdir / LOGS / "prepare.log", early)  # the libraries' lines
+            return _tune_locked(run, opts, on_start, on_trial, on_status)
+
+
+def _tune_locked(
+    run: Prepared, opts: RunSpec, on_start: Callable[[Prepared, int | None], None],
+    on_trial: Callable[[Trial, bool], None], on_status: Callable[[str], None],
+) -> TuneResult:
+    store_path = run.outdir / FILENAME
+    reference = reference_backend(run.registry, run.backend)
+    executor = make_executor(run, opts)
+    executor.on_status = on_status
+    executor.warm_up(run.outdir)  # workers load their libraries during the reference run
+    loop = None
+    try:
+        references = reference_outputs(reference, run)
+        if opts.fresh:
+            move_aside(store_path)
+            move_aside(run.outdir / "artifacts" / TIMELINE)
+            move_aside(run.outdir / runinfo.FILENAME)
+        store = TrialStore.open(store_path)
+    except BaseException:
+        executor.close()
+        raise
+    try:
+        loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
+                          run.constraint, store, run.outdir, opts, run.settings_hash,
+                          reference, [r(run.registry) for r in run.refinements],
+                          base=run.base, executor=executor)
+        run.base_passes = loop.base_passes
+        record = runinfo.start_record(run, opts, loop.versions)
+        records = runinfo.record_dir(run.outdir, record)
+        runinfo.write(records, record)
+        strategy = run.registry.strategy(opts.search)(run.space, run.strategy_options)
+        skipped = [loop.record_skipped(Route((Step(n),)), reason)
+                   for n, reason in run.not_applicable.items()]
+        planned = strategy.planned()
+        on_start(run, None if planned is None else planned)
+        fresh: set[str] = set()  # trials measured by this run, not read from the store
+
+        def on_each(trial: Trial, cached: bool) -> None:
+            if not cached:
+                fresh.add(trial.fingerprint)
+            on_trial(trial, cached)
+
+        trials = loop.run(strategy, Budget(opts.max_trials, opts.time_budget_s), on_each,
+                          pinned=run.pinned)
+        trials.extend(skipped)
+        executor.release()  # confirmation runs alone, not beside the search's sessions
+        winner, reason, confirmations = confirm_winner(
+            trials, loop.confirm, opts.min_speedup, opts.busy_machine)
+        if winner.status == Status.OK:
+            outputs = loop.outputs(winner)
+            if outputs is not None:  # the winner file is checked again, not trusted
+                check = check_accuracy(run.constraint, run.registry, outputs, references)
+                if not check.passed:
+                    raise StorageError(
+                        f"{run.outdir}: the stored winner '{winner.route}' no longer meets "
+                        f"the accuracy constraint ({check.reason}); its files changed on "
+                        "disk since it was measured: tune again with --fresh")
+            save_outputs(records / WINNER_OUTPUTS, outputs)
+    finally:
+        executor.close()
+        store.close()
+    result = _finish(run, opts, trials, store_path, winner, reason, confirmations,
+                     loop.stopped, records, frozenset(fresh))
+    result.files["run"] = runinfo.write(records, runinfo.finish_record(record, result))
+    result.files.update({f"report.{k}": v
+                         for k, v in write_reports(records).items()})
+    return result
+
+
+def make_executor(run: Prepared, opts: RunSpec) -> Executor:
+    """The executor `opts` asks for: worker processes (`LocalPool`) unless in-process.
+
+    Measuring workers: one per GPU that runs this backend's engines
+    (`Backend.gpus`), or one for the host CPU.
+    """
+    if opts.in_process:
+        return InlineExecutor()
+    gpus = run.backend.gpus(run.backend.full_settings(run.backend_options))
+    return LocalPool(opts.build_workers, gpus, opts.trial_timeout_s, opts.worker_memory_mb)
+
+
+def _finish(run: Prepared, opts: RunSpec, trials: list[Trial], store: Path, winner: Trial,
+            reason: str, confirmations: Sequence[Confirmation],
+            stopped: str | None, records: Path, fresh: frozenset[str]) -> TuneResult:
+    base = next(t for t in trials if t.route == "base")
+    ordered = [winner] + sorted(
+        (t for t in trials if t is not winner),
+        key=lambda t: ((0 if t.status == Status.OK else 1), *rank_key(t)),
+    )
+    result = TuneResult(winner, reason, tuple(ordered), base, run.space.size(),
+                        run.not_applicable, run.outdir, {"store": store}, stopped,
+                        tuple(confirmations), opts.busy_machine, opts.min_speedup, fresh)
+    result.files.update(write_winner(run, result, opts, records))
+    return result

@@ -1,0 +1,108 @@
+"""The verdict: which route wins, from paired speed-ups and independent confirmations."""
+
+from __future__ import annotations
+
+import pytest
+
+from routetune.judging.verdict import confirm_winner, pick_winner
+from routetune.measure import Latency, Speedup
+from routetune.search.phases import Confirmation
+from routetune.trial import Trial
+
+LAT = Latency(40, 1.0, 1.1, 1.2, 1.0, 0.95, 1.05)
+
+
+def trial(route: str, speedup: float | None, half: float = 0.02, noisy: str = "",
+          status: str = "ok") -> Trial:
+    paired = None if speedup is None else Speedup(speedup, speedup - half, speedup + half, 10,
+                                                  0.005)
+    return Trial(route, "m", route, "onnxruntime", "cpu", "s", status, latency=LAT,
+                 base_latency=LAT, paired=paired, noisy=noisy, artifact=f"{route}.onnx")
+
+
+def confirmer(figures: dict[str, float], busy: str = ""):  # noqa: ANN201
+    asked: list[str] = []
+
+    def confirm(t: Trial) -> Confirmation:
+        asked.append(t.route)
+        v = figures[t.route]
+        return Confirmation(t.route, LAT, LAT, Speedup(v, v - 0.01, v + 0.01, 30, 0.004),
+                            {"busy": busy})
+    return confirm, asked
+
+
+def test_the_runner_up_is_confirmed_before_the_base_route_is_kept() -> None:
+    trials = [trial("base", None), trial("a", 1.30), trial("b", 1.20), trial("c", 1.01)]
+    confirm, asked = confirmer({"a": 0.98, "b": 1.18})
+    winner, reason, done = confirm_winner(trials, confirm)
+    assert winner.route == "b" and asked == ["a", "b"]
+    assert "'a' did not hold: 0.98x" in reason and "1.18x [1.17, 1.19] confirmed" in reason
+    assert [c.route for c in done] == ["a", "b"]
+
+
+def test_nothing_holds_so_the_base_route_stands_and_says_why() -> None:
+    trials = [trial("base", None), trial("a", 1.30), trial("b", 1.20)]
+    confirm, asked = confirmer({"a": 1.0, "b": 1.02})
+    winner, reason, _ = confirm_winner(trials, confirm)
+    assert winner.route == "base" and asked == ["a", "b"]
+    assert reason.endswith("the base route stands") and "--min-speedup 1.03" in reason
+
+
+def test_a_tie_goes_to_the_simpler_route_by_steps_not_commas() -> None:
+    one_step = "fp16{op_types_to_exclude=[Softmax,Pow,Exp]}"  # three commas, one step
+    trials = [trial("base", None), trial("fold-constants,fp16", 1.31), trial(one_step, 1.30),
+              trial("fuse-bn-into-conv", 1.10)]
+    order, _ = pick_winner(trials)
+    assert [t.route for t in order] == [one_step, "fold-constants,fp16", "fuse-bn-into-conv"]
+
+
+def test_noisy_trials_never_win_under_wait_and_warn_but_may_under_ignore() -> None:
+    trials = [trial("base", None), trial("fast-when-busy", 1.7, noisy="other processes used "
+                                         "1.9 of 2 CPU cores"), trial("steady", 1.01)]
+    for mode in ("wait", "warn"):
+        order, why = pick_winner(trials, busy_machine=mode)
+        assert order == []
+        assert "faster while the machine was busy, not confirmed: 'fast-when-busy' (1.70x)" in why
+    confirm, _ = confirmer({"fast-when-busy": 1.6})
+    winner, reason, _ = confirm_winner(trials, confirm, busy_machine="ignore")
+    assert winner.route == "fast-when-busy"
+
+
+def test_a_busy_confirmation_does_not_crown_a_winner() -> None:
+    trials = [trial("base", None), trial("a", 1.30)]
+    confirm, _ = confirmer({"a": 1.5}, busy="other processes used 1.5 of 2 CPU cores")
+    winner, reason, _ = confirm_winner(trials, confirm)
+    assert winner.route == "base" and "the machine was busy" in reason
+    winner, reason, _ = confirm_winner(trials, confirm, busy_machine="ignore")
+    assert winner.route == "a" and "measured while the machine was busy" in reason
+
+
+def test_small_effects_are_not_confirmed_at_all() -> None:
+    trials = [trial("base", None), trial("a", 1.02)]
+    confirm, asked = confirmer({})
+    winner, reason, done = confirm_winner(trials, confirm, min_speedup=1.03)
+    assert winner.route == "base" and asked == [] and done == []
+    assert "no accurate route was more than 1.03x faster" in reason
+
+
+@pytest.mark.parametrize("status", ["build-failed", "crashed"])
+def test_a_failed_base_route_is_never_retimed(status: str) -> None:
+    base = Trial("base", "m", "base", "onnxruntime", "cpu", "s", status, "refused")
+    fixed = Trial("f", "m", "eliminate-noops", "onnxruntime", "cpu", "s", "ok", latency=LAT)
+    confirm, asked = confirmer({})
+    winner, reason, _ = confirm_winner([base, fixed], confirm)
+    assert winner is fixed and asked == []
+    assert "no base to compare against" in reason and "absolute latency" in reason
+
+
+def test_when_no_route_is_accurate_the_reason_says_what_became_of_them() -> None:
+    crashed = [trial("base", None), trial("a", None, status="crashed"),
+               trial("b", None, status="crashed"), trial("c", None, status="build-failed")]
+    _, why = pick_winner(crashed)
+    assert why == ("no other route built and ran (2 crashed, 1 build-failed); "
+                   "the base route is the fallback")
+    inaccurate = [trial("base", None), trial("a", None, status="accuracy-failed"),
+                  trial("b", None, status="crashed")]
+    assert pick_winner(inaccurate)[1].startswith(
+        "no other route met the accuracy constraint (1 accuracy-failed, 1 crashed)")
+    assert pick_winner([trial("base", None)])[1].startswith("no other route was tried")

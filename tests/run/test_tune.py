@@ -1,0 +1,49 @@
+"""The main job end to end on a real trained model: the PP-OCR direction classifier."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from routetune.feeds.examples import get_example
+from routetune.measure import MeasureSettings
+from routetune.registry import Registry
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
+
+
+@pytest.fixture
+def cached_examples(model_path: Callable[[str], Path], model_cache: Path,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    model_path("ppocr-cls")  # fetch once, or skip with the reason
+    monkeypatch.setenv("ROUTETUNE_CACHE", str(model_cache))
+
+
+def test_tune_ppocr_cls(cached_examples: None, registry: Registry, tmp_path: Path) -> None:
+    opts = RunSpec(
+        example="ppocr-cls", output=tmp_path / "out", search="beam", beam_width=2, max_depth=2,
+        seasonings=("fold-constants", "fuse-bn-into-conv", "eliminate-noops", "ort-threads"),
+        measure=MeasureSettings(warmup=2, min_runs=10, min_time_s=0.1),
+    )
+    result = tune(opts, registry)
+    statuses = {t.route: t.status for t in result.trials}
+    assert statuses["base"] == "ok"
+    assert set(statuses.values()) <= {"ok", "skipped"}, statuses
+    fused = next(t for t in result.trials if t.route == "fuse-bn-into-conv")
+    assert fused.passes[0]["modified"] and fused.accuracy[
+        "save_infer_model/scale_0.tmp_1"]["cos"] > 0.99999
+    assert result.winner.status == "ok"
+    # every depth-1 route was tried, and depth 2 grew from at most two routes
+    depth1 = [t for t in result.trials if t.route != "base" and "," not in t.route]
+    assert len(depth1) == 3 + len(registry.seasoning("ort-threads").info.params[0].choices)
+    # the winning model runs and matches the FP32 reference on the example's inputs
+    example = get_example("ppocr-cls")
+    feed = example.make_inputs(example.shapes, 0, 1)[0]
+    ref = ort.InferenceSession(str(tmp_path / "out" / result.base.artifact))
+    win = ort.InferenceSession(str(result.files["model"]))
+    np.testing.assert_allclose(win.run(None, feed)[0], ref.run(None, feed)[0], atol=1e-4)
+    assert (tmp_path / "out" / "winner.toml").read_text().count("ppocr-cls") == 1
