@@ -46,13 +46,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper, numpy_helper
 
+from routetune import weights, weights_check
 from routetune.errors import RoutetuneError
 from routetune.feeds.inputs import load_npz, resolve_shapes
 from routetune.model import TensorSpec, prepare, with_weights_in
 from routetune.plugin_manager import load_registry
 from routetune.registry import Registry
 from routetune.reporting.report import write_reports
-from routetune.run import runinfo, weights, weights_check
+from routetune.run import runinfo
 from routetune.run.recipe import load_recipe, recipe_values
 from routetune.store import FILENAME as STORE
 from routetune.store import TrialStore
