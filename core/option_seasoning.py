@@ -134,6 +134,8 @@ def check_option_keys(registry: Registry, backend: Backend) -> None:
     """
     keys = backend.option_keys()
     for name, entry in registry.seasonings.items():
+        if not registry.offered_for(name, backend.name):
+            continue  # another backend's (a lazy one is not made for this check)
         cls = entry.item
         if not issubclass(cls, OptionSeasoning) or Seasoning.supports(cls(), backend):
             continue  # not an option seasoning, or not one for this backend

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from routetune.errors import PluginError, UsageError, one_line
@@ -29,12 +29,37 @@ REGISTRATION_HOOKS = (
 """The registration hooks (`routetune.hookspecs`), in call order, with what each adds."""
 
 
-@dataclass(frozen=True)
 class Entry(Generic[T]):
-    """One registered item and the plugin (entry-point name) that registered it."""
+    """One registered item and the plugin (entry-point name) that registered it.
 
-    item: T
-    plugin: str
+    A lazy entry (`Registry.add_lazy_seasoning`) makes its item on first use of `item`.
+
+    Args:
+        item: The item; None for a lazy entry.
+        plugin: The plugin's entry-point name.
+        make: Makes the item of a lazy entry.
+        backends: A lazy seasoning's backends, declared before it is made.
+    """
+
+    def __init__(self, item: T | None, plugin: str, make: Callable[[], T] | None = None,
+                 backends: frozenset[str] = frozenset()) -> None:
+        self._item = item
+        self.plugin = plugin
+        self._make = make
+        self._backends = backends
+
+    @property
+    def made(self) -> bool:
+        """Whether the item exists (always, unless the entry is lazy and unused)."""
+        return self._item is not None
+
+    @property
+    def item(self) -> T:
+        """The item, made now if the entry is lazy (`Registry.add_lazy_seasoning`)."""
+        if self._item is None:
+            assert self._make is not None
+            self._item = self._make()
+        return self._item
 
 
 class Registry:
@@ -123,6 +148,57 @@ class Registry:
             )
         self._add(self.seasonings, "seasoning", cls.info.name, cls)
 
+    def add_lazy_seasoning(self, name: str, backends: Iterable[str],
+                           make: Callable[[], type[Seasoning]]) -> None:
+        """Register a seasoning whose class is made only when it is first used.
+
+        For a seasoning whose parameters come from a vendor library that is slow to
+        import (TensorRT's build-route knobs): a run on another backend, and its
+        workers, never import it. Until made, only its name and backends are known;
+        it may not declare ``requires``, ``conflicts``, ``after`` or ``before``.
+
+        Args:
+            name: The seasoning's name; the class made must have it.
+            backends: The backends it is for (non-empty): it is made only for them, for
+                a lookup by name, or for ``routetune seasonings``.
+            make: Makes the `Seasoning` subclass.
+
+        Raises:
+            PluginError: A duplicate name, or no backends. When made: not a seasoning
+                of this name and these backends, or one with ordering declarations.
+        """
+        declared = frozenset(backends)
+        if not declared:
+            raise PluginError(f"plugin '{self._current}': lazy seasoning '{name}' must name "
+                              "its backends")
+        plugin = self._current
+
+        def checked() -> type[Seasoning]:
+            cls = make()
+            info = getattr(cls, "info", None)
+            if not (isinstance(cls, type) and issubclass(cls, Seasoning)) or info is None or (
+                    info.name, info.backends) != (name, declared) or (
+                    info.requires | info.conflicts | info.after | info.before):
+                raise PluginError(
+                    f"plugin '{plugin}' made lazy seasoning '{name}' as {cls!r}, not a "
+                    f"Seasoning named '{name}' for {', '.join(sorted(declared))} without "
+                    "requires, conflicts, after or before")
+            return cls
+
+        if name in self.seasonings:
+            self._add(self.seasonings, "seasoning", name, None)  # raises, naming both
+        self.seasonings[name] = Entry(None, plugin, checked, declared)
+        self.plugins.setdefault(plugin, "?")
+
+    def offered_for(self, name: str, backend: str) -> bool:
+        """Whether seasoning `name` is for `backend` (all backends when it names none).
+
+        A lazy seasoning answers from its declared backends, without being made.
+        """
+        entry = self.seasonings[name]
+        backends = entry._backends if not entry.made else entry.item.info.backends
+        return not backends or backend in backends
+
     def add_backend(self, cls: type[Backend], reference: bool = False) -> None:
         """Register a backend class (its ``name`` is the ``--backend`` value).
 
@@ -176,11 +252,12 @@ class Registry:
         Raises:
             PluginError: The ``after``/``before`` declarations form a cycle.
         """
-        infos = {name: e.item.info for name, e in self.seasonings.items()}
+        infos = {name: e.item.info for name, e in self.seasonings.items()
+                 if e.made}  # a lazy one declares no constraints (add_lazy_seasoning)
         edges: dict[str, set[str]] = {name: set() for name in infos}
         for name, info in infos.items():
             for other in info.requires | info.conflicts | info.after | info.before:
-                if other not in infos:
+                if other not in self.seasonings:
                     logger.info("seasoning '%s' refers to unknown seasoning '%s'", name, other)
             for other in info.after:
                 if other in infos:

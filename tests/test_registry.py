@@ -1,7 +1,10 @@
-"""The registry: the FP32 reference is a role a backend takes, not a backend's name."""
+"""The registry: the FP32 reference is a role a backend takes, not a backend's name;
+lazy seasonings are made only when used."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +76,55 @@ def test_an_option_seasoning_with_a_misspelled_key_fails_before_the_search(
     # CUDA provider options are known to the onnxruntime-cuda backend whatever is installed
     cuda = registry.backend("onnxruntime-cuda")()
     assert "onnxruntime.cuda.prefer_nhwc" in cuda.option_keys()
+
+
+LAZY_CHECK = """
+import sys
+from pathlib import Path
+from routetune.measure import MeasureSettings
+from routetune.plugin_manager import load_registry
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
+registry = load_registry()
+assert not registry.seasonings["trt-build-route"].made
+tune(RunSpec(model=Path(sys.argv[1]), output=Path(sys.argv[2]), shapes="x:1x3x32x32",
+             seasonings=("fuse-bn-into-conv",), in_process=True, busy_machine="ignore",
+             measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)), registry)
+loaded = sorted(m for m in sys.modules if m.startswith("tensorrt"))
+assert not loaded, loaded
+assert not registry.seasonings["trt-build-route"].made
+print("no tensorrt")
+"""
+
+
+def test_a_cpu_run_never_imports_tensorrt(tmp_path: Path) -> None:
+    # Reading TensorRT's build-route knobs imports TensorRT (0.3 s) and creates a
+    # builder; the seasoning is registered lazily, so a run on ONNX Runtime, whose
+    # workers load the same registry, does neither.
+    done = subprocess.run([sys.executable, "-c", LAZY_CHECK, str(conv_bn(tmp_path / "m.onnx")),
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "no tensorrt"
+
+
+def test_a_lazy_seasoning_is_made_on_first_use_and_checked(registry: Registry) -> None:
+    from routetune.plugins.tensorrt.knobs import TrtTf32
+
+    made: list[str] = []
+
+    def make() -> type:
+        made.append("once")
+        return registry.seasoning("trt-tf32")
+
+    fresh = Registry()
+    fresh.add_lazy_seasoning("trt-tf32", {"tensorrt"}, make)
+    assert not fresh.offered_for("trt-tf32", "onnxruntime") and made == []
+    assert fresh.offered_for("trt-tf32", "tensorrt") and made == []
+    assert fresh.seasoning("trt-tf32") is TrtTf32 and fresh.seasoning("trt-tf32") is TrtTf32
+    assert made == ["once"]
+    wrong = Registry()
+    wrong.add_lazy_seasoning("trt-x", {"tensorrt"}, lambda: TrtTf32)
+    with pytest.raises(PluginError, match="made lazy seasoning 'trt-x' as .*TrtTf32"):
+        wrong.seasoning("trt-x")
+    with pytest.raises(PluginError, match="is registered by both"):
+        wrong.add_lazy_seasoning("trt-x", {"tensorrt"}, lambda: TrtTf32)

@@ -290,8 +290,7 @@ def _offered(
     graph = import_graph(model.proto, model.weights)
     # Unasked, a seasoning made for other backends is left out, not listed as skipped.
     chosen = names if names is not None else tuple(
-        n for n, e in sorted(registry.seasonings.items())
-        if not e.item.info.backends or backend.name in e.item.info.backends)
+        n for n in sorted(registry.seasonings) if registry.offered_for(n, backend.name))
     infos: list[SeasoningInfo] = []
     skipped: dict[str, str] = {}
     for name in chosen:
