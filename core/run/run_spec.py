@@ -238,7 +238,8 @@ def merge(given: Mapping[str, Any], entry: Source, registry: Registry) -> RunSpe
     """One `RunSpec` from the options given and the recipe among them.
 
     Each option takes, in order of precedence: the value given (on the command line
-    or as a keyword), the recipe's, the default. ``space`` is merged per parameter;
+    or as a keyword), the recipe's, the default. ``space`` is merged per parameter and
+    ``search_options`` per option;
     ``seasonings`` given drops the recipe's spaces of seasonings left out; a model or
     example given replaces the recipe's model and its sha256.
 
@@ -262,6 +263,8 @@ def merge(given: Mapping[str, Any], entry: Source, registry: Registry) -> RunSpe
     for name, value in given.items():
         if name == "space":
             value = _merged_space(values["space"], value)
+        elif name == "search_options":  # per option, as --space is per parameter
+            value = {**values["search_options"], **value}
         values[name] = value
         sources[name] = entry
     if recipe is not None and "seasonings" in given and values["seasonings"] is not None:

@@ -78,8 +78,10 @@ def test_the_spec_is_frozen_and_picklable_for_the_workers() -> None:
 def test_merge_keeps_where_each_value_came_from(tmp_path: Path, registry: Registry) -> None:
     recipe = tmp_path / "r.toml"
     recipe.write_text('schema_version = 2\n[model]\npath = "m.onnx"\n'
-                      "[search]\nmax_trials = 4\nmax_depth = 1\n")
-    spec = merge({"recipe": recipe, "max_depth": 2}, "cli", registry)
+                      "[search]\nmax_trials = 4\nmax_depth = 1\noptions = { a = 1, b = 2 }\n")
+    spec = merge({"recipe": recipe, "max_depth": 2, "search_options": {"b": 3}}, "cli",
+                 registry)
+    assert spec.search_options == {"a": 1, "b": 3}  # merged per option
     assert (spec.max_trials, spec.max_depth, spec.model) == (4, 2, tmp_path / "m.onnx")
     assert spec.spelled("max_trials") == f"{recipe} [search] max_trials"
     assert spec.spelled("max_depth") == "--max-depth"
