@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,9 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
     declared = {o.name: o for o in options_of(RunSpec)}
     unknown = sorted(set(options) - set(declared))
     if unknown:
-        raise UsageError(f"routetune.tune: unknown option '{unknown[0]}'; known: "
+        close = difflib.get_close_matches(unknown[0], declared, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise UsageError(f"routetune.tune: unknown option '{unknown[0]}'; {hint}known: "
                          + ", ".join(sorted(declared)))
     given = {name: check_keyword(declared[name], value)
              for name, value in {"model": model, **options}.items() if value is not None}

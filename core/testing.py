@@ -31,7 +31,7 @@ from routetune.composer import RouteSpace
 from routetune.errors import RoutetuneError, UsageError
 from routetune.registry import Registry
 from routetune.route import Route, Step
-from routetune.run.option_schema import options_of
+from routetune.run.option_schema import check_keyword, options_of, problem
 
 ONE_LINE = 1000
 """Characters an error message may have at most (a longer one is not one line to read;
@@ -212,13 +212,24 @@ def check_backend(registry: Registry, name: str, model: Path | str, workdir: Pat
 
 
 def check_strategy(registry: Registry, name: str, space: RouteSpace,
-                   max_asks: int = 10_000) -> list[Route]:
+                   max_asks: int = 10_000, options: Mapping[str, Any] | None = None
+                   ) -> list[Route]:
     """Check a search strategy: it ends, asks only routes of the space, and repeats itself.
 
-    It is driven twice from scratch with the same synthetic trials (every route
-    accurate, each step 10% faster); both drives must ask the same routes in the same
-    order (determinism), every route must be in `space`, and it must stop asking within
-    `max_asks` batches.
+    Its `Options` must be a frozen dataclass of `option` fields whose defaults keep
+    their own types and bounds. It is driven twice from scratch with the same synthetic
+    trials (every route accurate, each step 10% faster); both drives must ask the same
+    routes in the same order (determinism), every route must be in `space`, and it must
+    stop asking within `max_asks` batches.
+
+    Args:
+        registry: The plugins, the strategy's among them (`registry_with`).
+        name: The strategy's name.
+        space: The routes it may ask for, e.g. ``RouteSpace([registry.seasoning(
+            "ort-threads").info], 1)`` (`routetune.composer.RouteSpace`).
+        max_asks: Batches it must have stopped asking by.
+        options: Option values to drive it with (checked like ``--search-option``);
+            its defaults when None.
 
     Returns:
         The routes it asked for, in order.
@@ -244,6 +255,19 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
         declared()
     except TypeError as e:
         raise ContractError(f"{what}: every option needs a default ({e})") from e
+    for info in options_of(declared):
+        why = problem(info, info.default)
+        try:
+            check_keyword(info, info.default)
+        except UsageError as e:
+            why = str(e).partition(": ")[2]
+        if why:
+            raise ContractError(f"{what}: the default of option '{info.name}' "
+                                f"({info.default!r}) {why}")
+    from routetune.run.run_spec import RunSpec
+    from routetune.search.strategy import configure
+
+    chosen = configure(registry.strategy(name), RunSpec(search_options=dict(options or {})))
     allowed = set(space.routes())
     base_ms = 10.0
 
@@ -257,7 +281,7 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
 
     drives: list[list[Route]] = []
     for _ in range(2):
-        strategy = registry.strategy(name)(space)
+        strategy = registry.strategy(name)(space, chosen)
         strategy.tell(Route(), trial(Route()))
         asked: list[Route] = []
         for _ in range(max_asks):

@@ -123,8 +123,13 @@ def parse_accuracy(text: str, registry: Registry, outputs: Sequence[str]) -> Con
             )
         out, name, op, val = m["out"], m["name"], m["op"], m["val"]
         if val[0] in "<>=":  # "rel_l2<=" parses as "<" then "="
-            raise OptionError("accuracy", f" '{text}': '{term}' has no number after "
-                              f"{op}{val}; write e.g. {name}{op}{val}0.01")
+            lead = re.match(r"[<>=]+", op + val)
+            ops = lead.group() if lead else op
+            if ops in ("<=", ">="):
+                raise OptionError("accuracy", f" '{text}': '{term}' has no number after "
+                                  f"{ops}; write e.g. {name}{ops}0.01")
+            raise OptionError("accuracy", f" '{text}': '{ops}' in '{term}' is not an "
+                              f"operator; write e.g. {name}>=0.99 or {name}<=0.01")
         if out is not None and out not in outputs:
             raise OptionError(
                 "accuracy", f" '{text}': unknown output '{out}'; outputs: {', '.join(outputs)}"

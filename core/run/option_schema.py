@@ -219,14 +219,23 @@ def check_keyword(info: OptionInfo, value: Any) -> Any:
     """
     if value is None:
         return None
-    if info.meta.from_keyword is not None:
-        value = info.meta.from_keyword(value)
     want = _runtime_types(info.type)
+    names = " or ".join(_NAMES.get(t, t.__name__) for t in want if t is not type(None)
+                        and not (t is int and float in want))  # "a number" takes ints
+    if info.meta.from_keyword is not None:
+        try:
+            value = info.meta.from_keyword(value)
+        except (TypeError, ValueError) as e:  # seasonings=5: not names at all
+            raise UsageError(f"{info.spelled('api')}: {value!r} must be {names}") from e
     ok = isinstance(value, want) and (bool in want or not isinstance(value, bool))
     if not ok:
-        names = " or ".join(t.__name__ for t in want if t is not type(None))
         raise UsageError(f"{info.spelled('api')}: {value!r} must be {names}")
     return value
+
+
+_NAMES: dict[type, str] = {Path: "a path (str or Path)", Mapping: "a dict", tuple: "a list",
+                           float: "a number"}
+"""How a type is named to a Python user, where its class name would puzzle."""
 
 
 def _runtime_types(annotation: Any) -> tuple[type, ...]:

@@ -122,8 +122,9 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
         raise UsageError("no model given; pass MODEL.onnx or --example NAME (e.g. ppocr-det)")
     model = prepare(path, opts.allow_external_data_outside)
     if opts.model_sha256 and opts.model_sha256 != model.source_sha256:
-        raise UsageError(f"{path}: sha256 {model.source_sha256} is not the recipe's "
-                         f"{opts.model_sha256}; the model changed since the recipe was written")
+        raise OptionError("model_sha256", f" {opts.model_sha256}: {path} has sha256 "
+                          f"{model.source_sha256}; the model changed since this hash was "
+                          "recorded")
     outdir = make_outdir(opts.output, path, model.source_sha256, backend.name)
     model = with_weights_in(model, (outdir / MODELS).resolve())
     if opts.inputs is not None:

@@ -14,11 +14,14 @@ Schema version 2 (``schema_version = 2``); ``routetune schema`` prints it as JSO
   (``op_types_to_exclude = [["Softmax"], []]``). Left out: every applicable one. An
   empty list (``seasonings = []``): none, only the pinned routes.
 - ``routes``: route texts always tried (pinned), e.g. ``["fp16,ort-threads{intra_op=2}"]``.
-- ``[search]``: ``strategy``, ``beam_width``, ``max_depth``, ``max_trials``,
-  ``time_budget_s``.
+- ``[search]``: ``strategy``, ``options`` (the strategy's own, e.g. ``{ beam_width = 4
+  }``), ``beam_width`` (its shorthand), ``max_depth``, ``max_trials``, ``time_budget_s``.
 - ``[accuracy]``: ``expr`` (the ``--accuracy`` expression) and ``[accuracy.outputs]``,
   an expression per output name.
-- ``[measure]``: ``min_runs``, ``min_time_s``.
+- ``[measure]``: ``min_runs``, ``min_time_s``, ``min_speedup``, ``busy_machine``.
+
+The tables other than ``[model]``'s validator, ``[[seasonings]]`` and ``[accuracy]
+outputs`` are made from the option declarations (`routetune.run.run_spec.RunSpec`).
 - ``[inputs]``: ``path`` (``.npz`` file or folder, relative to the recipe), or
   ``shapes``, ``min_shapes``, ``opt_shapes``, ``max_shapes`` (trtexec spelling).
 - ``output``: the output directory (relative to the recipe).
@@ -112,7 +115,9 @@ def _field(info: OptionInfo) -> tuple[Any, Any]:
     default = info.default
     if isinstance(default, tuple):
         default = list(default)
-    kwargs: dict[str, Any] = {"description": info.meta.help}
+    kwargs: dict[str, Any] = {"description": info.meta.help, "title": info.name}
+    if "float" in str(info.type):  # NaN and inf are not numbers a bound can hold
+        kwargs["allow_inf_nan"] = False
     if info.meta.minimum is not None:
         kwargs["ge"] = info.meta.minimum
     if info.meta.above is not None:

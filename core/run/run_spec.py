@@ -27,6 +27,7 @@ from routetune.run.option_schema import (
     Source,
     build,
     option,
+    option_named,
     options_of,
     problem,
     values_of,
@@ -106,8 +107,9 @@ class RunSpec:
         "beam", help="Search strategy: beam, exhaustive, one-at-a-time, mixed or a "
         "plugin's.", recipe="search.strategy")
     search_options: Mapping[str, Any] = option(
-        default_factory=dict, help="An option of the search strategy: KEY=VALUE "
-        "(repeatable; see `routetune seasonings`).", flag="--search-option",
+        default_factory=dict, help="The search strategy's own options, by name (see "
+        "`routetune seasonings`); on the command line KEY=VALUE, repeatable.",
+        flag="--search-option",
         recipe="search.options", cli_type=list[str] | None, from_cli=_pairs)
     beam_width: int | None = option(
         None, help="Routes kept per depth by beam search (its beam_width option).",
@@ -129,7 +131,7 @@ class RunSpec:
         recipe="inputs.min_shapes")
     opt_shapes: str | None = option(
         None, help="Optimisation profile opt shapes; accuracy and latency are taken here "
-        "(default: --shapes).", recipe="inputs.opt_shapes")
+        "(default: the shapes).", recipe="inputs.opt_shapes")
     max_shapes: str | None = option(
         None, help="Optimisation profile max shapes (default: opt).",
         recipe="inputs.max_shapes")
@@ -224,9 +226,11 @@ class RunSpec:
         """
         values = values_of(self)
         for info in options_of(RunSpec):
-            why = problem(info, values[info.name])
-            if why:
-                raise OptionError(info.name, f" {values[info.name]}: {why}")
+            value = values[info.name]
+            why = problem(info, value)
+            if why:  # 1.0 as the user wrote it: 1
+                shown = f"{value:g}" if isinstance(value, float) else value
+                raise OptionError(info.name, f" {shown}: {why}")
 
 
 def defaults() -> dict[str, Any]:
@@ -257,7 +261,10 @@ def merge(given: Mapping[str, Any], entry: Source, registry: Registry) -> RunSpe
     if recipe is not None:
         from routetune.run.recipe import load_recipe, recipe_values
 
-        from_recipe = recipe_values(load_recipe(recipe, registry), recipe)
+        try:
+            from_recipe = recipe_values(load_recipe(recipe, registry), recipe)
+        except OptionError as e:  # the recipe file itself: named as the user gave it
+            raise UsageError(option_named(RunSpec, e.option).spelled(entry) + e.rest) from e
         values.update(from_recipe)
         sources.update(dict.fromkeys(from_recipe, "recipe"))
     for name, value in given.items():

@@ -97,11 +97,16 @@ def configure(cls: type[Strategy], spec: RunSpec) -> Any:
 
     Raises:
         OptionError: An option the strategy does not declare, a value of the wrong
-            type or out of its bounds; it names the option as the user wrote it.
+            type or out of its bounds, or ``beam_width`` given twice with two values;
+            it names the option as the user wrote it.
     """
     declared = {o.name: o for o in options_of(cls.Options)}
     given = dict(spec.search_options)
     if spec.beam_width is not None:
+        other = given.get("beam_width", spec.beam_width)
+        if other != spec.beam_width:  # two values for one option: neither wins silently
+            raise OptionError("beam_width", f" {spec.beam_width}: {spec.spelled('search_options')}"
+                              f" also sets beam_width={other!r}; give one of them")
         given["beam_width"] = spec.beam_width
     for key, value in given.items():
         where = "beam_width" if key == "beam_width" and spec.beam_width is not None else (

@@ -155,6 +155,7 @@ def test_nan_matches_only_where_the_reference_is_nan(registry: Registry) -> None
 
 @pytest.mark.parametrize(("text", "message"), [
     ("rel_l2<=", "'rel_l2<=' has no number after <=; write e.g. rel_l2<=0.01"),
+    ("cos>>1", "'>>' in 'cos>>1' is not an operator; write e.g. cos>=0.99 or cos<=0.01"),
     ("cos>=0.99,foo=3", "unknown setting 'foo'; '=' sets only atol or rtol"),
     ("atol=1e-3,atol=1e-4,l0<=0.1", "atol is set twice; give it once"),
     ("y:rtol=0,y:rtol=1e-3,l0<=0.1", "rtol is set twice for y; give it once"),

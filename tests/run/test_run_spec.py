@@ -17,8 +17,7 @@ from routetune.api import tune as api_tune
 from routetune.composer import RouteSpace
 from routetune.errors import UsageError
 from routetune.registry import Registry
-from routetune.route import Route
-from routetune.run.option_schema import options_of
+from routetune.run.option_schema import option, options_of
 from routetune.run.recipe import json_schema
 from routetune.run.run_spec import RunSpec, merge
 from routetune.search.strategy import Strategy, configure
@@ -153,25 +152,65 @@ class LooseOptions:
     count: int = 1  # not declared with option(): no help, no checks
 
 
-class Loose(Strategy):
-    """A strategy whose option is a plain dataclass field."""
+def with_strategy(name: str, options: type) -> Registry:
+    """The installed plugins plus a strategy `name` that takes `options` and asks nothing."""
+    strategy = type(name, (Strategy,), {"name": name, "Options": options,
+                                        "ask": lambda self: [], "__doc__": "Asks nothing."})
 
-    name = "loose"
-    Options = LooseOptions
+    class Plugin:
+        @routetune.hookimpl
+        def routetune_register_strategies(self, registry: Registry) -> None:
+            registry.add_strategy(strategy)
 
-    def ask(self) -> list[Route]:
-        return []
-
-
-class LoosePlugin:
-    @routetune.hookimpl
-    def routetune_register_strategies(self, registry: Registry) -> None:
-        registry.add_strategy(Loose)
+    return registry_with(Plugin(), name)
 
 
 def test_the_contract_kit_refuses_options_not_declared_with_option() -> None:
-    registry = registry_with(LoosePlugin(), "loose")
+    registry = with_strategy("loose", LooseOptions)
     space = RouteSpace([registry.seasoning("ort-threads").info], 1)
     with pytest.raises(ContractError, match="strategy 'loose': Options field.s. count are "
                                             "not declared with"):
         check_strategy(registry, "loose", space)
+
+
+def test_the_probe_s_cases_are_one_line_each(tmp_path: Path, registry: Registry) -> None:
+    from routetune.search.beam import Beam
+
+    # the shorthand and the option disagree: neither wins silently
+    spec = RunSpec(beam_width=2, search_options={"beam_width": 3}, entry="cli")
+    with pytest.raises(UsageError) as e, spec.worded():
+        configure(Beam, spec)
+    assert str(e.value) == ("--beam-width 2: --search-option also sets beam_width=3; give "
+                            "one of them")
+    model = conv_bn(tmp_path / "m.onnx")
+    for keywords, message in (
+            ({"time_budget": 5}, "unknown option 'time_budget'; did you mean "
+                                 "'time_budget_s'?"),
+            ({"seasonings": 5}, "routetune.tune(seasonings=...): 5 must be a list"),
+            ({"time_budget_s": "x"}, "routetune.tune(time_budget_s=...): 'x' must be a "
+                                     "number"),
+            ({"recipe": tmp_path / "nope.toml"}, "routetune.tune(recipe=...) "
+                                                 f"{tmp_path / 'nope.toml'}: no such file"),
+            ({"time_budget_s": -1.0}, "routetune.tune(time_budget_s=...) -1: must be more "
+                                      "than 0")):
+        with pytest.raises(UsageError) as e:
+            routetune.tune(model, output=tmp_path / "o", **keywords)
+        assert message in str(e.value), str(e.value)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('schema_version = 2\n[model]\npath = "m.onnx"\n[search]\n'
+                      "time_budget_s = nan\n")
+    with pytest.raises(UsageError, match="search.time_budget_s: Input should be a finite "
+                                         "number"):
+        merge({"recipe": recipe}, "cli", registry)
+
+
+@dataclass(frozen=True)
+class OutOfBoundsOptions:
+    count: int = option(0, help="How many.", minimum=1)
+
+
+def test_the_contract_kit_checks_option_defaults_against_their_bounds() -> None:
+    registry = with_strategy("out-of-bounds", OutOfBoundsOptions)
+    space = RouteSpace([registry.seasoning("ort-threads").info], 1)
+    with pytest.raises(ContractError, match="default of option 'count' .0. must be 1 or more"):
+        check_strategy(registry, "out-of-bounds", space)
