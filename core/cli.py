@@ -83,10 +83,15 @@ def _spec(ctx: typer.Context, values: dict[str, Any], registry: Registry) -> Run
 
 @app.command("tune")
 @_with_options("tune", _option("verbose", False, Annotated[
-    bool, typer.Option("--verbose", "-v", help="Log each trial.")]))
+    bool, typer.Option("--verbose", "-v", help="Log each trial, and print every trial at the end.")]))
 def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> None:
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
-    from routetune.reporting.display import conditions_lines, trials_table
+    from routetune.reporting.display import (
+        accurate_table,
+        conditions_lines,
+        status_line,
+        trials_table,
+    )
     from routetune.run.tuning import tune
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -132,8 +137,12 @@ def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> No
     finally:
         if started:
             progress.stop()
-    console.print(trials_table(list(result.trials), result.winner, registry,
-                               title=f"{len(result.trials)} trials, winner first"))
+    if verbose:
+        console.print(trials_table(list(result.trials), result.winner, registry,
+                                   title=f"{len(result.trials)} trials, winner first"))
+    else:
+        console.print(accurate_table(result.trials, result.winner, registry))
+    console.print(status_line(result.trials))
     w = result.winner
     if result.stopped:
         console.print(f"[yellow]stopped early: {result.stopped}; the best so far stands[/]")
@@ -142,6 +151,8 @@ def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> No
         console.print(line)
     records = result.files["run"].parent
     console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {records}")
+    if not verbose:
+        console.print(f"every trial: routetune show {records} --all, or {records}/report.html")
     if records != result.outdir:
         console.print(f"({result.outdir} holds another run's records, left as they were; the "
                       "trial store is shared)")
@@ -160,6 +171,46 @@ def report_command(
 
     paths = write_reports(outdir)
     console.print(f"wrote {', '.join(p.name for p in paths.values())} to {outdir}")
+
+
+SORTS = ("rank", "speedup", "p50", "route", "status")
+"""``routetune show --sort`` keys; rank: the winner, then accurate routes by speed."""
+
+
+@app.command("show")
+def show_command(
+    outdir: Annotated[Path, typer.Argument(help="Output directory of a `routetune tune` run (or its runs/<time> folder).")],
+    all_trials: Annotated[bool, typer.Option("--all", help="Every trial, not only the accurate routes.")] = False,
+    status: Annotated[str | None, typer.Option(help="Only trials of this status (ok, accuracy-failed, build-failed, crashed, timed-out, skipped, build-only).")] = None,
+    sort: Annotated[str, typer.Option(help=f"Order: {', '.join(SORTS)}.")] = "rank",
+) -> None:
+    """Print a run's trials from its store, judged under the run's accuracy constraint."""
+    from routetune.reporting.display import accurate_table, status_line, trials_table
+    from routetune.reporting.report import store_dir, stored_trials
+    from routetune.search.strategy import ranked
+    from routetune.trial import Status
+
+    if sort not in SORTS:
+        raise UsageError(f"--sort {sort}: give one of {', '.join(SORTS)}")
+    if status is not None and status not in {s.value for s in Status}:
+        raise UsageError(f"--status {status}: give one of "
+                         f"{', '.join(s.value for s in Status)}")
+    registry = load_registry()
+    _, trials, route = stored_trials(store_dir(outdir), outdir)
+    winner = next((t for t in trials if t.route == route), None)
+    order = ranked(trials, winner)
+    keys = {"speedup": lambda t: -(t.speedup or 0.0),
+            "p50": lambda t: t.latency.p50 if t.latency else float("inf"),
+            "route": lambda t: t.route, "status": lambda t: str(t.status)}
+    if sort in keys:
+        order.sort(key=keys[sort])
+    shown = [t for t in order if status is None or t.status == status]
+    if all_trials or status is not None:
+        title = f"{len(shown)} of {len(trials)} trials" + (f", {status}" if status else "")
+        console.print(trials_table(shown, winner, registry, title=title))
+    else:
+        console.print(accurate_table(order, winner, registry, top=None))
+    console.print(status_line(trials))
 
 
 @app.command("seasonings")

@@ -41,6 +41,27 @@ def test_tune_prints_table_and_winner(tuned: tuple[Path, Path, int]) -> None:
     assert "p50 ms" in again.stdout and "speed-up" in again.stdout
     assert f"to {out}" in again.stdout.replace("\n", "")
     assert rows >= 3
+    assert f"routetune show {out} --all" in again.stdout.replace("\n", "")
+    assert f"{rows} trials: " in again.stdout  # the counts per status
+
+
+def test_show_prints_the_stored_trials_filtered_and_sorted(tuned: tuple[Path, Path, int]
+                                                           ) -> None:
+    _, out, rows = tuned
+    every = routetune("show", str(out), "--all", "--sort", "route")
+    assert every.returncode == 0, every.stderr
+    assert f"{rows} of {rows} trials" in every.stdout
+    routes = [line.split("│")[2].strip() for line in every.stdout.splitlines()
+              if line.startswith("│") and line.split("│")[2].strip()]
+    assert routes == sorted(routes) and "base" in routes
+    ok = routetune("show", str(out), "--status", "ok")
+    assert ok.returncode == 0 and " ok" in ok.stdout
+    assert "skipped" not in ok.stdout.split("trials:")[0]  # only the ok rows in the table
+    for args, message in ((["--status", "fine"], "--status fine: give one of ok, "),
+                          (["--sort", "speed"], "--sort speed: give one of rank, ")):
+        bad = routetune("show", str(out), *args)
+        assert bad.returncode == 2 and bad.stderr.startswith(f"routetune: error: {message}")
+        assert len(bad.stderr.splitlines()) == 1
 
 
 def _npz(path: Path, **arrays: np.ndarray) -> Path:

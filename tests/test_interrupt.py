@@ -63,7 +63,7 @@ def test_ctrl_c_writes_the_best_so_far_and_the_same_command_resumes(model: Path,
     text = " ".join(stdout.split())
     assert "stopped early: interrupted (Ctrl-C): no new trials" in text
     assert "the best so far stands" in text
-    shown = int(text.split(" trials, winner first")[0].split()[-1])
+    shown = int(text.split(" trials: ")[0].split()[-1])
     assert shown >= 3  # every trial stored before the Ctrl-C, from the batch in flight too
     assert "winner: " in text and "Traceback" not in stderr
     assert (out / "winner.json").exists() and (out / "report.html").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich.console import JustifyMethod
@@ -25,6 +27,60 @@ SHOWN_PARAMS = 12
 """Parameters listed per seasoning by ``routetune seasonings`` (TensorRT has ~200 knobs)."""
 
 
+ROUTE_WIDTH = 48
+"""Characters per line of a route in the terminal tables; it wraps only at a comma."""
+
+TOP = 10
+"""Accurate routes the end-of-run summary shows (all: ``--verbose`` or ``routetune show``)."""
+
+
+def wrap_route(text: str, width: int = ROUTE_WIDTH) -> str:
+    """A route's text in lines of at most `width` characters, broken only after a comma.
+
+    A step is never split (``fp16{op_types_to_exclude=[Softmax,Pow]}`` stays whole,
+    however long), so each line can be copied back into a route; the commas inside a
+    step's parameters are not break points.
+    """
+    steps, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"{": 1, "[": 1, "}": -1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            steps.append(text[start:i + 1])
+            start = i + 1
+    steps.append(text[start:])
+    lines = [""]
+    for step in steps:
+        if lines[-1] and len(lines[-1]) + len(step) > width:
+            lines.append("")
+        lines[-1] += step
+    return "\n".join(lines)
+
+
+def status_line(trials: Sequence[Trial]) -> str:
+    """How many trials ended in each status, with each failure's most common reason."""
+    counts = Counter(str(t.status) for t in trials)
+    parts = []
+    for status, n in counts.most_common():
+        reasons = Counter(t.reason for t in trials if str(t.status) == status and t.reason)
+        common = ""
+        if status != "ok" and reasons:
+            reason, times = reasons.most_common(1)[0]
+            label = f"most often, {times}x" if times > 1 else "e.g."
+            common = f" ({label}: {reason[:90]}{'…' * (len(reason) > 90)})"
+        parts.append(f"[{STATUS_STYLE.get(status, '')}]{n} {status}[/]{escape(common)}")
+    return f"{len(trials)} trials: " + "; ".join(parts)
+
+
+def accurate_table(trials: Sequence[Trial], winner: Trial | None, registry: Registry,
+                   top: int | None = TOP) -> Table:
+    """The winner and the fastest accurate routes, in the order given (`ranked`)."""
+    accurate = [t for t in trials if t is winner or t.status == "ok"]
+    shown = accurate if top is None else accurate[:top]
+    title = (f"the {len(shown)} fastest of {len(accurate)} accurate routes, winner first"
+             if len(shown) < len(accurate) else f"{len(accurate)} accurate routes, winner first")
+    return trials_table(shown, winner, registry, title=title)
+
+
 def accuracy_text(trial: Trial, registry: Registry) -> str:
     """The worst value of each headline metric across outputs (``l0 0 cos 0.99999``)."""
     if not trial.accuracy:
@@ -41,7 +97,7 @@ def accuracy_text(trial: Trial, registry: Registry) -> str:
 
 
 def trials_table(
-    trials: list[Trial] | tuple[Trial, ...], winner: Trial, registry: Registry,
+    trials: Sequence[Trial], winner: Trial | None, registry: Registry,
     title: str = "",
 ) -> Table:
     """A table of trials in the given order: route, status and reason, latency, accuracy.
@@ -59,13 +115,17 @@ def trials_table(
         ("p90 ms", "right"), ("±", "right"), ("base p50 ms", "right"), ("speed-up", "right"),
         ("accuracy", "left"), ("reason", "left"))
     for col, justify in columns:
-        table.add_column(col, justify=justify, overflow="fold")
+        if col == "route":  # wrapped at its commas by wrap_route, never inside a step
+            table.add_column(col, justify=justify, no_wrap=True)
+        else:
+            table.add_column(col, justify=justify, overflow="fold")
     for i, t in enumerate(trials, 1):
         lat = t.latency
         speed = f"{t.speedup:.2f}x" if t.speedup else ""
         if t.paired is not None:
             speed += f" [{t.paired.ci_low:.2f}, {t.paired.ci_high:.2f}]"
-        route = f"[bold]{escape(t.route)}[/bold]" if t is winner else escape(t.route)
+        route = escape(wrap_route(t.route))
+        route = f"[bold]{route}[/bold]" if t is winner else route
         status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
         if t.noisy:
             status += " [magenta]noisy[/]"

@@ -58,20 +58,20 @@ def _judged(trials: list[Trial], accuracy: Any) -> list[Trial]:
     return [judged(t, constraint) for t in trials]
 
 
-def build_report(outdir: Path, records: Path | None = None) -> dict[str, Any]:
-    """Gather a report of the search stored in `outdir`.
+def stored_trials(outdir: Path, records: Path | None = None
+                  ) -> tuple[dict[str, Any], list[Trial], str | None]:
+    """The trials of the run recorded in `records`, judged under its constraint.
 
     Args:
         outdir: The output directory (the trial store's folder).
         records: The folder of the run's ``run.json``; default `outdir`.
 
     Returns:
-        ``run`` (``run.json``), ``trials`` (one row per trial of this run: route,
-        status, reason, latency in ms, speed-up, error), ``seasonings`` (`seasoning_effects`)
-        and ``winner``.
+        ``run.json``, the run's trials (its model, backend and settings), and the
+        winner's route (None when the run did not finish).
 
     Raises:
-        UsageError: `outdir` holds no trial store.
+        UsageError: `outdir` holds no trial store, or ``run.json`` is of the wrong shape.
     """
     path = outdir / FILENAME
     if not path.exists():
@@ -88,17 +88,36 @@ def build_report(outdir: Path, records: Path | None = None) -> dict[str, Any]:
             trials = [t for t in trials if t.settings_hash == run["settings_hash"]
                       and t.model_sha256 == run["model"]["sha256"]
                       and t.backend == run["backend"]["name"]]
-        result = dict(run.get("result", {}))
-        route = result.pop("winner", None)
+        route = dict(run.get("result", {})).get("winner")
     except UNREADABLE as e:
         raise unreadable_record(records or outdir, e) from e
-    trials = _judged(trials, run.get("accuracy"))
+    return run, _judged(trials, run.get("accuracy")), route
+
+
+def build_report(outdir: Path, records: Path | None = None) -> dict[str, Any]:
+    """Gather a report of the search stored in `outdir`.
+
+    Args:
+        outdir: The output directory (the trial store's folder).
+        records: The folder of the run's ``run.json``; default `outdir`.
+
+    Returns:
+        ``run`` (``run.json``), ``trials`` (one row per trial of this run: route,
+        status, reason, latency in ms, speed-up, error), ``seasonings`` (`seasoning_effects`)
+        and ``winner``.
+
+    Raises:
+        UsageError: `outdir` holds no trial store.
+    """
+    run, trials, route = stored_trials(outdir, records)
+    result = {k: v for k, v in dict(run.get("result", {})).items() if k != "winner"}
     try:
         rows = [trial_row(t) for t in trials]
         effects = seasoning_effects(trials)
     except (UsageError, ArithmeticError) as e:  # a stored route that does not parse
-        raise StorageError(f"{path}: a stored trial cannot be reported ({one_line(e)}); "
-                           "move the file away, or run `routetune tune --fresh`") from e
+        raise StorageError(f"{outdir / FILENAME}: a stored trial cannot be reported "
+                           f"({one_line(e)}); move the file away, or run `routetune tune "
+                           "--fresh`") from e
     winner = next((r for r in rows if r["route"] == route), None)
     return {"run": run, "trials": rows, "seasonings": effects,
             "winner": {**(winner or {}), **result} if winner else None}

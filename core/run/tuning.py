@@ -27,7 +27,7 @@ from routetune.search.executor import Executor, InlineExecutor
 from routetune.search.local_pool import TIMELINE, LocalPool
 from routetune.search.loop import Budget, SearchLoop
 from routetune.search.phases import Confirmation
-from routetune.search.strategy import rank_key
+from routetune.search.strategy import ranked
 from routetune.store import FILENAME, TrialStore
 from routetune.trial import Status, Trial
 
@@ -267,11 +267,7 @@ def _finish(run: Prepared, opts: RunSpec, trials: list[Trial], store: Path, winn
             reason: str, confirmations: Sequence[Confirmation],
             stopped: str | None, records: Path, fresh: frozenset[str]) -> TuneResult:
     base = next(t for t in trials if t.route == "base")
-    ordered = [winner] + sorted(
-        (t for t in trials if t is not winner),
-        key=lambda t: ((0 if t.status == Status.OK else 1), *rank_key(t)),
-    )
-    result = TuneResult(winner, reason, tuple(ordered), base, run.space.size(),
+    result = TuneResult(winner, reason, tuple(ranked(trials, winner)), base, run.space.size(),
                         run.not_applicable, run.outdir, {"store": store}, stopped,
                         tuple(confirmations), opts.busy_machine, opts.min_speedup, fresh)
     result.files.update(write_winner(run, result, opts, records))

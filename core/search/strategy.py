@@ -6,6 +6,7 @@ Strategies do no I/O, no timing and no building: `routetune.search.loop` owns th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -13,7 +14,7 @@ from routetune.composer import RouteSpace
 from routetune.errors import UsageError
 from routetune.route import Route
 from routetune.run.option_schema import OptionError, build, check_keyword, options_of, problem
-from routetune.trial import Trial
+from routetune.trial import Status, Trial
 
 if TYPE_CHECKING:
     from routetune.run.run_spec import RunSpec
@@ -88,6 +89,16 @@ def rank_key(trial: Trial) -> Rank:
     return Rank(relative.p50 if relative else float("inf"),
                 trial.latency.p50 if trial.latency else float("inf"),
                 len(trial.steps), trial.route)
+
+
+def ranked(trials: Sequence[Trial], winner: Trial | None = None) -> list[Trial]:
+    """The trials as a reader wants them: the winner, the accurate by `rank_key`, the rest.
+
+    The rest (failed, skipped) keep `rank_key`'s order too (measured ones by speed).
+    """
+    rest = sorted((t for t in trials if t is not winner),
+                  key=lambda t: ((0 if t.status == Status.OK else 1), *rank_key(t)))
+    return ([winner] if winner is not None else []) + rest
 
 
 def configure(cls: type[Strategy], spec: RunSpec) -> Any:
