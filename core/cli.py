@@ -24,6 +24,7 @@ from routetune.run.run_spec import RunSpec, merge
 if TYPE_CHECKING:
     from routetune.registry import Registry
     from routetune.run.preparation import Prepared
+    from routetune.run.tuning import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -89,6 +90,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> No
     from routetune.reporting.display import (
         accurate_table,
         conditions_lines,
+        header_lines,
         status_line,
         trials_table,
     )
@@ -101,24 +103,16 @@ def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> No
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err, transient=False)
     task = progress.add_task("tuning", total=None)
+    stored = [0]
+    signals.counting(lambda: stored[0])  # for the line of a second Ctrl-C
 
     started = False
 
-    def on_start(run: Prepared, planned: int | None) -> None:
+    def on_start(run: Prepared, plan: Plan) -> None:
         nonlocal started
-        err.print(f"model {run.model.source} (sha256 {run.model.source_sha256[:16]}), "
-                  f"backend {run.backend.name} {run.backend.version()} on {run.backend.device()}")
-        if run.base_passes:
-            steps = ", ".join(
-                f"{p['step']} ({', '.join(f'{k} {v}' for k, v in p['stats'].items() if v)})"
-                if any(p["stats"].values()) else p["step"] for p in run.base_passes)
-            err.print(f"preflight of {run.backend.name}: {escape(steps)}")
-        size, offered = run.space.size(), len(run.space.infos)
-        total = None if planned is None else planned + 1  # the base route first
-        err.print(f"route space: {size} route{'s' * (size != 1)} from {offered} "
-                  f"seasoning{'s' * (offered != 1)}; search {opts.search}, "
-                  + (f"up to {total} trials" if total else "number of trials not known"))
-        progress.update(task, total=total)
+        for line in header_lines(run, opts.search, plan):
+            err.print(line)
+        progress.update(task, total=plan.trials)
         progress.start()
         started = True
 
@@ -126,6 +120,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> No
         progress.update(task, description=text[:100])
 
     def on_trial(trial, cached: bool) -> None:  # noqa: ANN001
+        stored[0] += 1
         total = progress.tasks[0].total
         if total is not None and progress.tasks[0].completed + 1 > total:
             progress.update(task, total=total + 1)  # repair trials come on top of the plan
@@ -157,6 +152,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> No
         console.print(f"({result.outdir} holds another run's records, left as they were; the "
                       "trial store is shared)")
     if result.stopped and result.stopped.startswith("interrupted"):
+        signals.answered()
         raise typer.Exit(signals.exit_code())  # 130 or 143, after the results are written
     if result.winner.status in FAILED:
         raise typer.Exit(1)  # nothing usable came out: scripts must notice
@@ -286,16 +282,14 @@ def main(argv: list[str] | None = None) -> None:
     framework; they are printed as one line too, with a pointer to ``--help``.
     """
     command = typer.main.get_command(app)
-    signals.handle_sigterm()
+    signals.install()
     try:
         code = command.main(args=argv, prog_name="routetune", standalone_mode=False)
     except RoutetuneError as e:
         print(f"routetune: error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
-    except (typer.Abort, KeyboardInterrupt):
-        print(f"routetune: interrupted ({signals.interrupted()}); every trial stored so far "
-              "is kept (run the same command again to resume)", file=sys.stderr)
-        sys.exit(signals.exit_code())
+    except (typer.Abort, KeyboardInterrupt):  # typer returns 130 for the latter, but not always
+        code = 130
     except Exception as e:  # the framework's usage errors: ClickException and subclasses
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
             raise
@@ -304,4 +298,9 @@ def main(argv: list[str] | None = None) -> None:
             hint = " (see routetune --help)" if e.exit_code == 2 else ""
             print(f"routetune: error: {message}{hint}", file=sys.stderr)
         sys.exit(e.exit_code)
+    stopped = signals.unanswered()
+    if stopped:  # a Ctrl-C or SIGTERM before the command could write what it had
+        print(stopped, file=sys.stderr)
+    if signals.interrupted_by():
+        signals.exit_now()  # a press repeated during Python's shutdown would kill it silently
     sys.exit(code if isinstance(code, int) else 0)

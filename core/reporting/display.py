@@ -15,7 +15,8 @@ from routetune.run.option_schema import options_of
 from routetune.trial import Trial
 
 if TYPE_CHECKING:
-    from routetune.run.tuning import TuneResult
+    from routetune.run.preparation import Prepared
+    from routetune.run.tuning import Plan, TuneResult
 
 STATUS_STYLE = {
     "ok": "green", "accuracy-failed": "yellow", "build-failed": "red",
@@ -54,6 +55,25 @@ def wrap_route(text: str, width: int = ROUTE_WIDTH) -> str:
             lines.append("")
         lines[-1] += step
     return "\n".join(lines)
+
+
+def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
+    """What ``routetune tune`` is about to do, in short lines that do not wrap at 80 columns.
+
+    The model's name and hash, the backend and its device, the base pipeline's preflight
+    (one line per step), and the route space with the trials planned.
+    """
+    size, offered = run.space.size(), len(run.space.infos)
+    lines = [f"model    {escape(run.model.source.name)} · sha256 "
+             f"{run.model.source_sha256[:16]}",
+             f"backend  {escape(run.backend.name)} {escape(run.backend.version())}",
+             f"device   {escape(run.backend.device())}"]
+    for p in run.base_passes or ():
+        stats = ", ".join(f"{k} {v}" for k, v in p["stats"].items() if v)
+        lines.append(f"preflight {escape(p['step'])}" + (f": {escape(stats)}" if stats else ""))
+    lines.append(f"space    {size} route{'s' * (size != 1)} from {offered} "
+                 f"seasoning{'s' * (offered != 1)} · search {escape(search)} · {plan}")
+    return lines
 
 
 def status_line(trials: Sequence[Trial]) -> str:

@@ -27,11 +27,35 @@ from routetune.search.executor import Executor, InlineExecutor
 from routetune.search.local_pool import TIMELINE, LocalPool
 from routetune.search.loop import Budget, SearchLoop
 from routetune.search.phases import Confirmation
-from routetune.search.strategy import ranked
+from routetune.search.strategy import Strategy, ranked
 from routetune.store import FILENAME, TrialStore
 from routetune.trial import Status, Trial
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many trials the search will record (the progress bar's total).
+
+    Args:
+        trials: The base route, the pinned routes and the strategy's, capped by
+            ``--max-trials``; None when the strategy cannot say.
+        exact: Whether that is the count; otherwise it is an upper bound (``bound``)
+            or an estimate (refinements such as precision-repair add trials).
+        bound: Whether `trials` is an upper bound (a beam that may stop sooner).
+    """
+
+    trials: int | None
+    exact: bool = True
+    bound: bool = False
+
+    def __str__(self) -> str:
+        if self.trials is None:
+            return "number of trials not known"
+        plural = "s" * (self.trials != 1)
+        how = "" if self.exact else "up to " if self.bound else "about "
+        return f"{how}{self.trials} trial{plural}"
 
 
 @dataclass(frozen=True)
@@ -155,7 +179,7 @@ class TuneResult:
 def tune(
     opts: RunSpec,
     registry: Registry | None = None,
-    on_start: Callable[[Prepared, int | None], None] = lambda run, planned: None,
+    on_start: Callable[[Prepared, Plan], None] = lambda run, plan: None,
     on_trial: Callable[[Trial, bool], None] = lambda trial, cached: None,
     on_status: Callable[[str], None] = lambda text: None,
 ) -> TuneResult:
@@ -164,7 +188,7 @@ def tune(
     Args:
         opts: What to tune and how.
         registry: The installed plugins; loaded from entry points when None.
-        on_start: Called once the run is prepared, with the number of trials planned.
+        on_start: Called once the run is prepared, with the trials planned.
         on_trial: Called after each trial, with whether it came from the store.
         on_status: Called with a line to show while a measurement waits for a quiet
             machine (``--busy-machine wait``).
@@ -184,7 +208,7 @@ def tune(
 
 
 def _tune_locked(
-    run: Prepared, opts: RunSpec, on_start: Callable[[Prepared, int | None], None],
+    run: Prepared, opts: RunSpec, on_start: Callable[[Prepared, Plan], None],
     on_trial: Callable[[Trial, bool], None], on_status: Callable[[str], None],
 ) -> TuneResult:
     store_path = run.outdir / FILENAME
@@ -215,8 +239,7 @@ def _tune_locked(
         strategy = run.registry.strategy(opts.search)(run.space, run.strategy_options)
         skipped = [loop.record_skipped(Route((Step(n),)), reason)
                    for n, reason in run.not_applicable.items()]
-        planned = strategy.planned()
-        on_start(run, None if planned is None else planned)
+        on_start(run, plan(strategy, run, opts))
         fresh: set[str] = set()  # trials measured by this run, not read from the store
 
         def on_each(trial: Trial, cached: bool) -> None:
@@ -249,6 +272,20 @@ def _tune_locked(
     result.files.update({f"report.{k}": v
                          for k, v in write_reports(records).items()})
     return result
+
+
+def plan(strategy: Strategy, run: Prepared, opts: RunSpec) -> Plan:
+    """The trials the search will record: the base route, the pinned, the strategy's."""
+    planned = strategy.planned()
+    if planned is None:
+        return Plan(None)
+    total = 1 + sum(not route.is_base for route in run.pinned) + planned
+    capped = opts.max_trials is not None and opts.max_trials < total
+    if capped:
+        total = opts.max_trials  # type: ignore[assignment]
+    refined = bool(run.refinements) and not capped
+    return Plan(total, exact=not (refined or strategy.PLANNED_IS_BOUND),
+                bound=strategy.PLANNED_IS_BOUND and not refined)
 
 
 def make_executor(run: Prepared, opts: RunSpec) -> Executor:

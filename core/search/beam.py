@@ -55,6 +55,8 @@ class Beam(Strategy):
                     frontier.append(ext)
         return frontier
 
+    PLANNED_IS_BOUND = True
+
     def planned(self) -> int:
         """An upper bound: every depth grows ``beam_width`` routes by every one-step extension."""
         first = len(self.space.extensions(Route()))

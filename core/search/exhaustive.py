@@ -23,5 +23,5 @@ class Exhaustive(Strategy):
         return [r for r in self.space.routes() if not r.is_base]
 
     def planned(self) -> int:
-        """The size of the space."""
-        return self.space.size()
+        """The size of the space, less the base route."""
+        return self.space.size() - 1

@@ -50,6 +50,7 @@ from routetune.search import worker
 from routetune.search.executor import AfterBuild, Executor, Job
 from routetune.search.handoff import Handoff
 from routetune.search.phases import BUILT, Outcome, TrialInputs
+from routetune.signals import spawning_quietly
 from routetune.trial import Status
 
 TIMELINE = "timeline.jsonl"
@@ -116,18 +117,24 @@ class LocalPool(Executor):
         self._handoff.give(inputs)
 
     def _pool(self, size: int, gpu: str | None) -> pebble.ProcessPool:
-        """`size` workers that get their inputs from the handoff; `gpu` for measuring."""
+        """`size` workers, started now, that get their inputs from the handoff.
+
+        `gpu` is for measuring workers. They start with Ctrl-C blocked
+        (`signals.spawning_quietly`), and so do the workers that pebble's threads start
+        later in their place.
+        """
         assert self._handoff is not None
-        return pebble.ProcessPool(
-            size, initializer=worker.init, context=_SPAWN,
-            initargs=(self._handoff.address, self._handoff.key, gpu,
-                      None if gpu else self.memory_mb, self.timeout_s))
+        with spawning_quietly():
+            pool = pebble.ProcessPool(
+                size, initializer=worker.init, context=_SPAWN,
+                initargs=(self._handoff.address, self._handoff.key, gpu,
+                          None if gpu else self.memory_mb, self.timeout_s))
+            pool.schedule(worker.ping)  # pebble starts a pool, and its threads, lazily
+        return pool
 
     def _spawn(self) -> None:
         self._builders = self._pool(self.build_workers, None)
         self._measurers = [self._pool(1, gpu) for gpu in self.gpus or (None,)]
-        for pool in [self._builders, *self._measurers]:  # pebble starts a pool lazily
-            pool.schedule(worker.ping)
 
     def run(self, jobs: Iterator[Job], after_build: AfterBuild) -> Iterator[tuple[Job, Outcome]]:
         """Schedule builds and measurements as described in the module docstring."""

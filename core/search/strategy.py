@@ -55,8 +55,11 @@ class Strategy:
     def tell(self, route: Route, trial: Trial) -> None:
         """Report the trial of a route that `ask` returned (or of the base route)."""
 
+    PLANNED_IS_BOUND: ClassVar[bool] = False
+    """Whether `planned` is an upper bound (the search may stop sooner), not a count."""
+
     def planned(self) -> int | None:
-        """How many routes this strategy expects to try in all, if known."""
+        """How many routes besides the base route this strategy will ask for, if known."""
         return None
 
 

@@ -63,6 +63,7 @@ def init(address: Address, key: bytes, gpu: str | None, memory_mb: int | None,
     global _candidate, _failed, _memory_mb, _timeout_s
     _memory_mb, _timeout_s = memory_mb, timeout_s
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked at spawn (signals)
     _die_with_parent()
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
