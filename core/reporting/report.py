@@ -17,6 +17,7 @@ from routetune.errors import StorageError, UsageError, one_line
 from routetune.route import parse_route
 from routetune.run import runinfo
 from routetune.run.outdir import refuse_links
+from routetune.search.strategy import ranked
 from routetune.store import FILENAME, TrialStore
 from routetune.trial import Trial
 
@@ -103,24 +104,26 @@ def build_report(outdir: Path, records: Path | None = None) -> dict[str, Any]:
 
     Returns:
         ``run`` (``run.json``), ``trials`` (one row per trial of this run: route,
-        status, reason, latency in ms, speed-up, error), ``seasonings`` (`seasoning_effects`)
-        and ``winner``.
+        status, reason, latency in ms, speed-up, error; the winner first, then the
+        accurate routes by speed, then the rest: `routetune.search.strategy.ranked`,
+        the order every report shows), ``seasonings`` (`seasoning_effects`) and
+        ``winner``.
 
     Raises:
         UsageError: `outdir` holds no trial store.
     """
     run, trials, route = stored_trials(outdir, records)
     result = {k: v for k, v in dict(run.get("result", {})).items() if k != "winner"}
+    winner = next((t for t in trials if t.route == route), None)
     try:
-        rows = [trial_row(t) for t in trials]
+        rows = [trial_row(t) for t in ranked(trials, winner)]
         effects = seasoning_effects(trials)
     except (UsageError, ArithmeticError) as e:  # a stored route that does not parse
         raise StorageError(f"{outdir / FILENAME}: a stored trial cannot be reported "
                            f"({one_line(e)}); move the file away, or run `routetune tune "
                            "--fresh`") from e
-    winner = next((r for r in rows if r["route"] == route), None)
     return {"run": run, "trials": rows, "seasonings": effects,
-            "winner": {**(winner or {}), **result} if winner else None}
+            "winner": {**rows[0], **result} if winner else None}
 
 
 UNREADABLE = (KeyError, IndexError, TypeError, AttributeError, ValueError, ArithmeticError,
@@ -164,9 +167,21 @@ def seasoning_effects(trials: Sequence[Trial]) -> list[dict[str, Any]]:
     """How each seasoning moved latency and error, against the same routes without it.
 
     For every measured trial whose route holds seasoning s, the trial of the same route
-    with s's step removed is its partner, when it was measured too. Latency effect: the
-    mean ratio of their p50s, each relative to the base route timed alongside (< 1 is
-    faster). Error effect: the mean change of `ERROR_METRIC`. Pairs are counted.
+    with s's step removed is its partner, when it was measured too; such a pair is kept.
+
+    Returns:
+        One mapping per seasoning, by name:
+
+        - ``pairs``: the pairs kept;
+        - ``latency_ratio``: the mean over the pairs of the ratio of their p50s, each
+          relative to the base route timed alongside (a ratio; < 1 is faster);
+          ``latency_ratio_range``: its smallest and largest ratio ``[min, max]``;
+        - ``error_pairs``: the pairs whose two trials both have `ERROR_METRIC`;
+          ``error_change``: the mean change of `ERROR_METRIC` (with minus without;
+          None without such pairs); ``error_change_range``: ``[min, max]`` or None.
+
+        The spread is the range (min to max) over the pairs, not an interval of the
+        mean: the pairs are few (one per route without s), often fewer than five.
     """
     measured = {t.route: t for t in trials if t.latency and t.base_latency}
     effects: dict[str, dict[str, list[float]]] = {}
@@ -183,9 +198,18 @@ def seasoning_effects(trials: Sequence[Trial]) -> list[dict[str, Any]]:
             if err is not None and err0 is not None:
                 acc["error"].append(err - err0)
     return [{"seasoning": name, "pairs": len(v["ratio"]),
-             "latency_ratio": sum(v["ratio"]) / len(v["ratio"]),
-             "error_change": sum(v["error"]) / len(v["error"]) if v["error"] else None}
+             "latency_ratio": _mean(v["ratio"]), "latency_ratio_range": _range(v["ratio"]),
+             "error_pairs": len(v["error"]), "error_change": _mean(v["error"]),
+             "error_change_range": _range(v["error"])}
             for name, v in sorted(effects.items())]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _range(values: list[float]) -> list[float] | None:
+    return [min(values), max(values)] if values else None
 
 
 def _error(trial: Trial) -> float | None:
@@ -238,11 +262,15 @@ def render_markdown(data: dict[str, Any]) -> str:
     if winner:
         lines.append(f"\n## Winner: `{winner['route']}`\n\n{winner_text(winner)}\n")
     lines.append("\n## Seasonings: effect against the same routes without them\n")
-    lines.append("| seasoning | pairs | latency ratio | rel-L2 change |\n|---|---|---|---|")
+    lines.append(f"{EFFECTS_CAPTION}\n")
+    lines.append("| seasoning | pairs | latency ratio: mean | min–max | rel-L2 change: mean | "
+                 "min–max | pairs with rel-L2 |\n|---|---|---|---|---|---|---|")
     for s in data["seasonings"]:
-        change = f"{s['error_change']:+.3g}" if s["error_change"] is not None else ""
         lines.append(f"| `{s['seasoning']}` | {s['pairs']} | {s['latency_ratio']:.3f} | "
-                     f"{change} |")
+                     f"{span_text(s.get('latency_ratio_range'), '.3f')} | "
+                     f"{_num(s['error_change'], '+.3g')} | "
+                     f"{span_text(s.get('error_change_range'), '+.3g')} | "
+                     f"{s.get('error_pairs', '')} |")
     lines.append("\n## Trials\n")
     lines.append("Speed-up: search-time, paired blocks with the base route (median "
                  "[95% interval]); *noisy*: timed while the machine was busy.\n")
@@ -335,6 +363,19 @@ def speedup_text(row: dict[str, Any]) -> str:
     if row.get("speedup_ci"):
         text += f" [{row['speedup_ci'][0]:.2f}, {row['speedup_ci'][1]:.2f}]"
     return text + (" *noisy*" if row.get("noisy") else "")
+
+
+EFFECTS_CAPTION = ("Each seasoning against the same routes without it (pairs of trials, "
+                   "both measured): the mean over the pairs and the range (min–max) over "
+                   "them. Latency ratio: p50 with the seasoning over p50 without, each "
+                   "relative to the base route timed alongside (< 1 is faster); rel-L2 "
+                   "change: with minus without.")
+"""The seasoning table's caption, in the Markdown and the HTML report."""
+
+
+def span_text(span: Sequence[float] | None, spec: str) -> str:
+    """A ``[min, max]`` pair as ``min – max``; empty for None."""
+    return "" if not span else f"{span[0]:{spec}} – {span[1]:{spec}}"
 
 
 def _verdict_rule(run: dict[str, Any]) -> str:

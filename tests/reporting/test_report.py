@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import shutil
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 from graphs import conv_bn
@@ -14,12 +18,25 @@ from PIL import Image
 from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
 from routetune.reporting.report import build_report, write_reports
+from routetune.reporting.report_html import (
+    TOP_SPEEDUPS,
+    pareto_chart,
+    render_html,
+    route_html,
+    speedup_chart,
+)
 from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None,
                                     reason="no chromium here (apt-get install chromium)")
+
+ARTIFACTS = Path(os.environ.get("ROUTETUNE_TEST_ARTIFACTS")
+                 or Path(__file__).resolve().parents[2] / "test-artifacts" / "report")
+"""Where the browser test keeps its screenshots for a person to look at."""
+
+SVG_TITLE = "{http://www.w3.org/2000/svg}title"
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +65,102 @@ def test_tune_writes_every_report_from_the_store(outdir: Path) -> None:
     effects = {s["seasoning"]: s for s in data["seasonings"]}
     assert effects["ort-threads"]["pairs"] == 8  # 4 routes without it x 2 choices
     assert effects["fp16"]["error_change"] > 0  # FP16 adds error, fuse-bn does not
+    for s in data["seasonings"]:  # the spread: min and max over the pairs kept
+        low, high = s["latency_ratio_range"]
+        assert low <= s["latency_ratio"] <= high and s["error_pairs"] == s["pairs"]
+        low, high = s["error_change_range"]
+        assert low <= s["error_change"] <= high
+    assert effects["fp16"]["error_change_range"][0] > 0  # every pair: FP16 adds error
     assert data["winner"]["route"] == data["run"]["result"]["winner"]
     md = (outdir / "report.md").read_text()
     assert f"## Winner: `{data['winner']['route']}`" in md and "| `fp16` | accuracy-failed" in md
+    fp16 = effects["fp16"]
+    low, high = fp16["latency_ratio_range"]
+    assert (f"| `fp16` | {fp16['pairs']} | {fp16['latency_ratio']:.3f} | {low:.3f} – "
+            f"{high:.3f} |") in md and "min–max" in md
     assert "| validation inputs | " not in md and "- validation inputs: synthesised (seeded, " \
         "uniform in [0, 1)) at x:1x3x32x32" in md
+
+
+def test_rows_are_the_winner_then_the_accurate_by_speed_then_the_rest(outdir: Path) -> None:
+    data = json.loads((outdir / "report.json").read_text())
+    rows = data["trials"]
+    assert rows[0]["route"] == data["winner"]["route"] == data["run"]["result"]["winner"]
+    statuses = [r["status"] for r in rows[1:]]
+    accurate = rows[1:1 + statuses.count("ok")]
+    assert {r["status"] for r in accurate} == {"ok"}  # all of them before the rest
+    speeds = [r["relative_p50"] for r in accurate]
+    assert speeds == sorted(speeds)  # fastest first: p50 relative to the base route
+    md = (outdir / "report.md").read_text()
+    md_routes = [line.split("`")[1] for line in md[md.index("## Trials"):].splitlines()
+                 if line.startswith("| `")]
+    assert md_routes == [r["route"] for r in rows]  # the Markdown shows the same order
+
+
+def svg_titles(svg: str) -> dict[str, str]:
+    """The hover titles of an inline SVG, by the id of the group they name."""
+    root = ET.fromstring(svg)
+    return {g.get("id", ""): title.text or "" for g in root.iter("{http://www.w3.org/2000/svg}g")
+            for title in g.findall(SVG_TITLE)}
+
+
+def test_every_chart_point_has_a_hover_title(outdir: Path) -> None:
+    data = build_report(outdir)
+    measured = [(n, r) for n, r in enumerate(data["trials"], 1) if r["relative_p50"] is not None]
+    titles = svg_titles(pareto_chart(data).svg("pareto"))
+    assert len(titles) == len(measured) > 10
+    for n, r in measured:
+        assert titles[f"pt-{n}"].startswith(f"#{n} {r['route']} · {r['status']} · speed-up ")
+        assert f"· rel_l2 {r['error']['rel_l2']:.3g}" in titles[f"pt-{n}"]
+    accurate = [(n, r) for n, r in measured if r["status"] == "ok"]
+    chart = speedup_chart(data)
+    assert chart is not None
+    titles = svg_titles(chart.svg("speedups"))
+    assert list(titles) == [f"ci-{n}" for n, _ in accurate]  # the table's order
+    assert titles["ci-1"].startswith(f"#1 {data['winner']['route']} · ok · speed-up ")
+
+
+def crowded(data: dict[str, Any], extra: int) -> dict[str, Any]:
+    """`data` with `extra` accurate rows added, all on the Pareto front, close together."""
+    data = copy.deepcopy(data)
+    model = next(r for r in data["trials"] if r["status"] == "ok" and r["speedup_ci"])
+    for i in range(extra):
+        row = copy.deepcopy(model)
+        row["route"] = f"fuse-bn-into-conv,ort-threads{{intra_op={i + 3}}},fold-constants"
+        row["error"]["rel_l2"] = 1e-7 * (1 + 0.04 * i)
+        row["relative_p50"] = 0.9 - 0.004 * i
+        row["speedup"] = 1 / row["relative_p50"]
+        data["trials"].append(row)
+    return data
+
+
+def test_front_labels_never_overlap_and_the_speedup_chart_shows_the_top(outdir: Path) -> None:
+    data = crowded(build_report(outdir), 24)
+    chart = pareto_chart(data)
+    chart.svg("pareto")  # drawn: the labels' boxes are measured as they are drawn
+    ax = chart.figure.axes[0]
+    renderer = chart.figure.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert 4 <= len(boxes) == len(chart.labels) < 24  # crowded: some are left out
+    for i, a in enumerate(boxes):
+        assert not any(a.overlaps(b) for b in boxes[i + 1:])
+    assert not any(a.overlaps(b) for i, a in enumerate(chart.labels)
+                   for b in chart.labels[i + 1:])
+    texts = [t.get_text() for t in ax.texts]
+    assert any(t.startswith("#") for t in texts)  # crowded out: the row number instead
+    assert any(t.startswith("fuse-bn-into-conv,ort-threads{intra_op=") for t in texts)
+    assert texts == [t.get_text() for t in pareto_chart(data).figure.axes[0].texts]
+    ok = [r for r in data["trials"] if r["status"] == "ok"]
+    speedups = speedup_chart(data)
+    assert speedups is not None and len(ok) > TOP_SPEEDUPS
+    assert len(svg_titles(speedups.svg("speedups"))) == TOP_SPEEDUPS
+
+
+def test_routes_break_only_between_steps() -> None:
+    html = route_html("fp16{op_types_to_exclude=[Softmax,Pow]},fuse-bn-into-conv")
+    assert html == ("<code class='route'><span>fp16{op_types_to_exclude=[Softmax,Pow]},"
+                    "</span><wbr><span>fuse-bn-into-conv</span></code>")
+    assert route_html("base") == "<code class='route'><span>base</span></code>"
 
 
 def test_report_command_rewrites_them_and_refuses_a_directory_without_a_store(
@@ -80,27 +188,77 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-@needs_chromium
-def test_the_html_sorts_renders_the_chart_and_fetches_nothing(outdir: Path,
-                                                               tmp_path: Path) -> None:
-    page = (outdir / "report.html").resolve()
-    dom = chromium("--dump-dom", f"file://{page}#selftest")
+def selftest(page: Path, width: int, height: int = 1400) -> dict[str, Any]:
+    """The facts the page records when opened with ``#selftest`` in a `width` px window."""
+    dom = chromium("--dump-dom", f"--window-size={width},{height}", f"file://{page}#selftest")
     start = dom.stdout.index('data-selftest="') + len('data-selftest="')
-    selftest = json.loads(dom.stdout[start:dom.stdout.index('"', start)].replace("&quot;", '"'))
-    rows = json.loads((outdir / "report.json").read_text())["trials"]
-    by_p50 = sorted((r for r in rows if r["p50_ms"] is not None), key=lambda r: r["p50_ms"])
-    assert selftest["sorted"][:len(by_p50)] == [r["route"] for r in by_p50]
-    assert selftest["svg"] > 20  # the chart's paths are in the DOM
+    facts: dict[str, Any] = json.loads(dom.stdout[start:dom.stdout.index('"', start)]
+                                       .replace("&quot;", '"').replace("&amp;", "&"))
     assert "Content Security Policy" not in dom.stderr  # nothing tried to load anything
+    assert facts["innerWidth"] == width  # --window-size applies to --dump-dom
+    return facts
 
-    shot = tmp_path / "shot.png"
-    chromium(f"--screenshot={shot}", "--window-size=1200,1400", f"file://{page}")
+
+@needs_chromium
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_the_html_lays_out_sorts_and_renders_the_charts(outdir: Path, width: int) -> None:
+    page = (outdir / "report.html").resolve()
+    data = json.loads((outdir / "report.json").read_text())
+    rows = data["trials"]
+    facts = selftest(page, width)
+    assert not facts["pageScroll"]  # the page never scrolls sideways; the table box may
+    assert facts["first"] == data["winner"]["route"] and facts["order"] == [
+        r["route"] for r in rows]
+    measured = [r for r in rows if r["relative_p50"] is not None]
+    accurate = [r for r in rows if r["status"] == "ok" and r["speedup"] is not None]
+    assert facts["paretoTitles"] == len(measured) and facts["speedupTitles"] == len(accurate)
+    assert facts["titles"] == len(measured) + len(accurate)
+    assert not facts["figuresWrapped"] and not facts["stepsBroken"]
+    assert not facts["labelsOverlap"]
+    by_p50 = sorted((r for r in rows if r["p50_ms"] is not None), key=lambda r: r["p50_ms"])
+    assert facts["sorted"][:len(by_p50)] == [r["route"] for r in by_p50]
+    assert facts["svg"] > 20  # the chart's paths are in the DOM
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"report-{width}.png"
+    shot.unlink(missing_ok=True)
+    chromium(f"--screenshot={shot}", f"--window-size={width},2400", f"file://{page}")
+    image = Image.open(shot)
+    assert image.size == (width, 2400)
     import numpy as np
 
-    rgb = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    rgb = np.asarray(image.convert("RGB")).astype(int)
     green = int(((rgb[..., 1] > 120) & (rgb[..., 0] < 100) & (rgb[..., 2] < 120)).sum())
     assert green > 200  # the accurate trials' green markers were drawn
 
+
+@needs_chromium
+def test_long_routes_and_reasons_fold_inside_their_cells(outdir: Path, tmp_path: Path) -> None:
+    data = build_report(outdir)
+    row = copy.deepcopy(next(r for r in data["trials"] if r["status"] == "accuracy-failed"))
+    row["route"] = ",".join(["fuse-bn-into-conv", "fold-constants", "ort-threads{intra_op=2}",
+                             "fp16{op_types_to_exclude=[Softmax,Pow]}"] * 3)  # 12 steps
+    row["reason"] = "y: l0 0.0265808, needs <= 0.001; " + "x" * 300 + " " + "word " * 60
+    data["trials"].append(row)
+    page = tmp_path / "report.html"
+    page.write_text(render_html(data))
+    facts = selftest(page, 1280)
+    assert not facts["pageScroll"] and not facts["figuresWrapped"]
+    assert not facts["stepsBroken"] and facts["routeLines"] >= 3  # folded between steps
+    assert facts["reasonLines"] >= 5  # the reason folds, however long its words
+
+
+def test_print_shows_the_whole_table(outdir: Path) -> None:
+    html = (outdir / "report.html").read_text()
+    assert "overflow: auto; max-height: 75vh" in html  # on screen: the table's own box
+    printed = html[html.index("@media print"):]
+    printed = printed[:printed.index("\n}\n")]
+    assert ".table-box { max-height: none; overflow: visible;" in printed
+
+
+@needs_chromium
+def test_the_html_fetches_nothing(outdir: Path, tmp_path: Path) -> None:
+    page = (outdir / "report.html").resolve()
     probe = tmp_path / "probe.html"  # the same page with one external image added
     probe.write_text(page.read_text().replace(
         "<h1>", '<img src="https://example.com/x.png"><h1>', 1))
