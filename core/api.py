@@ -12,6 +12,7 @@ from routetune.run.option_schema import check_keyword, options_of
 from routetune.run.run_spec import RunSpec, merge
 from routetune.run.tuning import TuneResult
 from routetune.run.tuning import tune as _tune
+from routetune.search.main_guard import refuse_in_worker
 
 
 def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
@@ -52,6 +53,7 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
             the keyword (``routetune.tune(max_trials=...)``) or the recipe field.
         StorageError: The trial store cannot be opened or written.
     """
+    refuse_in_worker()  # a script without the __main__ guard, run again by a worker
     declared = {o.name: o for o in options_of(RunSpec)}
     unknown = sorted(set(options) - set(declared))
     if unknown:

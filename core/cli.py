@@ -94,6 +94,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> No
         status_line,
         trials_table,
     )
+    from routetune.run.outdir import folder_bytes
     from routetune.run.tuning import tune
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -145,7 +146,8 @@ def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> No
     for line in conditions_lines(result):
         console.print(line)
     records = result.files["run"].parent
-    console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {records}")
+    console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {records}; "
+                  f"{result.outdir} holds {folder_bytes(result.outdir) / 1e6:.1f} MB")
     if not verbose:
         console.print(f"every trial: routetune show {records} --all, or {records}/report.html")
     if records != result.outdir:
@@ -286,7 +288,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = command.main(args=argv, prog_name="routetune", standalone_mode=False)
     except RoutetuneError as e:
-        print(f"routetune: error: {' '.join(str(e).split())}", file=sys.stderr)
+        first, *problems = (e.lines() if isinstance(e, UsageError)
+                            else [" ".join(str(e).split())])
+        print(f"routetune: error: {first}", *(f"  {p}" for p in problems), sep="\n",
+              file=sys.stderr)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):  # typer returns 130 for the latter, but not always
         code = 130

@@ -1,12 +1,14 @@
 """The error hierarchy. Every error routetune raises on purpose is a `RoutetuneError`.
 
 The CLI prints a `UsageError` as one line, ``<input>: <problem>; <fix>``, and exits
-with code 2 and no traceback (pytest's ``UsageError`` convention).
+with code 2 and no traceback (pytest's ``UsageError`` convention). When one input has
+several problems (a recipe's fields), each is a line of its own below it.
 """
 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -15,7 +17,22 @@ class RoutetuneError(Exception):
 
 
 class UsageError(RoutetuneError):
-    """Bad user input: a file, a flag or an expression. Shown as one line, exit code 2."""
+    """Bad user input: a file, a flag or an expression. Shown as one line, exit code 2.
+
+    Args:
+        message: The line.
+        problems: Each problem of the input, when there are several: shown one per
+            line below `message`, indented.
+    """
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__("\n  ".join([message, *problems]))
+        self.problems = tuple(problems)
+
+    def lines(self) -> list[str]:
+        """The message, then each problem, each on one line (whitespace runs joined)."""
+        return [" ".join(text.split()) for text in str(self).split("\n  ")] if (
+            self.problems) else [" ".join(str(self).split())]
 
 
 class PluginError(RoutetuneError):

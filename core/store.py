@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sqlite3
 import time
@@ -108,6 +109,11 @@ class TrialStore:
             kinds = conn.execute("SELECT type FROM sqlite_master WHERE name = 'trials' OR "
                                  "type IN ('view', 'trigger')").fetchall()
         except sqlite3.DatabaseError as e:
+            if path.exists() and not os.access(path.parent, os.W_OK):
+                raise StorageError(
+                    f"{path.parent}: a read-only folder, and SQLite writes its -wal and -shm "
+                    f"files beside {path.name} even to read it; make the folder writable "
+                    f"(chmod u+w {path.parent}), or copy it and use the copy") from e
             raise StorageError(f"{path}: not a routetune trial store ({one_line(e, 200)}); "
                                "move it away or use another --output") from e
         if tables and app_id != APPLICATION_ID:

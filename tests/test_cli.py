@@ -43,6 +43,13 @@ def test_tune_prints_table_and_winner(tuned: tuple[Path, Path, int]) -> None:
     assert rows >= 3
     assert f"routetune show {out} --all" in again.stdout.replace("\n", "")
     assert f"{rows} trials: " in again.stdout  # the counts per status
+    header = again.stderr.splitlines()[:4]
+    assert [line.split()[0] for line in header] == ["model", "backend", "device", "space"]
+    assert all(len(line) <= 80 for line in header)  # short lines, nothing wraps at 80
+    assert header[3] == "space    6 routes from 2 seasonings · search beam · up to 6 trials"
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and not p.is_symlink())
+    flat = " ".join(again.stdout.split())
+    assert f"{out} holds {size / 1e6:.1f} MB" in flat  # the folder's size, at the end
 
 
 def test_show_prints_the_stored_trials_filtered_and_sorted(tuned: tuple[Path, Path, int]

@@ -9,6 +9,7 @@ mapping; `write_reports` writes the three files (the HTML in
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,10 @@ def write_reports(outdir: Path, dest: Path | None = None) -> dict[str, Path]:
     except OSError as e:
         raise UsageError(f"{dest}: cannot create the folder for the reports ({e.strerror})"
                          ) from e
+    if not os.access(dest, os.W_OK):
+        raise UsageError(f"{dest}: a read-only folder; the reports (report.json, report.md, "
+                         f"report.html) are written there: make it writable (chmod u+w "
+                         f"{dest}), or copy the folder and report the copy")
     paths = {"json": dest / "report.json", "md": dest / "report.md",
              "html": dest / "report.html"}
     for kind, path in paths.items():

@@ -6,8 +6,10 @@ a clear message instead of racing the first for the trial store.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -163,3 +165,14 @@ def move_aside(store: Path) -> Path | None:
         if old.exists():
             old.rename(f"{target}{suffix}")
     return target
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the regular files under `folder`, links not followed (as ``du -b``)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed meanwhile
+                st = os.lstat(os.path.join(root, name))
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return total

@@ -198,10 +198,15 @@ def load_recipe(path: Path, registry: Registry) -> Any:
     except ValidationError as e:
         problems = [f"{_where(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
                     for err in e.errors()]
-        raise UsageError(_one_line(f"{path}: " + "; ".join(problems))) from e
-    problems = _check_names(recipe, registry)
+        recipe = None
+    else:
+        problems = []
+    problems += [p for p in _check_names(doc, registry)  # a field the schema refused
+                 if not any(p.split(":")[0] == q.split(":")[0] for q in problems)]
     if problems:
-        raise UsageError(_one_line(f"{path}: " + "; ".join(problems)))
+        raise UsageError(f"{path}: {len(problems)} problem{'s' * (len(problems) != 1)}",
+                         [_one_line(p) for p in problems]) if len(problems) > 1 else (
+            UsageError(_one_line(f"{path}: {problems[0]}")))
     return recipe
 
 
@@ -220,8 +225,12 @@ def _where(loc: tuple[Any, ...]) -> str:
     return text or "(recipe)"
 
 
-def _check_names(recipe: Any, registry: Registry) -> list[str]:
-    """Problems a schema cannot see: names and values that the installed plugins refuse."""
+def _check_names(doc: dict[str, Any], registry: Registry) -> list[str]:
+    """Problems a schema cannot see: names and values that the installed plugins refuse.
+
+    It reads the TOML document itself, so that a recipe that the schema refuses gets
+    these problems in the same message; a field of the wrong type is the schema's.
+    """
     from routetune.composer import resolve_route
     from routetune.route import parse_route
 
@@ -235,22 +244,36 @@ def _check_names(recipe: Any, registry: Registry) -> list[str]:
             problems.append(f"{where}: {str(e).removeprefix(f'parameter {field!r}: ')}")
             return None
 
-    check("backend.name", lambda: registry.backend(recipe.backend.name))
-    check("search.strategy", lambda: registry.strategy(recipe.search.strategy))
-    for i, spec in enumerate(recipe.seasonings or []):
-        cls = check(f"seasonings[{i}].name", lambda spec=spec: registry.seasoning(spec.name))
-        if cls is None:
-            continue
-        for name, values in spec.params.items():
-            where = f"seasonings[{i}].params.{name}"
-            param = check(where, lambda name=name, cls=cls: cls.info.param(name))
-            for raw in values if param is not None else []:
+    def table(name: str) -> dict[str, Any]:
+        value = doc.get(name)
+        return value if isinstance(value, dict) else {}
+
+    def texts(name: str) -> list[tuple[int, str]]:
+        value = doc.get(name)
+        return [(i, t) for i, t in enumerate(value) if isinstance(t, str)] if isinstance(
+            value, list) else []
+
+    backend, strategy = table("backend").get("name"), table("search").get("strategy")
+    if isinstance(backend, str):
+        check("backend.name", lambda: registry.backend(backend))
+    if isinstance(strategy, str):
+        check("search.strategy", lambda: registry.strategy(strategy))
+    seasonings = doc.get("seasonings")
+    for i, spec in enumerate(seasonings if isinstance(seasonings, list) else []):
+        name = spec.get("name") if isinstance(spec, dict) else None
+        cls = check(f"seasonings[{i}].name",
+                    lambda name=name: registry.seasoning(name)) if isinstance(name, str) else None
+        params = spec.get("params") if cls is not None else None
+        for param_name, values in (params.items() if isinstance(params, dict) else ()):
+            where = f"seasonings[{i}].params.{param_name}"
+            param = check(where, lambda n=param_name, cls=cls: cls.info.param(n))
+            for raw in values if param is not None and isinstance(values, list) else []:
                 value = tuple(raw) if isinstance(raw, list) else raw
                 if check(where, lambda p=param, v=value: p.check(v)) is None:
                     break
-    for i, text in enumerate(recipe.routes):
+    for i, text in texts("routes"):
         check(f"routes[{i}]", lambda text=text: resolve_route(parse_route(text), registry))
-    for i, text in enumerate(recipe.base):
+    for i, text in texts("base"):
         route = check(f"base[{i}]", lambda text=text: resolve_route(parse_route(text),
                                                                      registry))
         for step in route or ():

@@ -49,6 +49,7 @@ from routetune.run.run_spec import DEFAULT_TIMEOUT_S
 from routetune.search import worker
 from routetune.search.executor import AfterBuild, Executor, Job
 from routetune.search.handoff import Handoff
+from routetune.search.main_guard import check_main_script
 from routetune.search.phases import BUILT, Outcome, TrialInputs
 from routetune.signals import spawning_quietly
 from routetune.trial import Status
@@ -95,6 +96,7 @@ class LocalPool(Executor):
 
     def warm_up(self, outdir: Path) -> None:
         """Start the workers now; they load their libraries and wait for `start`."""
+        check_main_script()  # each worker runs it again
         artifacts = outdir / "artifacts"
         artifacts.mkdir(parents=True, exist_ok=True)
         for stale in artifacts.glob(STATUS_GLOB):  # a killed run's (we hold the folder)

@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -264,3 +266,42 @@ def test_the_html_fetches_nothing(outdir: Path, tmp_path: Path) -> None:
         "<h1>", '<img src="https://example.com/x.png"><h1>', 1))
     blocked = chromium("--dump-dom", f"file://{probe}")
     assert "violates the following Content Security Policy directive" in blocked.stderr
+
+
+def as_another_user(*args: str) -> list[str]:
+    """`args` run as nobody when this is root (root writes to any folder), else as is."""
+    if os.geteuid() != 0:
+        return list(args)
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to drop the rights with")
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *args]
+
+
+def test_a_read_only_folder_is_named_as_such(outdir: Path) -> None:
+    root = Path(tempfile.mkdtemp(prefix="routetune-ro-"))  # pytest's folders are root's own
+    try:
+        root.chmod(0o755)
+        home = root / "home"
+        home.mkdir(mode=0o777)
+        home.chmod(0o777)
+        frozen = root / "out"
+        shutil.copytree(outdir, frozen)
+        for path in [frozen, *frozen.rglob("*")]:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        for command in ("report", "show"):
+            done = subprocess.run(as_another_user(sys.executable, "-m", "routetune", command,
+                                                  str(frozen)),
+                                  capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, "HOME": str(home),
+                                       "MPLCONFIGDIR": str(home)})
+            assert done.returncode == 2, done.stderr
+            assert done.stderr.strip().splitlines()[-1] == (
+                f"routetune: error: {frozen}: a read-only folder, and SQLite writes its -wal "
+                "and -shm files beside trials.sqlite even to read it; make the folder "
+                f"writable (chmod u+w {frozen}), or copy it and use the copy")
+        assert sorted(p.name for p in frozen.iterdir()) == sorted(
+            p.name for p in outdir.iterdir())  # nothing written, nothing lost
+    finally:
+        for path in [root, *root.rglob("*")]:
+            path.chmod(0o777)
+        shutil.rmtree(root)

@@ -82,6 +82,27 @@ def test_the_cli_prints_a_schema_error_as_one_line_and_exits_2(tmp_path: Path) -
                            "op_types_to_exclude: unknown op type 'Softmx'\n")
 
 
+def test_every_bad_field_is_listed_at_once_one_per_line(tmp_path: Path) -> None:
+    """Schema problems and the plugins' problems together: one round of fixing, not four."""
+    path = write(tmp_path, 'schema_version = 2\nroutes = ["fp16,fold-constants"]\n'
+                 + HEAD[19:] + '[backend]\nname = "tensort"\n[search]\nmax_trials = 0\n'
+                 '[[seasonings]]\nname = "fp61"\n'
+                 '[[seasonings]]\nname = "ort-threads"\n[seasonings.params]\nthreads = [1]\n')
+    done = cli("tune", "--recipe", str(path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[:2] == [f"routetune: error: {path}: 5 problems",
+                         "  search.max_trials: Input should be greater than or equal to 1"]
+    starts = ["  backend.name: unknown backend 'tensort'; known: onnxruntime",
+              "  seasonings[0].name: unknown seasoning 'fp61'; known: bf16",
+              "  seasonings[1].params.threads: seasoning 'ort-threads' has no parameter "
+              "'threads'; known: intra_op",
+              "  routes[0]: route 'fp16,fold-constants': 'fp16' (precision) must come after "
+              "'fold-constants' (graph)"]
+    assert len(lines) == 6 and all(line.startswith(start)
+                                   for line, start in zip(lines[2:], starts, strict=True))
+
+
 def test_flags_given_override_the_recipe_and_the_rest_comes_from_it(tmp_path: Path,
                                                                     registry) -> None:  # noqa: ANN001
     path = write(tmp_path, HEAD + (

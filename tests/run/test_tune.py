@@ -47,3 +47,12 @@ def test_tune_ppocr_cls(cached_examples: None, registry: Registry, tmp_path: Pat
     win = ort.InferenceSession(str(result.files["model"]))
     np.testing.assert_allclose(win.run(None, feed)[0], ref.run(None, feed)[0], atol=1e-4)
     assert (tmp_path / "out" / "winner.toml").read_text().count("ppocr-cls") == 1
+
+
+def test_the_plan_says_whether_its_count_is_exact_a_bound_or_an_estimate() -> None:
+    from routetune.run.tuning import Plan
+
+    assert str(Plan(15)) == "15 trials" and str(Plan(1)) == "1 trial"
+    assert str(Plan(6, exact=False, bound=True)) == "up to 6 trials"
+    assert str(Plan(40, exact=False)) == "about 40 trials"
+    assert str(Plan(None)) == "number of trials not known"

@@ -57,7 +57,7 @@ def test_exhaustive_visits_every_route_once() -> None:
     s = space()
     batches = drive(Exhaustive(s))
     asked = [r for b in batches for r in b]
-    assert len(asked) == len(set(asked)) == s.size() - 1
+    assert len(asked) == len(set(asked)) == s.size() - 1 == Exhaustive(s).planned()
     assert set(asked) | {Route()} == set(s.routes())
 
 
