@@ -28,7 +28,8 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
 
     Args:
         model: The ONNX file; or None with ``example=`` or a recipe.
-        **options: ``recipe`` (a recipe file), ``example``, ``output``, ``backend``
+        **options: ``recipe`` (a recipe file), ``example``, ``output``, ``keep``
+            (``all``, ``front``, ``winner``), ``backend``
             (``onnxruntime``, ``onnxruntime-cuda``, ``tensorrt`` or a plugin's),
             ``seasonings`` (names, a list or a comma-separated string), ``search``
             (``beam``, ``exhaustive``, ``one-at-a-time``, ``mixed`` or a plugin's),

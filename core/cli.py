@@ -82,10 +82,52 @@ def _spec(ctx: typer.Context, values: dict[str, Any], registry: Registry) -> Run
     return merge(given, "cli", registry)
 
 
+LONG_S = 3600.0
+"""A search planned to take longer than this (seconds, a lower bound) asks first."""
+
+LARGE_SPACE = 10_000
+"""A route space of more routes than this asks first, unless a budget bounds the search."""
+
+
+def _confirm_size(run: Prepared, plan: Plan, opts: RunSpec, yes: bool) -> None:
+    """Ask before a search that is larger than anyone meant (``--max-depth 1000``).
+
+    The estimate is a lower bound: each trial measures for at least ``--min-time``,
+    twice (the candidate and the base route alongside, `routetune.measure`).
+
+    Raises:
+        UsageError: The user said no, at the terminal.
+    """
+    each_s = 2 * opts.measure.min_time_s
+    estimate_s = (plan.trials or 0) * each_s
+    if opts.time_budget_s is not None:
+        estimate_s = min(estimate_s, opts.time_budget_s)
+    size = run.space.size()
+    bounded = opts.max_trials is not None or opts.time_budget_s is not None
+    if yes or (estimate_s <= LONG_S and (size <= LARGE_SPACE or bounded)):
+        return
+    hours = f"{estimate_s / 3600:.1f} h" if estimate_s >= 3600 else f"{estimate_s / 60:.0f} min"
+    err.print(f"[yellow]this search may try {plan} of a {size:,}-route space: at least "
+              f"{hours} at {each_s:g} s or more per trial; bound it with --max-trials N, "
+              "--time-budget S or a smaller --max-depth, or go on with --yes[/]")
+    if not sys.stdin.isatty():
+        err.print("(standard input is not a terminal: going on)")
+        return
+    if not typer.confirm("go on?", default=False, err=True):
+        raise UsageError(f"stopped before the search ({size:,} routes); bound it with "
+                         "--max-trials N or --time-budget S, or give --yes")
+
+
 @app.command("tune")
-@_with_options("tune", _option("verbose", False, Annotated[
-    bool, typer.Option("--verbose", "-v", help="Log each trial, and print every trial at the end.")]))
-def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> None:
+@_with_options(
+    "tune",
+    _option("verbose", False, Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Log each trial, and print every trial at the end.")]),
+    _option("yes", False, Annotated[bool, typer.Option(
+        "--yes", "-y", help="Do not ask before a search planned to take over an hour, or "
+        "of a route space over 10,000 routes.")]))
+def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
+                 **values: Any) -> None:
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
     from routetune.reporting.display import (
         accurate_table,
@@ -113,6 +155,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> No
         nonlocal started
         for line in header_lines(run, opts.search, plan):
             err.print(line)
+        _confirm_size(run, plan, opts, yes)
         progress.update(task, total=plan.trials)
         progress.start()
         started = True
@@ -146,8 +189,14 @@ def tune_command(ctx: typer.Context, verbose: bool = False, **values: Any) -> No
     for line in conditions_lines(result):
         console.print(line)
     records = result.files["run"].parent
-    console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {records}; "
-                  f"{result.outdir} holds {folder_bytes(result.outdir) / 1e6:.1f} MB")
+    console.print(f"wrote {', '.join(p.name for p in result.files.values())} to {records}")
+    pruned = result.pruned
+    if pruned is not None and pruned.files:
+        console.print(f"--keep {opts.keep}: kept the candidate models of {len(pruned.kept)} "
+                      f"route{'s' * (len(pruned.kept) != 1)}, removed {pruned.files} files "
+                      f"({pruned.bytes / 1e6:.1f} MB); a removed one is made again from its "
+                      "route when needed")
+    console.print(f"{result.outdir} holds {folder_bytes(result.outdir) / 1e6:.1f} MB")
     if not verbose:
         console.print(f"every trial: routetune show {records} --all, or {records}/report.html")
     if records != result.outdir:

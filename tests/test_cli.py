@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -218,3 +219,50 @@ def test_a_second_run_on_a_locked_output_is_refused(
         holder.wait()
     kept = sqlite3.connect(out / "trials.sqlite").execute("SELECT count(*) FROM trials")
     assert kept.fetchone()[0] == rows
+
+
+HUGE = ["--shapes", "x:1x3x32x32", "--max-depth", "1000"]  # 25,920 routes
+
+
+def test_a_huge_search_asks_first_at_a_terminal_and_says_so_elsewhere(tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    warning = ("this search may try about 25,920 trials of a 25,920-route space: at least "
+               "14.4 h at 2 s or more per trial; bound it with --max-trials N, --time-budget "
+               "S or a smaller --max-depth, or go on with --yes")
+    command = " ".join([sys.executable, "-m", "routetune", "tune", str(model), *HUGE,
+                        "--output", str(tmp_path / "a")])
+    asked = subprocess.run(["script", "-qec", command, "/dev/null"], input="n\n",
+                           capture_output=True, text=True, timeout=120)  # a real terminal
+    assert asked.returncode == 2
+    said = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", asked.stdout).split())  # rich's colours
+    assert warning in said and "go on? [y/N]" in said
+    assert said.endswith("routetune: error: stopped before the search (25,920 routes); bound "
+                         "it with --max-trials N or --time-budget S, or give --yes")
+    conn = sqlite3.connect(tmp_path / "a" / "trials.sqlite")
+    assert conn.execute("SELECT count(*) FROM trials WHERE status != 'skipped'"  # none ran
+                        ).fetchone()[0] == 0  # (the seasonings not applicable are recorded)
+    conn.close()
+
+    piped = subprocess.Popen([sys.executable, "-m", "routetune", "tune", str(model), *HUGE,
+                              "--output", str(tmp_path / "b")], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    assert piped.stderr is not None
+    for line in piped.stderr:  # goes on: a pipeline has nobody to ask
+        lines.append(line)
+        if "going on" in line:
+            break
+    piped.terminate()
+    piped.communicate(timeout=60)
+    assert warning in " ".join(" ".join(lines).split())
+    assert lines[-1].strip() == "(standard input is not a terminal: going on)"
+
+
+def test_a_bounded_or_confirmed_huge_search_does_not_ask(tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    for flag in (["--max-trials", "2"], ["--yes", "--max-trials", "2"]):
+        done = routetune("tune", str(model), *HUGE, *flag, *FAST, "--output",
+                         str(tmp_path / flag[0][2:]))
+        assert done.returncode == 0, done.stderr
+        assert "this search may try" not in done.stderr
+        assert "space    25,920 routes from " in done.stderr and "· up to 2 trials" in done.stderr

@@ -71,7 +71,7 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
     for p in run.base_passes or ():
         stats = ", ".join(f"{k} {v}" for k, v in p["stats"].items() if v)
         lines.append(f"preflight {escape(p['step'])}" + (f": {escape(stats)}" if stats else ""))
-    lines.append(f"space    {size} route{'s' * (size != 1)} from {offered} "
+    lines.append(f"space    {size:,} route{'s' * (size != 1)} from {offered} "
                  f"seasoning{'s' * (offered != 1)} · search {escape(search)} · {plan}")
     return lines
 

@@ -195,7 +195,7 @@ def seasoning_effects(trials: Sequence[Trial]) -> list[dict[str, Any]]:
                 continue
             acc = effects.setdefault(step.name, {"ratio": [], "error": []})
             acc["ratio"].append(t.relative.p50 / partner.relative.p50)
-            err, err0 = _error(t), _error(partner)
+            err, err0 = worst_error(t), worst_error(partner)
             if err is not None and err0 is not None:
                 acc["error"].append(err - err0)
     return [{"seasoning": name, "pairs": len(v["ratio"]),
@@ -213,7 +213,8 @@ def _range(values: list[float]) -> list[float] | None:
     return [min(values), max(values)] if values else None
 
 
-def _error(trial: Trial) -> float | None:
+def worst_error(trial: Trial) -> float | None:
+    """`ERROR_METRIC` of the trial's worst output; None when it was not measured."""
     values = [m[ERROR_METRIC] for m in trial.accuracy.values() if ERROR_METRIC in m]
     return max(values) if values else None
 

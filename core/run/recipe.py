@@ -143,7 +143,7 @@ AccuracySpec = _table("accuracy", _AccuracyTable)
 MeasureSpec = _table("measure")
 InputsSpec = _table("inputs")
 _TOP: dict[str, Any] = {info.meta.recipe: _field(info) for info in options_of(RunSpec)
-        if info.meta.recipe in ("base", "routes", "output")}
+        if info.meta.recipe in ("base", "routes", "output", "keep")}
 
 
 class _Recipe(_Table):

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 BOTH = ("tune", "build")
 
+KEEP = ("all", "front", "winner")
+"""``--keep`` choices (`routetune.run.pruning`)."""
+
 DEFAULT_TIMEOUT_S = 1800.0
 """Default per-phase timeout in seconds: a large TensorRT build at optimisation level 5
 can take many minutes; a hang still ends."""
@@ -96,6 +99,11 @@ class RunSpec:
     output: Path | None = option(
         None, help="Output directory (default: routetune-out/STEM-SHA8-BACKEND, one per "
         "model and backend).", recipe="output", commands=BOTH, from_keyword=_path)
+    keep: str = option(
+        "front", help="Candidate models kept in OUTDIR/artifacts/models at the end: all, "
+        "front (the winner's, the base route's and the accurate Pareto front's) or winner; "
+        "a dropped one is made again from its route when needed.", recipe="keep",
+        choices=KEEP)
     backend: str = option(
         "onnxruntime", help="Backend that builds and runs engines.", recipe="backend.name",
         commands=BOTH)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from routetune.route import Route, Step
 from routetune.run import runinfo
 from routetune.run.outdir import locked, move_aside
 from routetune.run.preparation import Prepared, prepare_run, reference_backend, reference_outputs
+from routetune.run.pruning import Pruned, prune
 from routetune.run.run_spec import RunSpec
 from routetune.run.winner import WINNER_OUTPUTS, save_outputs, write_winner
 from routetune.search.executor import Executor, InlineExecutor
@@ -55,7 +57,7 @@ class Plan:
             return "number of trials not known"
         plural = "s" * (self.trials != 1)
         how = "" if self.exact else "up to " if self.bound else "about "
-        return f"{how}{self.trials} trial{plural}"
+        return f"{how}{self.trials:,} trial{plural}"
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class TuneResult:
         min_speedup: The ``--min-speedup`` the verdict used.
         fresh: Fingerprints of the trials this run measured (the others came from the
             store).
+        pruned: The candidate models removed at the end (``--keep``), if any.
     """
 
     winner: Trial
@@ -96,6 +99,7 @@ class TuneResult:
     busy_machine: str = "wait"
     min_speedup: float = DEFAULT_MIN_SPEEDUP
     fresh: frozenset[str] = frozenset()
+    pruned: Pruned | None = None
 
     @property
     def confirmed(self) -> Confirmation | None:
@@ -271,7 +275,7 @@ def _tune_locked(
     result.files["run"] = runinfo.write(records, runinfo.finish_record(record, result))
     result.files.update({f"report.{k}": v
                          for k, v in write_reports(records).items()})
-    return result
+    return dataclasses.replace(result, pruned=prune(run.outdir, trials, winner, opts.keep))
 
 
 def plan(strategy: Strategy, run: Prepared, opts: RunSpec) -> Plan:

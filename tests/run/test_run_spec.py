@@ -50,6 +50,8 @@ def test_the_flags_recipe_schema_docs_and_api_come_from_the_declarations() -> No
     readme = (ROOT / "README.md").read_text()
     schema = json_schema()
     keywords = api_tune.__doc__ or ""
+    for flag in sorted(f for f in flags if f.startswith("--") and f != "--help"):
+        assert f"`{flag}" in readme, f"README's flag table lacks {flag}"  # --verbose too
     for info in options_of(RunSpec):
         if info.flag and not info.meta.argument:
             flag = info.flag.split("/")[0]
