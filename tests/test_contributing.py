@@ -54,7 +54,7 @@ def test_seasoning_example(registry: Registry, tmp_path: Path) -> None:
     example("routetune_mulone").routetune_register_seasonings(registry)
     result = tune(RunSpec(model=mul_by_one(tmp_path / "m.onnx"), output=tmp_path / "out",
                           seasonings=("remove-mul-by-one",), measure=QUICK,
-                          in_process=True), registry)
+                          in_process=True, keep="all"), registry)  # every model stays
     trial = next(t for t in result.trials if t.route == "remove-mul-by-one")
     assert trial.status == "ok"
     assert trial.passes[0]["stats"] == {"removed": 1}

@@ -47,7 +47,7 @@ from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper, numpy_helper
 
 from routetune import weights, weights_check
-from routetune.errors import RoutetuneError
+from routetune.errors import RoutetuneError, UsageError
 from routetune.feeds.inputs import load_npz, resolve_shapes
 from routetune.model import TensorSpec, prepare, with_weights_in
 from routetune.plugin_manager import load_registry
@@ -136,7 +136,8 @@ def outcome(load: Callable[[], T], folder: Path, names: tuple[str, ...],
             result: T | RoutetuneError = load()
     except RoutetuneError as e:
         message = str(e)
-        assert message.strip() and len(message.splitlines()) == 1, repr(message)
+        problems = len(e.problems) if isinstance(e, UsageError) else 0  # one line each
+        assert message.strip() and len(message.splitlines()) == 1 + problems, repr(message)
         assert any(name in message for name in names), (names, message)
         result = e
     assert tree(folder.parent, skip=folder) == outside, "wrote outside the given folder"
@@ -976,7 +977,9 @@ def test_corpus_case_exits_2_with_one_line(make: Maker, root: Path, real_run: Pa
         done = routetune(*args, folder=folder)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2, done.stderr
-        assert len(lines) == 1 and lines[0].startswith("routetune: error: "), done.stderr
+        assert lines[0].startswith("routetune: error: "), done.stderr
+        assert len(lines) == 1 or all(line.startswith("  ") for line in lines[1:]), (
+            done.stderr)  # a recipe's problems, one per line below
         assert "Traceback" not in done.stderr
         assert (tree(folder / "outside"), tree(root, skip=folder)) == before
         assert sorted(p.name for p in folder.iterdir()) == [

@@ -140,7 +140,7 @@ def test_a_planted_pickle_in_a_results_folder_runs_no_code(tmp_path: Path) -> No
     out = tmp_path / "out"
     args = ("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
             "--seasonings", "fp16,ort-threads", "--search", "exhaustive", "--max-depth", "2",
-            "--min-runs", "3", "--min-time", "0.01")
+            "--min-runs", "3", "--min-time", "0.01", "--keep", "all")  # prefixes stay
     assert routetune(*args, timeout=240).returncode == 0
     artifacts = out / "artifacts"
     prefixes = artifacts / "prefixes"

@@ -177,8 +177,9 @@ def load_recipe(path: Path, registry: Registry) -> Any:
     """Read, upgrade (version 1) and validate a recipe against the schema and the plugins.
 
     Raises:
-        UsageError: Unreadable TOML, or field-level problems, all in one line, e.g.
-            ``r.toml: seasonings[2].params.op_types_to_exclude: unknown op type 'Softmx'``.
+        UsageError: Unreadable TOML, or field-level problems: one in one line, e.g.
+            ``r.toml: seasonings[2].params.op_types_to_exclude: unknown op type 'Softmx'``;
+            several as ``r.toml: 3 problems`` with each in `UsageError.problems`.
     """
     if path.exists() and not path.is_file():  # a FIFO or a device: reading it never ends
         raise OptionError("recipe", f" {path}: not a regular file")

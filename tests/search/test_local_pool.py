@@ -141,7 +141,7 @@ def test_a_route_waits_for_the_build_of_its_prefix_and_reuses_its_model(tmp_path
     done = routetune("tune", str(conv_bn(tmp_path / "m.onnx")), "--shapes", "x:1x3x32x32",
                      "--output", str(out), "--seasonings", "fp16,fold-constants,ort-threads",
                      "--search", "exhaustive", "--max-depth", "2", "--build-workers", "2",
-                     "--min-runs", "3", "--min-time", "0.01", timeout=240)
+                     "--min-runs", "3", "--min-time", "0.01", "--keep", "all", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     timeline = [json.loads(line) for line in
                 (out / "artifacts" / "timeline.jsonl").read_text().splitlines()]
