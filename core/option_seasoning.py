@@ -28,6 +28,8 @@ from routetune.seasoning import (
 )
 
 if TYPE_CHECKING:
+    import onnx_graphsurgeon as gs
+
     from routetune.backend import Backend
     from routetune.registry import Registry
 
@@ -63,9 +65,12 @@ class OptionSeasoning(Seasoning):
 
     Attributes:
         sets: Option key to its value: a fixed value or a `FromParam`.
+        ops: Operator types of which the model must hold one for the options to
+            matter (``Conv`` for a convolution algorithm); empty: any model.
     """
 
     sets: ClassVar[Mapping[str, Any]]
+    ops: ClassVar[frozenset[str]] = frozenset()
 
     def values(self) -> dict[str, Any]:
         """The option values this step sets, by namespaced key."""
@@ -89,13 +94,19 @@ class OptionSeasoning(Seasoning):
                     f"{', '.join(missing)} (an older version?)")
         return None
 
+    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
+        """Why not: the model holds none of `ops`."""
+        if self.ops and not any(node.op in self.ops for node in graph.nodes):
+            return f"no {' or '.join(sorted(self.ops))} in the model"
+        return None
+
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Set the options."""
         return set_options(state, self.values())
 
 
 def option_seasoning(class_name: str, info: SeasoningInfo, sets: Mapping[str, Any],
-                     doc: str) -> type[OptionSeasoning]:
+                     doc: str, ops: frozenset[str] = frozenset()) -> type[OptionSeasoning]:
     """Declare a seasoning that sets backend options.
 
     Bind the result to `class_name` at module level (``OrtThreads = option_seasoning(
@@ -106,6 +117,7 @@ def option_seasoning(class_name: str, info: SeasoningInfo, sets: Mapping[str, An
         info: Name, stage ``build``, summary, parameters and backends.
         sets: Option key to a fixed value or a `FromParam`.
         doc: The docstring: what it sets, and the option's meaning with its source.
+        ops: Operator types of which the model must hold one (`OptionSeasoning.ops`).
 
     Raises:
         PluginError: The stage is not ``build``, nothing is set, or a `FromParam` names
@@ -120,7 +132,7 @@ def option_seasoning(class_name: str, info: SeasoningInfo, sets: Mapping[str, An
                               f"parameter '{value.param}', which it does not have")
     module = sys._getframe(1).f_globals.get("__name__", __name__)
     return type(class_name, (OptionSeasoning,), {
-        "info": info, "sets": MappingProxyType(dict(sets)), "__doc__": doc,
+        "info": info, "sets": MappingProxyType(dict(sets)), "__doc__": doc, "ops": ops,
         "__module__": module, "__qualname__": class_name})
 
 

@@ -23,8 +23,13 @@ def routetune_register_backends(registry: Registry) -> None:
 
 @hookimpl
 def routetune_register_seasonings(registry: Registry) -> None:
-    """Register the session and CUDA provider options, ``int8-qdq`` and ``fp8-qdq``."""
+    """Register the session and CUDA provider options, ``int8-qdq`` and ``fp8-qdq``.
+
+    ``ort-cuda-flag`` is registered lazily: its choices come from the installed CUDA
+    provider, which a run on another backend never starts.
+    """
     for cls in session_options.SEASONINGS + cuda_options.SEASONINGS:
         registry.add_seasoning(cls)
+    registry.add_lazy_seasoning("ort-cuda-flag", cuda_options.CUDA, cuda_options.make_cuda_flag)
     registry.add_seasoning(Int8Qdq)
     registry.add_seasoning(Fp8Qdq)

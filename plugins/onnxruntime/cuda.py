@@ -30,22 +30,13 @@ from routetune.plugins.onnxruntime.backend import (
     owned,
     session_options,
 )
+from routetune.plugins.onnxruntime.cuda_options import FLAG, SEARCHED, flags_beyond_catalog
 
 CUDA_NS = NS + "cuda."
 PROVIDER = "CUDAExecutionProvider"
 
-CUDA_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
-    "prefer_nhwc": (("0", "1"), "run convolutions in NHWC layout (tensor cores like it)"),
-    "enable_cuda_graph": (("0", "1"), "capture the whole run as one CUDA graph and replay it"),
-    "cudnn_conv_algo_search": (("EXHAUSTIVE", "HEURISTIC", "DEFAULT"),
-                               "how cuDNN picks convolution algorithms"),
-    "use_tf32": (("0", "1"), "allow TF32 tensor-core math for FP32 MatMul/Conv"),
-    "cudnn_conv_use_max_workspace": (("0", "1"), "let cuDNN use its largest workspace"),
-    "tunable_op_enable": (("0", "1"), "use TunableOp kernels"),
-    "tunable_op_tuning_enable": (("0", "1"), "let TunableOp tune kernels online"),
-}
-"""The CUDA provider options routetune sets, with their values (ONNX Runtime docs,
-"CUDA Execution Provider", configuration options). Defaults come from the provider."""
+CUDA_OPTIONS = SEARCHED
+"""The CUDA provider options routetune searches (`cuda_options.SEARCHED`)."""
 
 
 @functools.cache
@@ -61,6 +52,8 @@ def provider_defaults() -> dict[str, str]:
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
     model.ir_version = 8  # what every supported onnxruntime reads
+    if PROVIDER not in ort.get_available_providers():  # onnxruntime, not onnxruntime-gpu
+        return {}
     try:
         session = ort.InferenceSession(model.SerializeToString(), providers=[PROVIDER])
         return dict(session.get_provider_options().get(PROVIDER, {}))
@@ -109,11 +102,20 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
             if key in known:
                 default = known[key] if known[key] in choices else choices[0]
                 specs[CUDA_NS + key] = OptionSpec(str, default, choices, help_)
+        for key, default in flags_beyond_catalog(known).items():  # a newer provider's
+            specs[CUDA_NS + key] = OptionSpec(str, default, FLAG, "a 0/1 option of the "
+                                              "installed provider (ort-cuda-flag)")
         return specs
 
     def option_keys(self) -> frozenset[str]:
-        """The session options and every CUDA option routetune knows, installed or not."""
-        return frozenset(super().options()) | {CUDA_NS + key for key in CUDA_OPTIONS}
+        """The session options and the CUDA options (routetune's, and the provider's flags).
+
+        routetune's CUDA options count whether installed or not (`check_option_keys`
+        then catches a misspelled key anywhere); the installed provider's 0/1 options
+        beyond them are ``ort-cuda-flag``'s.
+        """
+        return (frozenset(super().options()) | {CUDA_NS + key for key in CUDA_OPTIONS}
+                | {CUDA_NS + key for key in flags_beyond_catalog(provider_defaults())})
 
     def dtype_support(self, dtype: str) -> str | None:
         """FP8 Q/DQ has no CUDA-provider kernels; float16 and bfloat16 run natively."""

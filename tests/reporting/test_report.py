@@ -19,14 +19,9 @@ from PIL import Image
 
 from routetune.errors import UsageError
 from routetune.measure import MeasureSettings
+from routetune.reporting.charts import TOP_SPEEDUPS, pareto_chart, speedup_chart
 from routetune.reporting.report import build_report, write_reports
-from routetune.reporting.report_html import (
-    TOP_SPEEDUPS,
-    pareto_chart,
-    render_html,
-    route_html,
-    speedup_chart,
-)
+from routetune.reporting.report_html import render_html, route_html
 from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 

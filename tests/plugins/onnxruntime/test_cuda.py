@@ -11,12 +11,19 @@ from graphs import conv_bn, matmul_chain
 
 from routetune.backend import Runner
 from routetune.measure import MeasureSettings, measure, measure_side_by_side
+from routetune.option_seasoning import FromParam
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
-from routetune.plugins.onnxruntime.cuda import CUDA_NS, CUDA_OPTIONS, OnnxRuntimeCudaBackend
-from routetune.plugins.onnxruntime.cuda_options import CudaNhwc
+from routetune.plugins.onnxruntime.cuda import (
+    CUDA_NS,
+    CUDA_OPTIONS,
+    OnnxRuntimeCudaBackend,
+    provider_defaults,
+)
+from routetune.plugins.onnxruntime.cuda_options import CudaNhwc, flags_beyond_catalog, unaccounted
 from routetune.registry import Registry
 from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
+from routetune.seasoning import RouteContext, RouteState
 
 CUDA = OnnxRuntimeCudaBackend()
 WHY = CUDA.available()
@@ -40,7 +47,10 @@ def test_device_versions_and_provider_options_come_from_the_installed_stack() ->
     options = CUDA.options()
     assert options["onnxruntime.execution_provider"].default == "CUDAExecutionProvider"
     offered = {k.removeprefix(CUDA_NS) for k in options if k.startswith(CUDA_NS)}
-    assert offered == set(CUDA_OPTIONS)  # every option routetune sets is known here
+    reported = provider_defaults()
+    assert offered == (set(CUDA_OPTIONS) & set(reported)) | set(flags_beyond_catalog(reported))
+    assert set(CUDA_OPTIONS) - set(reported) <= {"sdpa_kernel"}  # all known here (1.31)
+    assert unaccounted(reported) == []  # each reported option: searched, a flag, or a reason
     assert options[CUDA_NS + "cudnn_conv_algo_search"].default == "EXHAUSTIVE"
 
 
@@ -149,3 +159,56 @@ def test_the_cuda_backend_and_its_option_seasonings_keep_the_contract(
     for cls in SEASONINGS:
         why = cls().why_not(None, CUDA)
         assert (why is None) == all(key in known for key in cls.sets), (cls.info.name, why)
+
+
+def test_every_provider_option_is_searched_left_out_with_a_reason_or_a_flag() -> None:
+    """The catalog's rules on a provider's report (a newer provider's, made up here: the
+    installed one is checked against them on a GPU, below)."""
+    from routetune.plugins.onnxruntime.cuda_options import (
+        LEFT_OUT,
+        SEARCHED,
+        SEASONINGS,
+        flags_beyond_catalog,
+        unaccounted,
+    )
+
+    assert not set(SEARCHED) & set(LEFT_OUT) and all(LEFT_OUT.values())
+    for cls in SEASONINGS:  # each seasoning sets options of the catalog, to known values
+        for key, value in cls.sets.items():
+            name = key.removeprefix(CUDA_NS)
+            assert name in SEARCHED, name
+            assert isinstance(value, FromParam) or value in SEARCHED[name][0], (name, value)
+    newer = {"prefer_nhwc": "0", "device_id": "0", "fuse_conv_bias": "0",
+             "use_fancy_kernels": "1", "new_pool_size": "1024"}
+    assert flags_beyond_catalog(newer) == {"use_fancy_kernels": "1"}
+    assert unaccounted(newer) == ["new_pool_size"]
+
+
+def test_ort_cuda_flag_flips_a_new_providers_flag_and_says_why_when_there_is_none() -> None:
+    from routetune.plugins.onnxruntime.cuda_options import cuda_flag_seasoning
+
+    cls = cuda_flag_seasoning({"prefer_nhwc": "0", "use_fancy_kernels": "1", "x_mode": "0"})
+    assert cls.info.param("option").choices == ("use_fancy_kernels", "x_mode")
+    for option, flipped in (("use_fancy_kernels", "0"), ("x_mode", "1")):
+        state = RouteState(graph=None)  # type: ignore[arg-type]  # a build step: no graph
+        cls({"option": option})(state, RouteContext(backend=CUDA))
+        assert state.settings == {CUDA_NS + option: flipped}
+    none = cuda_flag_seasoning({"prefer_nhwc": "0"})
+    assert none().supports(CUDA) == ("the installed CUDA provider has no 0/1 option beyond "
+                                     "routetune's catalog")
+    assert none().supports(OnnxRuntimeBackend()) == (
+        "applies only to backends onnxruntime-cuda")
+
+
+def test_option_seasonings_for_some_operators_say_which_are_missing(tmp_path: Path) -> None:
+    import onnx_graphsurgeon as gs
+
+    from routetune.plugins.onnxruntime.cuda_options import CudaFuseConvBias, CudaSdpaKernel
+
+    conv = gs.import_onnx(onnx.load(conv_bn(tmp_path / "c.onnx")))
+    chain = gs.import_onnx(onnx.load(matmul_chain(tmp_path / "m.onnx", depth=2, width=8)))
+    assert CudaFuseConvBias().applicable(conv, CUDA) is None
+    assert CudaFuseConvBias().applicable(chain, CUDA) == "no Conv in the model"
+    assert CudaSdpaKernel().applicable(conv, CUDA) == (
+        "no Attention or GroupQueryAttention or MultiHeadAttention or PackedAttention or "
+        "PackedMultiHeadAttention in the model")

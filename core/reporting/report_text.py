@@ -1,0 +1,170 @@
+"""The report's words: the environment, the verdict, the speed-ups, and ``report.md``.
+
+`environment`, `winner_text`, `speedup_text` and `conditions_text` are shared by the
+Markdown report (`render_markdown`) and the HTML one (`routetune.reporting.report_html`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    """The report as Markdown: environment, settings, winner, seasonings, trials."""
+    run, lines = data["run"], []
+    lines.append(f"# routetune report: {Path(run.get('model', {}).get('source', '?')).name}\n")
+    lines += [f"- {k}: {v}" for k, v in environment(run).items()]
+    winner = data.get("winner")
+    if winner:
+        lines.append(f"\n## Winner: `{winner['route']}`\n\n{winner_text(winner)}\n")
+    lines.append("\n## Seasonings: effect against the same routes without them\n")
+    lines.append(f"{EFFECTS_CAPTION}\n")
+    lines.append("| seasoning | pairs | latency ratio: mean | min–max | rel-L2 change: mean | "
+                 "min–max | pairs with rel-L2 |\n|---|---|---|---|---|---|---|")
+    for s in data["seasonings"]:
+        lines.append(f"| `{s['seasoning']}` | {s['pairs']} | {s['latency_ratio']:.3f} | "
+                     f"{span_text(s.get('latency_ratio_range'), '.3f')} | "
+                     f"{_num(s['error_change'], '+.3g')} | "
+                     f"{span_text(s.get('error_change_range'), '+.3g')} | "
+                     f"{s.get('error_pairs', '')} |")
+    lines.append("\n## Trials\n")
+    lines.append("Speed-up: search-time, paired blocks with the base route (median "
+                 "[95% interval]); *noisy*: timed while the machine was busy.\n")
+    lines.append("| route | status | p50 ms | base p50 ms (alongside) | speed-up | rel-L2 | "
+                 "reason |\n|---|---|---|---|---|---|---|")
+    for r in data["trials"]:
+        reason = r["reason"].replace("|", "\\|")
+        mark = " (winner)" if winner and r["route"] == winner["route"] else ""
+        lines.append(f"| `{r['route']}`{mark} | {r['status']} | {_num(r['p50_ms'], '.3f')} | "
+                     f"{_num(r['base_p50_ms'], '.3f')} | {speedup_text(r)} | "
+                     f"{_num(r['error'].get('rel_l2'), '.3g')} | {reason} |")
+    return "\n".join(lines) + "\n"
+
+
+def environment(run: dict[str, Any]) -> dict[str, str]:
+    """The environment and settings as label → text, for the Markdown and HTML reports."""
+    if not run:
+        return {"run": "no run.json (a store written by an older routetune)"}
+    backend, model, search = run["backend"], run["model"], run["search"]
+    versions = ", ".join(f"{k} {v}" for k, v in backend["versions"].items())
+    n = len(run["space"]["seasonings"])
+    options = search.get("options", {"beam_width": search.get("beam_width")}
+                         if search["strategy"] == "beam" else {})  # older run.json
+    strategy = search["strategy"] + (" (" + ", ".join(f"{k} {v}" for k, v in options.items())
+                                     + ")" if options else "")
+    given = run.get("given", {})
+    shapes = given.get("shapes", "?")
+    inputs = (given["inputs"] if "inputs" in given else
+              f"the {given['example']} example's own input sets at {shapes}"
+              if "example" in given else f"synthesised (seeded, uniform in [0, 1)) at {shapes}")
+    return {
+        "model": f"{model['source']} (sha256 {model['sha256']})",
+        "backend": f"{backend['name']} {backend['version']} on {backend['device']}",
+        "versions": versions,
+        "CPU": f"{run['machine']['cpu']}; flags {' '.join(run['machine']['cpu_flags'])}",
+        "accuracy constraint": run["accuracy"],
+        "optimisation profile": run["profile"] or "none",
+        "validation inputs": inputs,
+        "base pipeline": ", ".join(run.get("base_pipeline", [])) or "none",
+        "backend options": ", ".join(f"{k}={v}" for k, v in
+                                     backend.get("options", {}).items()) or "defaults",
+        "pinned routes": ", ".join(run.get("pinned", [])) or "none",
+        "route space": f"{run['space']['size']} route{'s' * (run['space']['size'] != 1)} "
+                       f"from {n} seasoning{'s' * (n != 1)} (max depth "
+                       f"{run['space']['max_depth']}): "
+                       + (", ".join(run["space"]["seasonings"]) or "none"),
+        "search": f"{strategy}; max trials {search['max_trials'] or 'none'}, time budget "
+                  + (f"{search['time_budget_s']} s" if search["time_budget_s"] else "none"),
+        "measurement": f"at least {run['measure']['min_runs']} runs, "
+                       f"{run['measure']['min_time_s']} s and "
+                       f"{run['measure'].get('min_blocks', 1)} blocks per candidate, timed "
+                       "in paired blocks with the base route",
+        "verdict": _verdict_rule(run),
+        "machine conditions": conditions_text(run),
+        "started": f"{run['started_at']}, finished {run.get('finished_at', '?')}",
+    }
+
+
+def winner_text(winner: dict[str, Any]) -> str:
+    """The winner in a few sentences: why, the confirmed and the search-time figures."""
+    reason = winner["reason"][:1].upper() + winner["reason"][1:]
+    parts = [f"{reason}."]
+    confirmed, search = winner.get("confirmed"), winner.get("search")
+    if confirmed:
+        lo, hi = confirmed["speedup_ci"]
+        parts.append(
+            f"Confirmed (fresh process, paired blocks; median and 95% interval over "
+            f"{confirmed['pairs']} block pairs): {confirmed['speedup']:.2f}x [{lo:.2f}, "
+            f"{hi:.2f}]; p50 {confirmed['p50_ms']:.3f} ms against the base route's "
+            f"{confirmed['base_p50_ms']:.3f} ms.")
+    if search and winner["route"] != "base" and search.get("speedup"):
+        ci = search.get("speedup_ci")
+        interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+        parts.append(f"In the search: {search['speedup']:.2f}x{interval}; p50 "
+                     f"{search['p50_ms']:.3f} ms.")
+    for c in winner.get("confirmations", []):
+        if c["route"] != winner["route"]:
+            p = c["paired"]
+            parts.append(f"Not confirmed: {c['route']} {p['value']:.2f}x [{p['ci_low']:.2f}, "
+                         f"{p['ci_high']:.2f}] (search "
+                         f"{_num(c.get('search_speedup'), '.2f', 'x')}).")
+    return " ".join(parts)
+
+
+def speedup_text(row: dict[str, Any]) -> str:
+    """A row's search-time speed-up with its interval, and the noisy mark."""
+    if row["speedup"] is None:
+        return ""
+    text = f"{row['speedup']:.2f}x"
+    if row.get("speedup_ci"):
+        text += f" [{row['speedup_ci'][0]:.2f}, {row['speedup_ci'][1]:.2f}]"
+    return text + (" *noisy*" if row.get("noisy") else "")
+
+
+EFFECTS_CAPTION = ("Each seasoning against the same routes without it (pairs of trials, "
+                   "both measured): the mean over the pairs and the range (min–max) over "
+                   "them. Latency ratio: p50 with the seasoning over p50 without, each "
+                   "relative to the base route timed alongside (< 1 is faster); rel-L2 "
+                   "change: with minus without.")
+"""The seasoning table's caption, in the Markdown and the HTML report."""
+
+
+def span_text(span: Sequence[float] | None, spec: str) -> str:
+    """A ``[min, max]`` pair as ``min – max``; empty for None."""
+    return "" if not span else f"{span[0]:{spec}} – {span[1]:{spec}}"
+
+
+def _verdict_rule(run: dict[str, Any]) -> str:
+    verdict = run.get("verdict")
+    if not verdict:
+        return "not recorded (an older run)"
+    return (f"a route wins when the lower end of its confirmed speed-up's 95% interval is "
+            f"above {verdict['min_speedup']:g}x; --busy-machine {verdict['busy_machine']}")
+
+
+def conditions_text(run: dict[str, Any]) -> str:
+    """The machine's conditions during the run, in one line."""
+    c = run.get("conditions")
+    if not c:
+        start = run.get("conditions_at_start", {})
+        return f"load average at start {start.get('loadavg', '?')}" if start else "not recorded"
+    text = (f"{c['noisy']} of {c['measured']} measured trials noisy (timed while other "
+            f"processes loaded the machine)")
+    if c["noisy_routes"]:
+        text += ": " + ", ".join(c["noisy_routes"][:5]) + ("…" if c["noisy"] > 5 else "")
+    text += f"; waited {c['waited_s']} s for a quiet machine"
+    if c.get("foreign_cores_max") is not None:
+        text += (f"; other processes' CPU use at most {c['foreign_cores_max']:.2f} cores, "
+                 f"steal at most {c['steal_pct_max']:.1f}%")
+    start = run.get("conditions_at_start", {}).get("loadavg")
+    end = c.get("at_end", {}).get("loadavg")
+    if start and end:
+        text += f"; load average {start[0]:.2f} at start, {end[0]:.2f} at end"
+    return text
+
+
+def _num(value: float | None, spec: str, suffix: str = "") -> str:
+    return "" if value is None else f"{value:{spec}}{suffix}"
+
