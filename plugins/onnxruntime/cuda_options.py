@@ -76,8 +76,10 @@ LEFT_OUT: dict[str, str] = {
     "gpu_external_empty_cache": "an allocator callback's address, not a setting",
     "tunable_op_max_tuning_duration_ms": "a tuning time budget, searched through "
                                          "ort-cuda-tunable-op's online tuning instead",
-    "enable_cuda_graph_capture": "kept for compatibility; enable_cuda_graph is searched",
-    "use_cudnn_frontend": "not a CUDA provider option of this generation",
+    "external_data_loader_reading_threads": "threads that read external weights when the "
+                                            "session loads: load time, not run time",
+    "enable_cudnn": "without cuDNN the provider has no Conv kernel: ResNet-50 fails to run "
+                    "(NOT_IMPLEMENTED, onnxruntime-gpu 1.31.1 on an H200)",
 }
 """CUDA provider options that cannot make an engine faster, with the reason."""
 

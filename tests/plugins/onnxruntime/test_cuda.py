@@ -49,7 +49,8 @@ def test_device_versions_and_provider_options_come_from_the_installed_stack() ->
     offered = {k.removeprefix(CUDA_NS) for k in options if k.startswith(CUDA_NS)}
     reported = provider_defaults()
     assert offered == (set(CUDA_OPTIONS) & set(reported)) | set(flags_beyond_catalog(reported))
-    assert set(CUDA_OPTIONS) - set(reported) <= {"sdpa_kernel"}  # all known here (1.31)
+    assert set(CUDA_OPTIONS) - set(reported) <= {  # newer than onnxruntime-gpu 1.31.1
+        "enable_skip_layer_norm_strict_mode"}
     assert unaccounted(reported) == []  # each reported option: searched, a flag, or a reason
     assert options[CUDA_NS + "cudnn_conv_algo_search"].default == "EXHAUSTIVE"
 
