@@ -191,6 +191,16 @@ class RouteState:
     settings: dict[str, Any] = field(default_factory=dict)
     stash: Stash = field(default_factory=Stash)
 
+    def model_graph(self) -> gs.Graph:
+        """`graph`, for a graph or precision seasoning (the search imports it for them).
+
+        Raises:
+            RuntimeError: No graph: a build-stage state (a bug in the caller).
+        """
+        if self.graph is None:
+            raise RuntimeError("no graph in this route state: only build seasonings run here")
+        return self.graph
+
 
 @dataclass(frozen=True)
 class RouteContext:
@@ -241,7 +251,7 @@ class Seasoning:
         values = self.info.defaults()
         for name, value in (params or {}).items():
             values[name] = self.info.param(name).check(value)
-        self.params: Mapping[str, ParamValue] = values
+        self.params: Mapping[str, Any] = values  # each checked by its Param: a ParamValue
 
     def supports(self, backend: Backend) -> str | None:
         """Return why this seasoning can never apply on `backend`, whatever the model.

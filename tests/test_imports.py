@@ -147,3 +147,17 @@ def test_every_module_is_at_most_400_lines() -> None:
     long = sorted(f"{name}: {n}" for name, path in modules().items()
                   if (n := len(path.read_text().splitlines())) > MAX_LINES)
     assert long == []
+
+
+def test_the_type_checker_sees_the_package_as_python_imports_it() -> None:
+    """``mypy`` checks .typecheck/routetune: links to every entry of core/, and to passes/
+    and plugins/ (pyproject's [tool.mypy]); a module added to core/ needs its link."""
+    tree = ROOT / ".typecheck" / "routetune"
+    links = {p.name: p for p in tree.iterdir()}
+    wanted = {p.name for p in (ROOT / "core").iterdir() if p.name != "__pycache__"}
+    assert set(links) == wanted | {"passes", "plugins"}, (
+        f"ln -s ../../core/NAME .typecheck/routetune/ for: {sorted(wanted - set(links))}")
+    for name, link in links.items():
+        target = {"passes": ROOT / "passes", "plugins": ROOT / "plugins"}.get(
+            name, ROOT / "core" / name)
+        assert link.is_symlink() and link.resolve() == target.resolve(), name

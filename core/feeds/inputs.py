@@ -88,7 +88,8 @@ def resolve_shapes(
                 )
             shape = tuple(int(d) for d in spec.shape)
         _check_shape(spec, shape, flag)
-        size = int(np.prod(shape, dtype=np.float64)) * spec.dtype.itemsize
+        itemsize = spec.dtype.itemsize if spec.dtype is not None else 8  # not a tensor: a bound
+        size = int(np.prod(shape, dtype=np.float64)) * itemsize
         if size > MAX_INPUT_BYTES:
             raise UsageError(
                 f"{flag} {spec.name}:{'x'.join(map(str, shape))}: one input set would take "

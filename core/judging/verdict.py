@@ -114,10 +114,10 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
     base = next(t for t in trials if t.route == "base")
     accurate = [t for t in trials if t.status == Status.OK and t.latency and t is not base]
     if base.status in FAILED and accurate:  # never rebuilt or re-timed
-        best = min(accurate, key=lambda t: t.latency.p50)
+        best = min(accurate, key=lambda t: rank_key(t).ms)
         return best, (f"the base route is {base.status} ({_short(base.reason)}), so there "
                       f"is no base to compare against: fastest accurate route by absolute "
-                      f"latency (p50 {best.latency.p50:.3f} ms)"), []
+                      f"latency (p50 {rank_key(best).ms:.3f} ms)"), []
     built = [t for t in trials if t.status == Status.BUILD_ONLY]
     if base.status in FAILED and built:
         best = min(built, key=lambda t: (rank_key(t).steps, t.route))

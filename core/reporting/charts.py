@@ -296,5 +296,3 @@ def speedup_chart(data: dict[str, Any], top: int = TOP_SPEEDUPS) -> Chart | None
                         top=1 - 0.35 * inch / fig.bbox.height,
                         bottom=0.65 * inch / fig.bbox.height)
     return Chart(fig, titles, [])
-
-

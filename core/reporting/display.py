@@ -227,13 +227,13 @@ def components_table(registry: Registry) -> Table:
         reason = backend.available()
         note = escape(f"unavailable: {reason}" if reason else f"version {backend.version()}")
         table.add_row("backend", name, entry.plugin, note)
-    for name, entry in sorted(registry.strategies.items()):
+    for name, strategy in sorted(registry.strategies.items()):
         options = "; ".join(f"option {o.name}={o.default!r}: {o.meta.help}"
-                            for o in options_of(entry.item.Options))
-        doc = (entry.item.__doc__ or "").splitlines()[0]
-        table.add_row("search", name, entry.plugin, escape(f"{doc} {options}".strip()))
-    for name, entry in sorted(registry.metrics.items()):
-        table.add_row("metric", name, entry.plugin, entry.item.help)
+                            for o in options_of(strategy.item.Options))
+        doc = (strategy.item.__doc__ or "").splitlines()[0]
+        table.add_row("search", name, strategy.plugin, escape(f"{doc} {options}".strip()))
+    for name, metric in sorted(registry.metrics.items()):
+        table.add_row("metric", name, metric.plugin, metric.item.help)
     return table
 
 

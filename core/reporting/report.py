@@ -153,7 +153,7 @@ def trial_row(trial: Trial) -> dict[str, Any]:
         "p50_ms": lat.p50 if lat else None, "p90_ms": lat.p90 if lat else None,
         "ci_ms": [lat.ci_low, lat.ci_high] if lat else None,
         "base_p50_ms": trial.base_latency.p50 if trial.base_latency else None,
-        "relative_p50": trial.relative.p50 if lat and trial.base_latency else None,
+        "relative_p50": relative.p50 if (relative := trial.relative) else None,
         "speedup": trial.speedup,
         "speedup_ci": [trial.paired.ci_low, trial.paired.ci_high] if trial.paired else None,
         "noisy": trial.noisy, "waited_s": trial.conditions.get("waited_s"),
@@ -184,7 +184,8 @@ def seasoning_effects(trials: Sequence[Trial]) -> list[dict[str, Any]]:
         The spread is the range (min to max) over the pairs, not an interval of the
         mean: the pairs are few (one per route without s), often fewer than five.
     """
-    measured = {t.route: t for t in trials if t.latency and t.base_latency}
+    measured = {t.route: t for t in trials if t.relative}
+    relative = {route: t.relative.p50 for route, t in measured.items() if t.relative}
     effects: dict[str, dict[str, list[float]]] = {}
     for t in measured.values():
         route = parse_route(t.route)
@@ -194,7 +195,7 @@ def seasoning_effects(trials: Sequence[Trial]) -> list[dict[str, Any]]:
             if partner is None:
                 continue
             acc = effects.setdefault(step.name, {"ratio": [], "error": []})
-            acc["ratio"].append(t.relative.p50 / partner.relative.p50)
+            acc["ratio"].append(relative[t.route] / relative[rest])
             err, err0 = worst_error(t), worst_error(partner)
             if err is not None and err0 is not None:
                 acc["error"].append(err - err0)

@@ -90,15 +90,15 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
         raise OptionError("seasonings", f" {with_params[0]}: takes seasoning names only; the "
                           f"search tries each seasoning's parameter choices itself; give "
                           f"'{with_params[0].split('{')[0]}'")
-    shapes, opt, low, high = (opts.spelled(n) for n in ("shapes", "opt_shapes",
-                                                          "min_shapes", "max_shapes"))
+    shapes_, opt, low, high = (opts.spelled(n) for n in ("shapes", "opt_shapes",
+                                                           "min_shapes", "max_shapes"))
     for name, given in (("shapes", opts.shapes), ("opt_shapes", opts.opt_shapes)):
         if opts.inputs is not None and given:
             raise OptionError(name, f" with {opts.spelled('inputs')}: the inputs fix the (opt) "
                               f"shapes; give one of them ({low} and {high} may go with the "
                               "inputs)")
     if opts.shapes and opts.opt_shapes:
-        raise OptionError("shapes", f" with {opt}: {shapes} sets min, opt and max at once; "
+        raise OptionError("shapes", f" with {opt}: {shapes_} sets min, opt and max at once; "
                           f"give {opt} with {low}/{high} instead")
     check_workers(opts)
     registry.reference_backend()  # what every candidate is checked against, before any work

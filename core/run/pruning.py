@@ -56,8 +56,8 @@ def kept_trials(trials: Sequence[Trial], winner: Trial, keep: str) -> list[Trial
 
 def accurate_front(trials: Sequence[Trial]) -> list[Trial]:
     """The accurate trials on the Pareto front of relative p50 against error."""
-    points = [(worst_error(t) or 0.0, t.relative.p50, t) for t in trials
-              if t.status == Status.OK and t.latency and t.base_latency]
+    points = [(worst_error(t) or 0.0, relative.p50, t) for t in trials
+              if t.status == Status.OK and (relative := t.relative)]
     front: list[Trial] = []
     best = float("inf")
     for _, latency, trial in sorted(points, key=lambda p: (p[0], p[1])):

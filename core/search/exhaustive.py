@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from routetune.route import Route
 from routetune.search.strategy import Strategy
 
@@ -11,7 +13,7 @@ class Exhaustive(Strategy):
 
     name = "exhaustive"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._asked = False
 

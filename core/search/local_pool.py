@@ -158,24 +158,24 @@ class LocalPool(Executor):
                 self._scheduled[future] = time.time()
             while (more or pending) and len(builds) < self.build_workers and not (
                     self.exclusive and (measuring or waiting)):
-                job = next((j for j in pending
-                            if not any(j.extends(b) for b in builds.values())), None)
-                if job is None:
+                ready = next((j for j in pending
+                              if not any(j.extends(b) for b in builds.values())), None)
+                if ready is None:
                     if not more or len(pending) >= LOOKAHEAD:
                         break
-                    job = next(jobs, None)
-                    if job is None:
+                    pulled = next(jobs, None)
+                    if pulled is None:
                         more = False
                     else:
-                        pending.append(job)
+                        pending.append(pulled)
                     continue
-                pending.remove(job)
+                pending.remove(ready)
                 assert self._builders is not None
                 future = self._builders.schedule(
-                    worker.build, (job.route, job.fingerprint, self._log(job)),
+                    worker.build, (ready.route, ready.fingerprint, self._log(ready)),
                     timeout=self.timeout_s)
-                builds[future] = job
-                self._running[future] = job
+                builds[future] = ready
+                self._running[future] = ready
                 self._scheduled[future] = time.time()
             if not builds and not measuring:
                 if waiting or pending:

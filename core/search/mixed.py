@@ -10,12 +10,13 @@ the base route measured alongside, is below 1: faster beyond noise.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from routetune.composer import RouteSpace
 from routetune.route import Route
 from routetune.search.one_at_a_time import single_changes
 from routetune.search.strategy import Strategy
-from routetune.seasoning import SeasoningInfo
+from routetune.seasoning import ParamValue, SeasoningInfo
 from routetune.trial import Status, Trial
 
 
@@ -33,7 +34,7 @@ def positive_space(space: RouteSpace, positive: list[Route]) -> RouteSpace:
     non-default value was positive keeps its positive values and its default; every
     other parameter stays at its default.
     """
-    values: dict[str, dict[str, list[object]]] = {}
+    values: dict[str, dict[str, list[ParamValue]]] = {}
     for route in positive:
         for step in route:
             per_param = values.setdefault(step.name, {})
@@ -55,7 +56,7 @@ class Mixed(Strategy):
 
     name = "mixed"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._phase = 0
         self._told: dict[Route, Trial] = {}

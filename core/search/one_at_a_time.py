@@ -9,6 +9,8 @@ comes with them, at their defaults.
 
 from __future__ import annotations
 
+from typing import Any
+
 from routetune.composer import RouteSpace, canonical_step
 from routetune.route import Route, Step
 from routetune.search.strategy import Strategy
@@ -48,7 +50,7 @@ class OneAtATime(Strategy):
 
     name = "one-at-a-time"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._asked = False
 

@@ -73,7 +73,7 @@ class EliminateNoops(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Remove the no-op nodes of `state.graph` in place."""
-        graph = state.graph
+        graph = state.model_graph()
         dtypes = _inferred_dtypes(graph)
         removed: dict[int, gs.Node] = {}
         former_inputs: list[gs.Tensor] = []

@@ -100,7 +100,7 @@ class FoldConstants(Seasoning):
             PostconditionError: Folding produced a float64 initializer for a tensor that
                 was not float64 before (ONNX Runtime would refuse the model).
         """
-        graph = state.graph
+        graph = state.model_graph()
         before = _signature(graph)
         n_nodes = len(graph.nodes)
         normalized = sum(normalize_constant_node(n) for n in _all_nodes(graph))

@@ -49,7 +49,7 @@ class FoldIf(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Fold the constant ``If`` nodes of `state.graph` in place."""
-        graph = state.graph
+        graph = state.model_graph()
         ifs = [n for n in graph.nodes if n.op == "If"]
         if not ifs:
             return PassResult(modified=False, stats={"folded": 0, "if_nodes": 0})

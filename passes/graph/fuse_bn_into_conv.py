@@ -72,7 +72,7 @@ class FuseBnIntoConv(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Fuse every matching Conv -> BatchNormalization pair of `state.graph` in place."""
-        graph = state.graph
+        graph = state.model_graph()
         taken = taken_names(graph)
         graph_outputs = {id(t) for t in graph.outputs}
         removed: set[int] = set()

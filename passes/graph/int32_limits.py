@@ -48,7 +48,7 @@ class Int32Limits(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Clamp the Slice bounds of `state.graph` in place."""
-        graph = state.graph
+        graph = state.model_graph()
         clamped = 0
         seen: set[str] = set()
         for sub in (graph, *graph.subgraphs(recursive=True)):

@@ -136,7 +136,7 @@ class MixedPrecision(Seasoning):
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Decide each node's precision, then rewrite the graph (rules 1–8)."""
-        graph = state.graph
+        graph = state.model_graph()
         before = copy_graph(graph)
         ranges = tensor_ranges(graph, ctx)
         no_kernel: dict[str, str] = {}

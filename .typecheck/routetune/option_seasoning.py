@@ -1,0 +1,1 @@
+../../core/option_seasoning.py

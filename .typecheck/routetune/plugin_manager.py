@@ -1,0 +1,1 @@
+../../core/plugin_manager.py
