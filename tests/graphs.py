@@ -204,3 +204,47 @@ def constant_unique(path: Path) -> Path:
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
     return _save(graph, path)
+
+
+def transformer_mlp(path: Path, batch: int = 2, seq: int = 8, width: int = 16) -> Path:
+    """A transformer block's MLP as exporters write it, every operator decomposed.
+
+    x f32[batch,seq,width] -> MatMul+bias -> GELU (x * 0.5 * (1 + erf(x / sqrt 2))) ->
+    MatMul+bias -> + x (the residual) -> LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add
+    eps, Sqrt, Div, Mul gamma, Add beta) -> y f32[batch,seq,width]. ONNX Runtime's
+    transformer optimizer fuses it into BiasGelu/Gelu and SkipLayerNormalization.
+    """
+    rng = np.random.default_rng(5)
+
+    def const(name: str, value: np.ndarray | float) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.asarray(value, np.float32), name)
+
+    hidden = 2 * width
+    inits = [const("w1", rng.standard_normal((width, hidden)) / np.sqrt(width)),
+             const("b1", rng.standard_normal(hidden) * 0.1),
+             const("w2", rng.standard_normal((hidden, width)) / np.sqrt(hidden)),
+             const("b2", rng.standard_normal(width) * 0.1),
+             const("sqrt2", np.sqrt(2.0)), const("one", 1.0), const("half", 0.5),
+             const("two", 2.0), const("eps", 1e-5),
+             const("gamma", 1 + rng.standard_normal(width) * 0.1),
+             const("beta", rng.standard_normal(width) * 0.1)]
+    steps = [  # (op, inputs, output, name)
+        ("MatMul", ["x", "w1"], "h0", "fc1"), ("Add", ["h0", "b1"], "h", "fc1_bias"),
+        ("Div", ["h", "sqrt2"], "g0", "gelu_div"), ("Erf", ["g0"], "g1", "gelu_erf"),
+        ("Add", ["g1", "one"], "g2", "gelu_add"), ("Mul", ["h", "g2"], "g3", "gelu_mul"),
+        ("Mul", ["g3", "half"], "g", "gelu_half"),
+        ("MatMul", ["g", "w2"], "o0", "fc2"), ("Add", ["o0", "b2"], "o", "fc2_bias"),
+        ("Add", ["o", "x"], "r", "residual"), ("ReduceMean", ["r"], "mu", "ln_mean"),
+        ("Sub", ["r", "mu"], "d", "ln_sub"), ("Pow", ["d", "two"], "d2", "ln_pow"),
+        ("ReduceMean", ["d2"], "var", "ln_var"), ("Add", ["var", "eps"], "ve", "ln_eps"),
+        ("Sqrt", ["ve"], "sd", "ln_sqrt"), ("Div", ["d", "sd"], "nrm", "ln_div"),
+        ("Mul", ["nrm", "gamma"], "sc", "ln_scale"), ("Add", ["sc", "beta"], "y", "ln_shift"),
+    ]
+    nodes = [helper.make_node(op, ins, [out], name=name,
+                              **({"axes": [-1]} if op == "ReduceMean" else {}))
+             for op, ins, out, name in steps]
+    graph = helper.make_graph(
+        nodes, "transformer_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, width])], inits)
+    return _save(graph, path)

@@ -11,6 +11,7 @@ from routetune.plugins.onnxruntime import cuda_options, session_options
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.cuda import OnnxRuntimeCudaBackend
 from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
+from routetune.plugins.onnxruntime.transformer_fusion import TransformerFusion
 from routetune.registry import Registry
 
 
@@ -23,7 +24,10 @@ def routetune_register_backends(registry: Registry) -> None:
 
 @hookimpl
 def routetune_register_seasonings(registry: Registry) -> None:
-    """Register the session and CUDA provider options, ``int8-qdq`` and ``fp8-qdq``.
+    """Register the session and CUDA provider options, Q/DQ and transformer fusion.
+
+    The Q/DQ seasonings are ``int8-qdq`` and ``fp8-qdq``; ``ort-transformer-fusion``
+    runs ONNX Runtime's transformer optimizer.
 
     ``ort-cuda-flag`` is registered lazily: its choices come from the installed CUDA
     provider, which a run on another backend never starts.
@@ -33,3 +37,4 @@ def routetune_register_seasonings(registry: Registry) -> None:
     registry.add_lazy_seasoning("ort-cuda-flag", cuda_options.CUDA, cuda_options.make_cuda_flag)
     registry.add_seasoning(Int8Qdq)
     registry.add_seasoning(Fp8Qdq)
+    registry.add_seasoning(TransformerFusion)
