@@ -1,0 +1,110 @@
+"""What ONNX Runtime's transformer optimizer fuses in today's exports, and what it buys.
+
+Usage, on a machine with a CUDA GPU, onnxruntime-gpu, CuPy, torch, torchvision and
+transformers:
+
+    python benchmarks/transformer_fusion.py [--out DIR] [--models encoder,hf-bert,vit]
+
+For each model, ``routetune tune`` on the ``onnxruntime-cuda`` backend with
+``--search exhaustive`` over ``ort-transformer-fusion`` alone and with ``fp16``
+(accuracy ``cos>=0.9999,rel_l2<=0.01`` against FP32): the fused-operator counts that
+the seasoning records in the trial, and each route's speed-up over the base route timed
+alongside. Models: ``encoder`` (`benchmarks/gpu.py`'s BERT-base-sized encoder, b8×128,
+TorchScript exporter), ``hf-bert`` (a Hugging Face ``BertModel``, BERT-base config, random
+weights, b8×128 with an attention mask; the TorchScript exporter) and ``vit``
+(torchvision ``vit_b_16``, random weights, b8). Writes ``transformer_fusion.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu import ACCURACY, build_model  # noqa: E402 - benchmarks/ is not a package
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("routetune-out/transformer-fusion"))
+    parser.add_argument("--models", default="encoder,hf-bert,vit")
+    parser.add_argument("--min-time", type=float, default=0.2)
+    args = parser.parse_args()
+    from routetune.measure import MeasureSettings
+    from routetune.run.run_spec import RunSpec
+    from routetune.run.tuning import tune
+
+    report: dict[str, Any] = {}
+    for name in args.models.split(","):
+        out = args.out / name
+        out.mkdir(parents=True, exist_ok=True)
+        path, inputs = export(name, out)
+        result = tune(RunSpec(model=path, inputs=inputs, output=out / "tune",
+                              backend="onnxruntime-cuda", search="exhaustive",
+                              seasonings=("ort-transformer-fusion", "fp16"),
+                              accuracy=ACCURACY, keep="winner",
+                              measure=MeasureSettings(warmup=10, min_runs=30,
+                                                      min_time_s=args.min_time)))
+        rows = {}
+        for t in result.trials:
+            fusion = next((p for p in t.passes if p.get("step", "").startswith(
+                "ort-transformer-fusion")), None)
+            rows[t.route] = {"status": str(t.status), "reason": t.reason[:200],
+                             "speedup": t.speedup,
+                             "ci": [t.paired.ci_low, t.paired.ci_high] if t.paired else None,
+                             "p50_ms": t.latency.p50 if t.latency else None,
+                             "fused": fusion["stats"] if fusion else None,
+                             "note": fusion.get("note") if fusion else None}
+        report[name] = {"winner": result.winner.route, "trials": rows}
+        (args.out / "transformer_fusion.json").write_text(json.dumps(report, indent=1))
+        print(f"\n### {name}: winner {result.winner.route}")
+        for route, r in rows.items():
+            print(f"{route:40s} {r['status']:16s} speed-up {r['speedup']} {r['ci']} "
+                  f"fused {r['fused']} {r['note'] or ''}")
+
+
+def export(name: str, out: Path) -> tuple[Path, Path]:
+    """The ONNX model and its inputs folder for `name`."""
+    if name == "encoder":
+        _, path, inputs = build_model("bert", out)
+        assert path is not None and inputs is not None
+        return path, inputs
+    import torch
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    if name == "hf-bert":
+        from transformers import BertConfig, BertModel
+
+        module = BertModel(BertConfig(), add_pooling_layer=False).eval()
+        sets = [{"input_ids": rng.integers(0, 30522, (8, 128)),
+                 "attention_mask": np.concatenate([np.ones((8, 100), np.int64),
+                                                   np.zeros((8, 28), np.int64)], 1)}
+                for _ in range(4)]
+    elif name == "vit":
+        import torchvision
+
+        module = torchvision.models.vit_b_16(weights=None).eval()
+        sets = [{"x": rng.standard_normal((8, 3, 224, 224)).astype(np.float32)}
+                for _ in range(4)]
+    else:
+        raise SystemExit(f"--models: unknown model '{name}'")
+    path = out / f"{name}.onnx"
+    example = tuple(torch.from_numpy(v) for v in sets[0].values())
+    with torch.no_grad():
+        torch.onnx.export(module, example, str(path), input_names=list(sets[0]),
+                          output_names=["y"], opset_version=17, dynamo=False)
+    inputs = out / "inputs"
+    inputs.mkdir(exist_ok=True)
+    for i, feed in enumerate(sets):
+        np.savez(inputs / f"set{i}.npz", **feed)
+    return path, inputs
+
+
+if __name__ == "__main__":
+    main()
