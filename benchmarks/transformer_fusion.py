@@ -47,6 +47,7 @@ def main() -> None:
         result = tune(RunSpec(model=path, inputs=inputs, output=out / "tune",
                               backend="onnxruntime-cuda", search="exhaustive",
                               seasonings=("ort-transformer-fusion", "fp16"),
+                              space={"ort-transformer-fusion": {"model_type": ("auto",)}},
                               accuracy=ACCURACY, keep="winner",
                               measure=MeasureSettings(warmup=10, min_runs=30,
                                                       min_time_s=args.min_time)))
@@ -81,7 +82,15 @@ def export(name: str, out: Path) -> tuple[Path, Path]:
     if name == "hf-bert":
         from transformers import BertConfig, BertModel
 
-        module = BertModel(BertConfig(), add_pooling_layer=False).eval()
+        bert = BertModel(BertConfig(), add_pooling_layer=False).eval()
+
+        class Wrapped(torch.nn.Module):  # keywords: positions differ between versions
+            def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                        ) -> torch.Tensor:
+                return bert(input_ids=input_ids, attention_mask=attention_mask
+                            ).last_hidden_state
+
+        module = Wrapped().eval()
         sets = [{"input_ids": rng.integers(0, 30522, (8, 128)),
                  "attention_mask": np.concatenate([np.ones((8, 100), np.int64),
                                                    np.zeros((8, 28), np.int64)], 1)}
