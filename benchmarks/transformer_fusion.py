@@ -85,10 +85,14 @@ def export(name: str, out: Path) -> tuple[Path, Path]:
         bert = BertModel(BertConfig(), add_pooling_layer=False).eval()
 
         class Wrapped(torch.nn.Module):  # keywords: positions differ between versions
+            def __init__(self) -> None:
+                super().__init__()
+                self.bert = bert
+
             def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                         ) -> torch.Tensor:
-                return bert(input_ids=input_ids, attention_mask=attention_mask
-                            ).last_hidden_state
+                return self.bert(input_ids=input_ids, attention_mask=attention_mask
+                                 ).last_hidden_state
 
         module = Wrapped().eval()
         sets = [{"input_ids": rng.integers(0, 30522, (8, 128)),
