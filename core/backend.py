@@ -30,12 +30,16 @@ class OptionSpec:
         default: The value the backend's default build uses.
         choices: The allowed values, or empty when any value of `type` is allowed.
         help: One line.
+        runtime: Applied when the engine runs, not kept in the engine file (TensorRT's
+            CUDA graph): two routes whose engine files are equal are the same engine
+            only when these options are equal too (`routetune.search.loop`).
     """
 
     type: type
     default: Any
     choices: tuple[Any, ...] = ()
     help: str = ""
+    runtime: bool = False
 
 
 @dataclass(frozen=True)

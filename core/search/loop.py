@@ -126,11 +126,12 @@ class SearchLoop:
         self.inputs = local.inputs
         self.executor = executor or InlineExecutor()
         self.executor.start(registry, self.inputs)
-        self._candidates = {
-            t.candidate_sha256: t.route for t in store.trials()
-            if t.candidate_sha256 and t.status != Status.SKIPPED
-            and (t.model_sha256, t.backend, t.device, t.settings_hash) == self._key()
-        }
+        ours = [t for t in store.trials() if t.status != Status.SKIPPED
+                and (t.model_sha256, t.backend, t.device, t.settings_hash) == self._key()]
+        self._candidates = {t.candidate_sha256: t.route for t in ours if t.candidate_sha256}
+        self._runtime = sorted(k for k, spec in backend.options().items() if spec.runtime)
+        self._engines = {self._engine_key(t.engine_sha256, t.settings): t.route
+                         for t in ours if t.engine_sha256}
 
     def _key(self) -> tuple[str, str, str, str]:
         return (self.model.source_sha256, self.backend.name, self.device, self.settings_hash)
@@ -282,13 +283,32 @@ class SearchLoop:
         return {route: done[route] for route in routes if route in done}
 
     def _after_build(self, job: Job, built: Outcome) -> Outcome | None:
-        """Stop a candidate that is another route's model and settings; else None."""
-        candidate = built.fields["candidate_sha256"]
-        same = self._candidates.setdefault(candidate, str(job.route))
-        if same == str(job.route):
+        """Stop a candidate that is another route's model and settings, or its engine.
+
+        The same engine: an equal engine file (TensorRT-RTX builds one plan for several
+        optimisation levels, say) with equal run-time options (`OptionSpec.runtime`);
+        timing it again would only measure noise. Else None: the candidate is measured.
+        """
+        route = str(job.route)
+        same = self._candidates.setdefault(built.fields["candidate_sha256"], route)
+        why = f"same model and settings as route '{same}'"
+        engine = built.fields.get("engine_sha256")
+        if same == route and engine:
+            key = self._engine_key(engine, self.backend.full_settings(built.fields["settings"]))
+            same = self._engines.setdefault(key, route)
+            why = f"same engine as route '{same}' (equal engine files and run-time options)"
+        if same == route:
             return None
-        fields = {k: built.fields[k] for k in ("candidate_sha256", "passes")}
-        return Outcome(Status.SKIPPED, f"same model and settings as route '{same}'", fields)
+        fields = {k: built.fields[k] for k in ("candidate_sha256", "passes")
+                  if k in built.fields}
+        if engine:
+            fields["engine_sha256"] = engine
+        return Outcome(Status.SKIPPED, why, fields)
+
+    def _engine_key(self, engine_sha256: str, settings: Mapping[str, Any]) -> str:
+        """An engine file's sha256 with the run-time options it runs under."""
+        return json.dumps([engine_sha256, [settings.get(k) for k in self._runtime]],
+                          default=str)
 
     def confirm(self, trial: Trial) -> Confirmation:
         """Re-measure a stored trial against the base route in a fresh worker process.

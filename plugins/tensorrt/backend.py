@@ -95,7 +95,8 @@ class TensorRtBackend(Backend):
             NS + "build_route": OptionSpec(
                 str, "", (), "config.build_route (Global Performance Tuner knobs)"),
             NS + "cuda_graph": OptionSpec(
-                bool, False, (True, False), "replay the enqueue as a CUDA graph (runtime)"),
+                bool, False, (True, False), "replay the enqueue as a CUDA graph (runtime)",
+                runtime=True),
             NS + "profile": OptionSpec(
                 str, str(self.profile or ""), (), "optimisation profile, name:min/opt/max"),
         }
