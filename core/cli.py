@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from routetune import signals
 from routetune.errors import RoutetuneError, UsageError
@@ -36,6 +36,7 @@ app = typer.Typer(
     help="Find the fastest engine for an ONNX model that still meets an accuracy constraint.",
 )
 console = Console(width=None if sys.stdout.isatty() else 200)
+"""Standard output: the terminal's width; 200 columns in a pipe (logs)."""
 err = Console(stderr=True)
 
 EXIT_PASS_BROKE = 3
@@ -133,8 +134,10 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         accurate_table,
         conditions_lines,
         header_lines,
+        short_route,
         status_line,
         trials_table,
+        winner_line,
     )
     from routetune.run.outdir import folder_bytes
     from routetune.run.tuning import tune
@@ -143,9 +146,10 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
                         format="%(levelname)s %(name)s: %(message)s")
     registry = load_registry()
     opts = _spec(ctx, values, registry)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.fields[of]}"),
                         TimeElapsedColumn(), console=err, transient=False)
-    task = progress.add_task("tuning", total=None)
+    task = progress.add_task("tuning", total=None, of="?")
     stored = [0]
     signals.counting(lambda: stored[0])  # for the line of a second Ctrl-C
 
@@ -156,7 +160,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         for line in header_lines(run, opts.search, plan):
             err.print(line)
         _confirm_size(run, plan, opts, yes)
-        progress.update(task, total=plan.trials)
+        progress.update(task, total=plan.trials, of=plan.count())
         progress.start()
         started = True
 
@@ -167,9 +171,11 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         stored[0] += 1
         total = progress.tasks[0].total
         if total is not None and progress.tasks[0].completed + 1 > total:
-            progress.update(task, total=total + 1)  # repair trials come on top of the plan
+            progress.update(task, total=total + 1,  # repair trials come on top of the plan
+                            of=f"about {total + 1}")
         noisy = " (noisy: machine busy)" if trial.noisy else ""
-        progress.update(task, advance=1, description=f"{'stored ' if cached else ''}{trial.route}"[:60] + noisy)
+        progress.update(task, advance=1, description=(
+            f"{'stored ' if cached else ''}{short_route(trial.route, 50)}{noisy}"))
 
     try:
         result = tune(opts, registry, on_start, on_trial, on_status)
@@ -180,12 +186,12 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         console.print(trials_table(list(result.trials), result.winner, registry,
                                    title=f"{len(result.trials)} trials, winner first"))
     else:
-        console.print(accurate_table(result.trials, result.winner, registry))
+        console.print(accurate_table(result.trials, result.winner, registry,
+                                     width=console.width))
     console.print(status_line(result.trials))
-    w = result.winner
     if result.stopped:
         console.print(f"[yellow]stopped early: {result.stopped}; the best so far stands[/]")
-    console.print(f"winner: [bold]{escape(w.route)}[/bold] ({escape(result.winner_reason)})")
+    console.print(winner_line(result))
     for line in conditions_lines(result):
         console.print(line)
     records = result.files["run"].parent
@@ -232,7 +238,7 @@ def show_command(
     sort: Annotated[str, typer.Option(help=f"Order: {', '.join(SORTS)}.")] = "rank",
 ) -> None:
     """Print a run's trials from its store, judged under the run's accuracy constraint."""
-    from routetune.reporting.display import accurate_table, status_line, trials_table
+    from routetune.reporting.display import accurate_table, compact_table, status_line
     from routetune.reporting.report import store_dir, stored_trials
     from routetune.search.strategy import ranked
     from routetune.trial import Status
@@ -252,11 +258,14 @@ def show_command(
     if sort in keys:
         order.sort(key=keys[sort])
     shown = [t for t in order if status is None or t.status == status]
+    by = "winner first" if sort == "rank" else f"by {sort}"
     if all_trials or status is not None:
-        title = f"{len(shown)} of {len(trials)} trials" + (f", {status}" if status else "")
-        console.print(trials_table(shown, winner, registry, title=title))
+        title = (f"{len(shown)} of {len(trials)} trials" + (f", {status}" if status else "")
+                 + f", {by}")
+        console.print(compact_table(shown, winner, title, console.width))
     else:
-        console.print(accurate_table(order, winner, registry, top=None))
+        console.print(accurate_table(order, winner, registry, top=None, width=console.width,
+                                     order=by))
     console.print(status_line(trials))
 
 

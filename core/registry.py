@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -306,7 +307,16 @@ class Registry:
 
 
 def _lookup(table: dict[str, Entry[T]], name: str, kind: str, where: str) -> T:
+    """The item called `name`; an unknown name gets the closest known one, or the list.
+
+    Raises:
+        UsageError: No such name.
+    """
     if name not in table:
+        close = difflib.get_close_matches(name, table, n=1)
+        if close:
+            raise UsageError(f"unknown {kind} '{name}'; did you mean '{close[0]}'? (all: "
+                             f"`{where}`)")
         known = ", ".join(sorted(table)) or "none installed"
         raise UsageError(f"unknown {kind} '{name}'; known: {known} (see `{where}`)")
     return table[name].item

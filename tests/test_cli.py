@@ -58,13 +58,16 @@ def test_show_prints_the_stored_trials_filtered_and_sorted(tuned: tuple[Path, Pa
     _, out, rows = tuned
     every = routetune("show", str(out), "--all", "--sort", "route")
     assert every.returncode == 0, every.stderr
-    assert f"{rows} of {rows} trials" in every.stdout
-    routes = [line.split("│")[2].strip() for line in every.stdout.splitlines()
-              if line.startswith("│") and line.split("│")[2].strip()]
+    assert f"{rows} of {rows} trials, by route" in every.stdout
+    numbered = [line.split() for line in every.stdout.splitlines()
+                if re.match(r"\s*\d+\s{2,}\S", line)]  # "  3   fuse-bn-into-conv   1.02x …"
+    routes = [cells[1] for cells in numbered]
+    assert [int(cells[0]) for cells in numbered] == list(range(1, rows + 1))
     assert routes == sorted(routes) and "base" in routes
     ok = routetune("show", str(out), "--status", "ok")
     assert ok.returncode == 0 and " ok" in ok.stdout
     assert "skipped" not in ok.stdout.split("trials:")[0]  # only the ok rows in the table
+    assert max(map(len, ok.stdout.splitlines())) <= 200  # a pipe gets 200 columns
     for args, message in ((["--status", "fine"], "--status fine: give one of ok, "),
                           (["--sort", "speed"], "--sort speed: give one of rank, ")):
         bad = routetune("show", str(out), *args)

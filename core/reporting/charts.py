@@ -24,6 +24,7 @@ from matplotlib.path import Path as MplPath
 from matplotlib.text import Annotation
 from matplotlib.transforms import Bbox
 
+from routetune.reporting.display import short_route
 from routetune.reporting.report import ERROR_METRIC
 from routetune.reporting.report_text import speedup_text
 
@@ -91,12 +92,12 @@ def point_title(number: int, row: dict[str, Any]) -> str:
 
 
 def short(route: str, limit: int = LABEL_CHARS) -> str:
-    """`route` as chart text: cut to `limit` characters with an ellipsis, ``$`` escaped.
+    """`route` as chart text: at most `limit` characters, cut between steps.
 
-    (matplotlib reads text between two ``$`` as mathtext.)
+    `short_route` cuts it; ``$`` is escaped (matplotlib reads text between two ``$`` as
+    mathtext).
     """
-    text = route if len(route) <= limit else route[:limit - 1] + "…"
-    return text.replace("$", r"\$")
+    return short_route(route, limit).replace("$", r"\$")
 
 
 def _figure(width: float, height: float) -> tuple[Figure, Axes]:

@@ -6,11 +6,13 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
 from routetune.registry import Registry
+from routetune.reporting.report import ERROR_METRIC, worst_error
 from routetune.run.option_schema import options_of
 from routetune.trial import Trial
 
@@ -35,13 +37,8 @@ TOP = 10
 """Accurate routes the end-of-run summary shows (all: ``--verbose`` or ``routetune show``)."""
 
 
-def wrap_route(text: str, width: int = ROUTE_WIDTH) -> str:
-    """A route's text in lines of at most `width` characters, broken only after a comma.
-
-    A step is never split (``fp16{op_types_to_exclude=[Softmax,Pow]}`` stays whole,
-    however long), so each line can be copied back into a route; the commas inside a
-    step's parameters are not break points.
-    """
+def route_steps(text: str) -> list[str]:
+    """A route's text split after each comma between steps (not those inside a step)."""
     steps, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         depth += {"{": 1, "[": 1, "}": -1, "]": -1}.get(ch, 0)
@@ -49,6 +46,39 @@ def wrap_route(text: str, width: int = ROUTE_WIDTH) -> str:
             steps.append(text[start:i + 1])
             start = i + 1
     steps.append(text[start:])
+    return steps
+
+
+def short_route(text: str, limit: int) -> str:
+    """A route's text in at most `limit` characters, cut between steps.
+
+    The first steps that fit, then ``… +N`` for the N left out; a first step longer than
+    `limit` is cut itself, ending in "…".
+    """
+    if len(text) <= limit:
+        return text
+    steps = route_steps(text)
+    kept = ""
+    for i, step in enumerate(steps):
+        rest = f"… +{len(steps) - i}"
+        if len(kept) + len(step) + len(rest) > limit:
+            return (kept + rest) if kept else step[:limit - 1] + "…"
+        kept += step
+    return kept
+
+
+def wrap_route(text: str, width: int = ROUTE_WIDTH, cut: bool = False) -> str:
+    """A route's text in lines of at most `width` characters, broken only after a comma.
+
+    A step is never split (``fp16{op_types_to_exclude=[Softmax,Pow]}`` stays whole,
+    however long), so each line can be copied back into a route; the commas inside a
+    step's parameters are not break points. With `cut`, a step longer than `width` is
+    shortened to `width` characters ending in "…" (the table's row number leads to the
+    whole route: ``routetune show --all`` in a wider terminal, or report.html).
+    """
+    steps = route_steps(text)
+    if cut:
+        steps = [step if len(step) <= width else step[:width - 1] + "…" for step in steps]
     lines = [""]
     for step in steps:
         if lines[-1] and len(lines[-1]) + len(step) > width:
@@ -92,13 +122,53 @@ def status_line(trials: Sequence[Trial]) -> str:
 
 
 def accurate_table(trials: Sequence[Trial], winner: Trial | None, registry: Registry,
-                   top: int | None = TOP) -> Table:
-    """The winner and the fastest accurate routes, in the order given (`ranked`)."""
+                   top: int | None = TOP, width: int = 100, order: str = "winner first"
+                   ) -> Table:
+    """The winner and the fastest accurate routes, in the order given (`ranked`).
+
+    A `compact_table` without reasons (accurate routes have none): it fits `width`.
+    """
     accurate = [t for t in trials if t is winner or t.status == "ok"]
     shown = accurate if top is None else accurate[:top]
-    title = (f"the {len(shown)} fastest of {len(accurate)} accurate routes, winner first"
-             if len(shown) < len(accurate) else f"{len(accurate)} accurate routes, winner first")
-    return trials_table(shown, winner, registry, title=title)
+    title = (f"the {len(shown)} fastest of {len(accurate)} accurate routes, {order}"
+             if len(shown) < len(accurate) else f"{len(accurate)} accurate routes, {order}")
+    return compact_table(shown, winner, title, width, reasons=False)
+
+
+def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, width: int,
+                  reasons: bool = True) -> Table:
+    """Trials in the given order, in `width` columns: route, speed-up, p50, error, status.
+
+    Figures never wrap; the route wraps at its commas (`wrap_route`) to what is left of
+    `width`, at least 20 characters; the status and its reason fold in the rest. The full
+    columns are `trials_table`'s (``--verbose``).
+    """
+    route_width = max(20, min(ROUTE_WIDTH, width - (68 if reasons else 48)))
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("route", no_wrap=True)
+    table.add_column("speed-up [95%]", justify="right", no_wrap=True)
+    if not reasons:
+        table.add_column("p50 ms", justify="right", no_wrap=True)
+    table.add_column(ERROR_METRIC, justify="right", no_wrap=True)
+    if reasons:
+        table.add_column("status: reason", overflow="fold", min_width=26)
+    for i, t in enumerate(trials, 1):
+        route = escape(wrap_route(t.route, route_width, cut=True))
+        speed = f"{t.speedup:.2f}x" if t.speedup else ""
+        if t.paired is not None:
+            speed += f" [{t.paired.ci_low:.2f}, {t.paired.ci_high:.2f}]"
+        error = worst_error(t)
+        cells = [str(i), f"[bold]{route}[/bold]" if t is winner else route, speed]
+        if not reasons:
+            cells.append(f"{t.latency.p50:.3f}" if t.latency else "")
+        cells.append("" if error is None else f"{error:.2g}")
+        if reasons:
+            status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
+            status += " [magenta]noisy[/]" if t.noisy else ""
+            cells.append(status + (f": {escape(t.reason)}" if t.reason else ""))
+        table.add_row(*cells)
+    return table
 
 
 def accuracy_text(trial: Trial, registry: Registry) -> str:
@@ -237,16 +307,33 @@ def components_table(registry: Registry) -> Table:
     return table
 
 
+def winner_line(result: TuneResult) -> str:
+    """The winner and why, short: the confirmations' figures follow (`conditions_lines`)."""
+    route = f"[bold]{escape(result.winner.route)}[/bold]"
+    if not result.confirmations:  # nothing re-measured: the verdict's own words
+        return f"winner: {route} ({escape(result.winner_reason)})"
+    rule = f"--min-speedup {result.min_speedup:g}"
+    confirmed = result.confirmed
+    if confirmed is not None:
+        p = confirmed.paired
+        return (f"winner: {route} ({p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] over "
+                f"the base route, confirmed in a fresh process: above {rule} beyond its "
+                "95% interval)")
+    n = len(result.confirmations)
+    return (f"winner: {route} (the base route stands: no faster route held a speed-up above "
+            f"{rule} beyond its 95% interval when re-measured in a fresh process; "
+            f"{n} tried)")
+
+
 def conditions_lines(result: TuneResult) -> list[str]:
-    """What the verdict rests on: the confirmation, and how busy the machine was."""
+    """What the verdict rests on: the confirmations, and how busy the machine was."""
     lines = []
     for c in result.confirmations:
         p = c.paired
         held = "held" if result.confirmed is c else "did not hold"
         lines.append(
-            f"confirmation of {escape(c.route)} ({held}; fresh process, paired blocks): "
-            f"{p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] over the base route, p50 "
-            f"{c.latency.p50:.3f} ms vs {c.base_latency.p50:.3f} ms, {p.pairs} block pairs, "
+            f"  {escape(c.route)}: {p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] ({held}), "
+            f"p50 {c.latency.p50:.3f} vs {c.base_latency.p50:.3f} ms, {p.pairs} block pairs, "
             f"base drift ±{p.drift:.1%}")
     measured = [t for t in result.trials if t.latency is not None]
     noisy = result.noisy

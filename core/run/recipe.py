@@ -33,6 +33,7 @@ with that route pinned and nothing searched.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from collections.abc import Mapping
@@ -197,8 +198,7 @@ def load_recipe(path: Path, registry: Registry) -> Any:
     try:
         recipe = Recipe.model_validate(doc)
     except ValidationError as e:
-        problems = [f"{_where(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
-                    for err in e.errors()]
+        problems = [f"{_where(err['loc'])}: {_message(err)}" for err in e.errors()]
         recipe = None
     else:
         problems = []
@@ -209,6 +209,28 @@ def load_recipe(path: Path, registry: Registry) -> Any:
                          [_one_line(p) for p in problems]) if len(problems) > 1 else (
             UsageError(_one_line(f"{path}: {problems[0]}")))
     return recipe
+
+
+class _AnyOutput(tuple[str, ...]):
+    """Output names before the model is read: every name is one (checked later)."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
+def _message(error: Any) -> str:
+    """A schema error's message; an unknown field gets the closest known one."""
+    if error["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(str(error["loc"][-1]), _field_names(), n=1)
+        return "unknown field" + (f"; did you mean '{close[0]}'?" if close else "")
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def _field_names() -> list[str]:
+    """Every field name of every recipe table (the JSON Schema's properties)."""
+    schema = json_schema()
+    tables = [schema, *schema.get("$defs", {}).values()]
+    return sorted({name for t in tables for name in t.get("properties", {})})
 
 
 def _one_line(text: str) -> str:
@@ -242,7 +264,8 @@ def _check_names(doc: dict[str, Any], registry: Registry) -> list[str]:
             return call()
         except RoutetuneError as e:  # the field path already names the parameter
             field = where.rsplit(".", 1)[-1]
-            problems.append(f"{where}: {str(e).removeprefix(f'parameter {field!r}: ')}")
+            text = e.rest.strip() if isinstance(e, OptionError) else str(e)
+            problems.append(f"{where}: {text.removeprefix(f'parameter {field!r}: ')}")
             return None
 
     def table(name: str) -> dict[str, Any]:
@@ -254,6 +277,11 @@ def _check_names(doc: dict[str, Any], registry: Registry) -> list[str]:
         return [(i, t) for i, t in enumerate(value) if isinstance(t, str)] if isinstance(
             value, list) else []
 
+    expr = table("accuracy").get("expr")
+    if isinstance(expr, str):
+        from routetune.judging.accuracy import parse_accuracy
+
+        check("accuracy.expr", lambda: parse_accuracy(expr, registry, _AnyOutput()))
     backend, strategy = table("backend").get("name"), table("search").get("strategy")
     if isinstance(backend, str):
         check("backend.name", lambda: registry.backend(backend))

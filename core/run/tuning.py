@@ -52,12 +52,16 @@ class Plan:
     exact: bool = True
     bound: bool = False
 
+    def count(self) -> str:
+        """``120``, ``up to 120`` or ``about 120``; ``?`` when not known."""
+        if self.trials is None:
+            return "?"
+        return ("" if self.exact else "up to " if self.bound else "about ") + f"{self.trials:,}"
+
     def __str__(self) -> str:
         if self.trials is None:
             return "number of trials not known"
-        plural = "s" * (self.trials != 1)
-        how = "" if self.exact else "up to " if self.bound else "about "
-        return f"{how}{self.trials:,} trial{plural}"
+        return f"{self.count()} trial{'s' * (self.trials != 1)}"
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from routetune.registry import Registry
-from routetune.reporting.display import status_line, verdict_text, wrap_route
+from routetune.reporting.display import short_route, status_line, verdict_text, wrap_route
 from routetune.trial import Trial
 
 
@@ -46,3 +46,39 @@ def test_the_status_line_counts_and_names_the_common_reason() -> None:
     assert line.startswith("5 trials: ")
     assert "2 ok" in line and "2 accuracy-failed" in line
     assert "most often, 2x: y: cos 0.9, needs >= 0.99" in line and "e.g.: no kernels" in line
+
+
+def test_a_route_is_shortened_between_steps() -> None:
+    route = "ort-denormal-as-zero,ort-parallel{inter_op_threads=2},ort-threads{intra_op=2}"
+    assert short_route(route, 100) == route
+    assert short_route(route, 60) == "ort-denormal-as-zero,ort-parallel{inter_op_threads=2},… +1"
+    assert short_route(route, 50) == "ort-denormal-as-zero,… +2"
+    long_step = "int8-qdq{per_channel=false,symmetric_activations=false},fp16"
+    assert short_route(long_step, 30) == "int8-qdq{per_channel=false,sy…"
+    assert wrap_route(long_step, 24, cut=True) == "int8-qdq{per_channel=fa…\nfp16"
+
+
+def test_the_compact_table_fits_80_columns_with_its_figures_whole(registry: Registry) -> None:
+    from rich.console import Console
+
+    from routetune.measure import Latency, Speedup
+    from routetune.reporting.display import accurate_table, compact_table
+
+    lat = Latency(n=30, p50=12.345, p90=13.0, p99=13.5, mean=12.4, ci_low=12.2, ci_high=12.5)
+    trials = [Trial("f", "m", r, "onnxruntime", "cpu", "s", status, reason, latency=lat,
+                    base_latency=lat, paired=Speedup(1.234, 1.1, 1.3, 30, 0.02),
+                    accuracy={"y": {"rel_l2": 7.2e-7}})
+              for r, status, reason in (
+                  ("base", "ok", ""),
+                  ("fold-constants,fuse-bn-into-conv,ort-threads{intra_op=2}", "ok", ""),
+                  ("int8-qdq{per_channel=false,symmetric_activations=false},ort-threads",
+                   "accuracy-failed", "sigmoid_0.tmp_0: l0 0.0101563, needs <= 0.001"))]
+    console = Console(width=80, record=True, color_system=None)
+    console.print(accurate_table(trials, trials[0], registry, width=80))
+    console.print(compact_table(trials, trials[0], "all", width=80))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "1.23x [1.10, 1.30]" in text and "7.2e-07" in text and "12.345" in text
+    for step in ("fold-constants,", "fuse-bn-into-conv,", "ort-threads{intra_op=2}"):
+        assert step in text  # wrapped after a comma, each step whole
+    assert "int8-qdq{per_channe…" in text  # a step too long is cut, never wrapped

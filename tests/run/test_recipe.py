@@ -47,7 +47,7 @@ HEAD = 'schema_version = 2\n[model]\npath = "m.onnx"\n'
     ('[search]\nbeam_width = "wide"\n', "search.beam_width: Input should be a valid integer"),
     ('[search]\nbeam_width = 0\n', "search.beam_width: Input should be greater than or equal "
                                    "to 1"),
-    ('[serach]\nstrategy = "beam"\n', "serach: Extra inputs are not permitted"),
+    ('[serach]\nstrategy = "beam"\n', "serach: unknown field; did you mean 'search'?"),
     ('routes = ["fp16,fold-constants"]\n', "routes[0]: route 'fp16,fold-constants': "
                                            "'fp16' (precision) must come after"),
     ('base = ["ort-threads"]\n', "base[0]: 'ort-threads' is a build seasoning"),
@@ -93,14 +93,26 @@ def test_every_bad_field_is_listed_at_once_one_per_line(tmp_path: Path) -> None:
     lines = done.stderr.splitlines()
     assert lines[:2] == [f"routetune: error: {path}: 5 problems",
                          "  search.max_trials: Input should be greater than or equal to 1"]
-    starts = ["  backend.name: unknown backend 'tensort'; known: onnxruntime",
-              "  seasonings[0].name: unknown seasoning 'fp61'; known: bf16",
+    starts = ["  backend.name: unknown backend 'tensort'; did you mean 'tensorrt'? (all: "
+              "`routetune seasonings`)",
+              "  seasonings[0].name: unknown seasoning 'fp61'; did you mean 'fp16'?",
               "  seasonings[1].params.threads: seasoning 'ort-threads' has no parameter "
               "'threads'; known: intra_op",
               "  routes[0]: route 'fp16,fold-constants': 'fp16' (precision) must come after "
               "'fold-constants' (graph)"]
     assert len(lines) == 6 and all(line.startswith(start)
                                    for line, start in zip(lines[2:], starts, strict=True))
+
+
+def test_an_unknown_field_gets_the_closest_and_a_bad_expression_comes_in_the_first_pass(
+        tmp_path: Path, registry) -> None:  # noqa: ANN001
+    path = write(tmp_path, HEAD + '[search]\nmax_dept = 3\n[accuracy]\nexpr = "cos>>0.9"\n')
+    with pytest.raises(UsageError) as err:
+        load_recipe(path, registry)
+    assert err.value.problems == (
+        "search.max_dept: unknown field; did you mean 'max_depth'?",
+        "accuracy.expr: 'cos>>0.9': '>>' in 'cos>>0.9' is not an operator; write e.g. "
+        "cos>=0.99 or cos<=0.01")
 
 
 def test_flags_given_override_the_recipe_and_the_rest_comes_from_it(tmp_path: Path,

@@ -46,7 +46,8 @@ def test_the_flags_recipe_schema_docs_and_api_come_from_the_declarations() -> No
     from routetune.cli import app
 
     command = typer.main.get_command(app).commands["tune"]  # type: ignore[attr-defined]
-    flags = {opt for param in command.params for opt in param.opts}
+    flags = {opt for param in command.params
+             for opt in [*param.opts, *getattr(param, "secondary_opts", [])]}
     readme = (ROOT / "README.md").read_text()
     schema = json_schema()
     keywords = api_tune.__doc__ or ""
