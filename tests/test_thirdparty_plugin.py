@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,8 +30,11 @@ def test_third_party_seasoning_takes_part_in_a_search(demo_installed: None, tmp_
                      str(tmp_path / "out"), "--seasonings", "demo-single-thread",
                      "--search", "exhaustive", "--min-runs", "3", "--min-time", "0.02")
     assert done.returncode == 0, done.stderr
-    row = next(line for line in done.stdout.splitlines() if "demo-single-thread" in line)
-    assert " ok " in row
+    store = sqlite3.connect(tmp_path / "out" / "trials.sqlite")
+    status = dict(store.execute("SELECT route, status FROM trials").fetchall())
+    assert status == {"base": "ok", "demo-single-thread": "ok"}
+    table = done.stdout.split("accurate routes")[1].split("trials:")[0]
+    assert "demo-single-thread" in table  # in the summary of the accurate routes
 
 
 def test_disabled_plugin_is_not_loaded(demo_installed: None) -> None:

@@ -33,7 +33,6 @@ with that route pinned and nothing searched.
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 from collections.abc import Mapping
@@ -43,8 +42,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from routetune.errors import RoutetuneError, UsageError, one_line
+from routetune.errors import UsageError, one_line
 from routetune.run.option_schema import OptionError, OptionInfo, options_of
+from routetune.run.recipe_problems import field_path, plugin_problems, schema_problem
 from routetune.run.run_spec import RunSpec
 
 if sys.version_info >= (3, 11):
@@ -198,32 +198,18 @@ def load_recipe(path: Path, registry: Registry) -> Any:
     try:
         recipe = Recipe.model_validate(doc)
     except ValidationError as e:
-        problems = [f"{_where(err['loc'])}: {_message(err)}" for err in e.errors()]
+        problems = [f"{field_path(err['loc'])}: {schema_problem(err, _field_names())}"
+                    for err in e.errors()]
         recipe = None
     else:
         problems = []
-    problems += [p for p in _check_names(doc, registry)  # a field the schema refused
+    problems += [p for p in plugin_problems(doc, registry)  # a field the schema refused
                  if not any(p.split(":")[0] == q.split(":")[0] for q in problems)]
     if problems:
         raise UsageError(f"{path}: {len(problems)} problem{'s' * (len(problems) != 1)}",
                          [_one_line(p) for p in problems]) if len(problems) > 1 else (
             UsageError(_one_line(f"{path}: {problems[0]}")))
     return recipe
-
-
-class _AnyOutput(tuple[str, ...]):
-    """Output names before the model is read: every name is one (checked later)."""
-
-    def __contains__(self, name: object) -> bool:
-        return True
-
-
-def _message(error: Any) -> str:
-    """A schema error's message; an unknown field gets the closest known one."""
-    if error["type"] == "extra_forbidden":
-        close = difflib.get_close_matches(str(error["loc"][-1]), _field_names(), n=1)
-        return "unknown field" + (f"; did you mean '{close[0]}'?" if close else "")
-    return str(error["msg"]).removeprefix("Value error, ")
 
 
 def _field_names() -> list[str]:
@@ -239,77 +225,6 @@ def _one_line(text: str) -> str:
     Problems quote the recipe's values (a route text with a line break in it).
     """
     return " ".join(text.split())
-
-
-def _where(loc: tuple[Any, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(recipe)"
-
-
-def _check_names(doc: dict[str, Any], registry: Registry) -> list[str]:
-    """Problems a schema cannot see: names and values that the installed plugins refuse.
-
-    It reads the TOML document itself, so that a recipe that the schema refuses gets
-    these problems in the same message; a field of the wrong type is the schema's.
-    """
-    from routetune.composer import resolve_route
-    from routetune.route import parse_route
-
-    problems: list[str] = []
-
-    def check(where: str, call: Any) -> Any:
-        try:
-            return call()
-        except RoutetuneError as e:  # the field path already names the parameter
-            field = where.rsplit(".", 1)[-1]
-            text = e.rest.strip() if isinstance(e, OptionError) else str(e)
-            problems.append(f"{where}: {text.removeprefix(f'parameter {field!r}: ')}")
-            return None
-
-    def table(name: str) -> dict[str, Any]:
-        value = doc.get(name)
-        return value if isinstance(value, dict) else {}
-
-    def texts(name: str) -> list[tuple[int, str]]:
-        value = doc.get(name)
-        return [(i, t) for i, t in enumerate(value) if isinstance(t, str)] if isinstance(
-            value, list) else []
-
-    expr = table("accuracy").get("expr")
-    if isinstance(expr, str):
-        from routetune.judging.accuracy import parse_accuracy
-
-        check("accuracy.expr", lambda: parse_accuracy(expr, registry, _AnyOutput()))
-    backend, strategy = table("backend").get("name"), table("search").get("strategy")
-    if isinstance(backend, str):
-        check("backend.name", lambda: registry.backend(backend))
-    if isinstance(strategy, str):
-        check("search.strategy", lambda: registry.strategy(strategy))
-    seasonings = doc.get("seasonings")
-    for i, spec in enumerate(seasonings if isinstance(seasonings, list) else []):
-        name = spec.get("name") if isinstance(spec, dict) else None
-        cls = check(f"seasonings[{i}].name",
-                    lambda name=name: registry.seasoning(name)) if isinstance(name, str) else None
-        params = spec.get("params") if cls is not None else None
-        for param_name, values in (params.items() if isinstance(params, dict) else ()):
-            where = f"seasonings[{i}].params.{param_name}"
-            param = check(where, lambda n=param_name, cls=cls: cls.info.param(n))
-            for raw in values if param is not None and isinstance(values, list) else []:
-                value = tuple(raw) if isinstance(raw, list) else raw
-                if check(where, lambda p=param, v=value: p.check(v)) is None:
-                    break
-    for i, text in texts("routes"):
-        check(f"routes[{i}]", lambda text=text: resolve_route(parse_route(text), registry))
-    for i, text in texts("base"):
-        route = check(f"base[{i}]", lambda text=text: resolve_route(parse_route(text),
-                                                                     registry))
-        for step in route or ():
-            if registry.seasoning(step.name).info.stage == "build":
-                problems.append(f"base[{i}]: '{step.name}' is a build seasoning; put build "
-                                "options in [backend.options]")
-    return problems
 
 
 def _upgrade_v1(doc: dict[str, Any]) -> dict[str, Any]:
