@@ -39,8 +39,9 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
             (``"x:1x3x224x224"``), ``min_shapes``, ``opt_shapes``, ``max_shapes``,
             ``space``, ``routes``, ``base``, ``backend_options``, ``model_sha256``,
             ``fresh``, ``max_trials``, ``time_budget_s`` (s), ``min_runs``,
-            ``min_time_s`` (s), ``build_workers``, ``trial_timeout_s`` (s),
-            ``worker_memory_mb`` (MiB), ``in_process``, ``min_speedup``,
+            ``min_time_s`` (s), ``latency`` (``device``, ``end-to-end``),
+            ``build_workers``, ``trial_timeout_s`` (s), ``worker_memory_mb`` (MiB),
+            ``in_process``, ``min_speedup``,
             ``busy_machine`` (``wait``, ``warn``, ``ignore``),
             ``allow_external_data_outside``.
 

@@ -73,7 +73,15 @@ class Runner:
 
     Subclasses implement `infer` and `prepare`; `synchronize` matters for devices
     that run asynchronously.
+
+    Class attributes:
+        host_copies: Whether a run from host memory copies inputs and outputs between
+            host and device (a GPU engine): then device compute (`prepare`, `timed`)
+            and host-to-host time (`prepare_end_to_end`, `wall_timed`) differ, and the
+            search records both (``--latency`` says which one it optimises).
     """
+
+    host_copies: ClassVar[bool] = False
 
     def __enter__(self) -> Runner:
         return self
@@ -108,6 +116,13 @@ class Runner:
 
         The default: wall-clock time (``time.perf_counter_ns``) around the call and
         `synchronize`. A GPU runner times on the device instead (CUDA events).
+        """
+        return self.wall_timed(call)
+
+    def wall_timed(self, call: Callable[[], None]) -> float:
+        """Run a prepared call once; wall-clock ms around the call and `synchronize`.
+
+        What a host-to-host run (`prepare_end_to_end`) is timed with on every device.
         """
         t0 = time.perf_counter_ns()
         call()
@@ -277,6 +292,30 @@ class Backend:
             BackendError: This backend cannot serve as the reference.
         """
         raise BackendError(f"backend '{self.name}' cannot compute reference outputs")
+
+    def run_on_device(self, model: Any, feeds: list[Feed], weights: Path | None = None
+                      ) -> list[dict[str, np.ndarray]]:
+        """Run an ``onnx.ModelProto`` on this backend's device, with its defaults; all outputs.
+
+        For a model the FP32 reference cannot run: ``precision-repair`` ranks a bfloat16
+        model's nodes here when the reference (ONNX Runtime's CPU provider) has no
+        bfloat16 kernels. Graph optimisations are off, so that every tensor keeps its name.
+
+        Args: as `evaluate`'s.
+
+        Raises:
+            BackendError: This backend cannot run a model outside an engine build.
+            Exception: Whatever the runtime raises for a model it cannot run.
+        """
+        raise BackendError(f"backend '{self.name}' cannot run a model outside an engine")
+
+    def device_memory_used(self) -> int | None:
+        """Bytes of device memory in use on this process's GPU now; None on a host device.
+
+        The search reads it before an engine is built and after it was timed: the
+        difference is the engine's device memory (`routetune.trial.Trial`).
+        """
+        return None
 
     def reference(self, model_path: Path) -> Runner:
         """Open `model_path` as the FP32 accuracy reference, with no optimisation.

@@ -36,6 +36,9 @@ import numpy as np
 from routetune.backend import Feed, Runner
 from routetune.run.option_schema import option
 
+LATENCIES = ("device", "end-to-end")
+"""The figures a GPU run is timed as (`MeasureSettings.latency`)."""
+
 
 @dataclass(frozen=True)
 class MeasureSettings:
@@ -50,6 +53,10 @@ class MeasureSettings:
         max_time_s: Seconds of timed runs at most (wins over `min_runs`).
         min_blocks: Blocks per engine at least (the independent units of a paired
             comparison; 6 is the fewest for which a 95% interval of a median exists).
+        latency: What a run's time is (`LATENCIES`): ``device``, the engine's compute
+            with inputs and outputs on the device (`Runner.prepare`, timed by
+            `Runner.timed`: CUDA events on a GPU); ``end-to-end``, host to host with
+            the copies (`Runner.prepare_end_to_end`, wall clock). The same on a CPU.
     """
 
     warmup: int = 3
@@ -60,6 +67,15 @@ class MeasureSettings:
     max_runs: int = 5000
     max_time_s: float = 20.0
     min_blocks: int = 10
+    latency: str = option(
+        "device", help="What the search optimises on a GPU: device (compute, I/O on the "
+        "device) or end-to-end (host to host, copies included); both are recorded.",
+        recipe="measure.latency", choices=("device", "end-to-end"))
+
+    @property
+    def other_latency(self) -> str:
+        """The `LATENCIES` entry this one is not: the figure recorded beside it."""
+        return LATENCIES[1 - LATENCIES.index(self.latency)]
 
     @property
     def block_s(self) -> float:
@@ -291,12 +307,16 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed],
     with several runners, its first run is not counted: a runtime's idle threads
     may still be busy-waiting after the previous block (ONNX Runtime's thread pools
     spin), which would slow the other runner. The count, time and block limits of
-    `settings` apply per runner.
+    `settings` apply per runner. `MeasureSettings.latency` says what a run is: device
+    compute, or host to host with the copies.
 
     Returns:
         One `Latency` per runner, in order (ms), and every block in time order.
     """
-    calls = [[runner.prepare(feed) for feed in feeds] for runner in runners]
+    end_to_end = settings.latency == "end-to-end"
+    calls = [[(runner.prepare_end_to_end if end_to_end else runner.prepare)(feed)
+              for feed in feeds] for runner in runners]
+    timers = [runner.wall_timed if end_to_end else runner.timed for runner in runners]
     for runner, prepared in zip(runners, calls, strict=True):
         for call in prepared:
             for _ in range(settings.warmup):
@@ -319,7 +339,7 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed],
             while True:
                 call = calls[i][done[i] % len(feeds)]
                 done[i] += 1
-                ms = runner.timed(call)
+                ms = timers[i](call)
                 t1 = time.perf_counter_ns()
                 if k >= skip:
                     block.append(ms)

@@ -215,6 +215,10 @@ class RouteContext:
             off) on every set of `feeds` and returns all its outputs, one mapping per
             set. Precision seasonings use it to read activation ranges. None where no
             reference runtime is available. It takes models with external data too.
+        run_on_device: Runs an ONNX model on the backend's device with its default
+            settings (`Backend.run_on_device`) on every set of `feeds`; all outputs, one
+            mapping per set. For a model the reference cannot run (bfloat16 on ONNX
+            Runtime's CPU provider). Raises `BackendError` where the backend cannot.
         weights: For a model with external data (over 2 GiB, say), the folder its
             tensors' locations are relative to; None when the model holds its data. A
             pass that hands the model to another tool as a file loads the data from
@@ -227,6 +231,7 @@ class RouteContext:
     applied: str = "base"
     evaluate: Callable[[onnx.ModelProto], list[dict[str, Any]]] | None = None
     weights: Path | None = None
+    run_on_device: Callable[[onnx.ModelProto], list[dict[str, Any]]] | None = None
 
 
 class Seasoning:

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from routetune.errors import StorageError, one_line
-from routetune.measure import Latency, Speedup
+from routetune.measure import LATENCIES, Latency, Speedup
 from routetune.trial import Status, Trial
 
 APPLICATION_ID = 0x52545430  # "RTT0"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 FILENAME = "trials.sqlite"
 
 _SCHEMA = """
@@ -55,6 +55,7 @@ CREATE TABLE trials (
     noisy TEXT NOT NULL DEFAULT '',
     engine_sha256 TEXT,
     measurement TEXT,
+    timing TEXT,
     UNIQUE (model_sha256, route, backend, device, settings_hash)
 );
 """
@@ -65,12 +66,15 @@ _MIGRATIONS = {
        "ALTER TABLE trials ADD COLUMN noisy TEXT NOT NULL DEFAULT '';",
     2: "ALTER TABLE trials ADD COLUMN engine_sha256 TEXT;",
     3: "ALTER TABLE trials ADD COLUMN measurement TEXT;",
+    4: "ALTER TABLE trials ADD COLUMN timing TEXT;",
 }
 """Per schema version, the SQL that brings a store to the next version: version 2 adds
 the paired speed-up, the machine conditions and the noisy mark of each trial; version 3
 the sha256 of a kept engine file; version 4 the accuracy measurement's faults, notes
 and tolerances, so that a trial can be judged again under another constraint (a trial
-written before has none, and keeps the verdict it was stored with)."""
+written before has none, and keeps the verdict it was stored with); version 5 what was
+timed (``--latency``), the other latency and the engine's device memory (a trial written
+before has device compute and neither)."""
 
 
 class TrialStore:
@@ -193,6 +197,9 @@ class TrialStore:
         for key in ("latency", "base_latency", "paired"):
             value = getattr(trial, key)
             row[key] = json.dumps(asdict(value)) if value else None
+        other = row.pop("other_latency")
+        row["timing"] = json.dumps({"kind": row.pop("latency_kind"), "other": other,
+                                    "device_memory_bytes": row.pop("device_memory_bytes")})
         for key in ("accuracy", "passes", "settings", "versions", "conditions"):
             row[key] = json.dumps(row[key])
         cols = ", ".join(row)
@@ -309,14 +316,43 @@ def _checked_trial(row: dict[str, Any]) -> Trial:
     if not isinstance(passes, list) or not all(isinstance(p, dict) for p in passes):
         raise TypeError("passes is not a JSON list of objects")
     measured = _measurement(row.pop("measurement", None))
+    timing = _timing(row.pop("timing", None))
     row["status"] = Status(row["status"])
     return Trial(
         **{k: v for k, v in row.items() if k not in (*_MAPPINGS, "passes")}, **measured,
         latency=Latency(**latency) if latency else None,
         base_latency=Latency(**base) if base else None,
         paired=Speedup(**paired) if paired else None,
-        passes=tuple(passes), **mappings,
+        passes=tuple(passes), **mappings, **timing,
     )
+
+
+def _timing(raw: Any) -> dict[str, Any]:
+    """The ``timing`` column as `Trial` fields: latency kind, other latency, device memory.
+
+    Raises:
+        TypeError: It is not a JSON object of a known kind, a latency or null, and a
+            byte count or null.
+        ValueError: It is not JSON, or a figure is not positive.
+    """
+    if raw is None:
+        return {}
+    doc = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(doc, dict) or doc.get("kind") not in LATENCIES:
+        raise TypeError(f"timing is not an object with a kind of {', '.join(LATENCIES)}")
+    other = doc.get("other")
+    if other is not None:
+        if not isinstance(other, dict):
+            raise TypeError("timing.other is not a JSON object")
+        other["blocks"] = tuple(other.get("blocks", ()))
+        for key, value in other.items():
+            for v in value if key == "blocks" else (value,):
+                _number(v, f"timing.other.{key}", positive=key == "p50")
+    memory = doc.get("device_memory_bytes")
+    if memory is not None:
+        _number(memory, "timing.device_memory_bytes")
+    return {"latency_kind": doc["kind"], "other_latency": Latency(**other) if other else None,
+            "device_memory_bytes": memory}
 
 
 def _measurement(raw: Any) -> dict[str, Any]:

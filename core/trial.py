@@ -96,6 +96,16 @@ class Trial:
         accuracy_per_set: Per output, the ``accuracy`` metrics of each validation input
             set, in the sets' order (`routetune.judging.accuracy.AccuracyMeasurement.per_set`);
             empty with one input set.
+        latency_kind: What `latency`, `base_latency` and `paired` time
+            (`routetune.measure.LATENCIES`, ``--latency``): ``device`` compute or
+            ``end-to-end`` (host to host, copies included).
+        other_latency: The other figure, measured alone after the paired blocks (ms):
+            host to host when `latency` is device compute, and the reverse; None where
+            the two are the same (a CPU backend) or not measured.
+        device_memory_bytes: Device memory the engine took (bytes): in use on its GPU
+            after it was timed, less what was in use before it was built. ONNX
+            Runtime's and TensorRT's allocators keep what they took, so this is the
+            engine's peak. None on a host device.
     """
 
     fingerprint: str
@@ -126,6 +136,9 @@ class Trial:
     tolerances: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     accuracy_per_set: Mapping[str, tuple[Mapping[str, float], ...]] = field(
         default_factory=dict)
+    latency_kind: str = "device"
+    other_latency: Latency | None = None
+    device_memory_bytes: int | None = None
 
     @property
     def steps(self) -> Route:

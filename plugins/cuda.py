@@ -66,3 +66,15 @@ def event_timed(stream: Any, call: Callable[[], None]) -> float:
     end.record(stream)
     end.synchronize()
     return float(cupy.cuda.get_elapsed_time(start, end))
+
+
+def device_memory_used() -> int:
+    """Bytes in use on the current CUDA device (``cudaMemGetInfo``: total minus free).
+
+    Device-wide: another process's allocations on the same GPU count too (the machine's
+    conditions name such processes, `routetune.conditions`).
+    """
+    import cupy
+
+    free, total = cupy.cuda.runtime.memGetInfo()
+    return int(total - free)

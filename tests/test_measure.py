@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -56,6 +57,31 @@ def test_measure_rotates_inputs_and_meets_count_and_duration() -> None:
     timed = runner.calls[4:]
     assert timed[:4] == ["a", "b", "a", "b"]
     assert 1.9 < lat.p50 < 20
+
+
+class CopyingRunner(SleepRunner):
+    """Device compute takes 2 ms by its own clock; host to host, 2 ms more of copies."""
+
+    host_copies = True
+
+    def prepare_end_to_end(self, feed):  # noqa: ANN001, ANN201
+        return lambda: (self.calls.append("e2e"), time.sleep(0.004))
+
+    def timed(self, call):  # noqa: ANN001, ANN201 - a device clock that sees no copies
+        call()
+        return 2.0
+
+
+def test_the_latency_setting_picks_device_compute_or_host_to_host_by_wall_clock() -> None:
+    quick = MeasureSettings(warmup=1, min_runs=6, min_time_s=0.02, min_blocks=6)
+    runner = CopyingRunner()
+    device = measure(runner, [{"k": "a"}], quick)
+    assert device.p50 == 2.0 and "e2e" not in runner.calls
+    runner = CopyingRunner()
+    end_to_end = measure(runner, [{"k": "a"}], replace(quick, latency="end-to-end"))
+    assert set(runner.calls) == {"e2e"} and end_to_end.p50 >= 3.9  # wall clock, copies in
+    assert quick.other_latency == "end-to-end"
+    assert replace(quick, latency="end-to-end").other_latency == "device"
 
 
 def test_measure_stops_at_max_runs() -> None:

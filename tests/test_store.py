@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,23 @@ def test_round_trip(tmp_path: Path) -> None:
     assert again.trials() == [written]
     mode = again.conn.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
+
+
+def test_both_latencies_and_device_memory_round_trip(tmp_path: Path) -> None:
+    store = TrialStore.open(tmp_path / "t.sqlite")
+    gpu = replace(trial(), latency_kind="end-to-end", device_memory_bytes=123_456_789,
+                  other_latency=Latency(8, 0.5, 0.6, 0.7, 0.55, 0.45, 0.6, (0.5, 0.52)))
+    written = store.add(gpu)
+    assert store.get(written.fingerprint) == written
+    assert written.other_latency == gpu.other_latency and written.latency_kind == "end-to-end"
+    store.conn.execute("UPDATE trials SET timing = '{\"kind\": \"wall\"}'")
+    with pytest.raises(StorageError, match="corrupt .*timing is not an object with a kind"):
+        store.trials()
+    store.conn.execute("UPDATE trials SET timing = '{\"kind\": \"device\", "
+                       "\"device_memory_bytes\": \"lots\"}'")
+    with pytest.raises(StorageError, match="timing.device_memory_bytes is str"):
+        store.trials()
+    store.close()
 
 
 def test_a_trial_is_never_overwritten(tmp_path: Path) -> None:
@@ -98,6 +116,8 @@ def test_a_schema_1_store_migrates_on_open(tmp_path: Path) -> None:
     assert old.paired is None and old.conditions == {} and old.noisy == ""
     assert old.engine_sha256 is None  # schema 3: a plan it kept is not vouched for
     assert old.speedup == pytest.approx(1.5) and old.latency.blocks == ()
+    assert (old.latency_kind, old.other_latency, old.device_memory_bytes) == (
+        "device", None, None)  # schema 5: timed as device compute, the rest unknown
     store.add(trial("f2", "fp16,x"))  # the new columns take writes
     store.close()
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

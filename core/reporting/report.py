@@ -141,7 +141,11 @@ def unreadable_record(folder: Path, error: BaseException) -> UsageError:
 
 
 def trial_row(trial: Trial) -> dict[str, Any]:
-    """One trial as a flat row: latencies in ms, speed-up, the worst error per metric."""
+    """One trial as a flat row: latencies in ms, speed-up, the worst error per metric.
+
+    ``p50_ms`` is what the search timed (``latency_kind``: device compute or end to
+    end); ``other_p50_ms`` the other figure, where the engine has host copies.
+    """
     lat = trial.latency
     worst = {}
     for name in ("rel_l2", "cos", "linf", "l0"):
@@ -158,7 +162,9 @@ def trial_row(trial: Trial) -> dict[str, Any]:
         "speedup_ci": [trial.paired.ci_low, trial.paired.ci_high] if trial.paired else None,
         "noisy": trial.noisy, "waited_s": trial.conditions.get("waited_s"),
         "foreign_cores": trial.conditions.get("foreign_cores"),
-        "build_ms": trial.build_ms,
+        "build_ms": trial.build_ms, "latency_kind": trial.latency_kind,
+        "other_p50_ms": trial.other_latency.p50 if trial.other_latency else None,
+        "device_memory_bytes": trial.device_memory_bytes,
         "engine_bytes": trial.engine_bytes, "error": worst,
         "steps": [s.name for s in parse_route(trial.route)],
     }

@@ -219,7 +219,7 @@ def _trial_row(number: int, r: dict[str, Any], winner: bool) -> str:
         (str(number), str(number), "num"),
         (e(r["route"]), route_html(r["route"]) + mark, "route"),
         (e(r["status"]), f"<span class='{e(r['status'])}'>{e(r['status'])}</span>", "status"),
-        (_v(r["p50_ms"]), _f(r["p50_ms"], ".3f"), "num"),
+        (_v(r["p50_ms"]), _p50_html(r), "num"),
         (_v(spread), _f(spread, ".3f"), "num"),
         (_v(r["base_p50_ms"]), _f(r["base_p50_ms"], ".3f"), "num"),
         (_v(r["speedup"]), speed, "num"),
@@ -230,6 +230,18 @@ def _trial_row(number: int, r: dict[str, Any], winner: bool) -> str:
     ]
     return (f"<tr{' class=winner' if winner else ''}>"
             + "".join(f"<td data-v='{v}' class='{c}'>{t}</td>" for v, t, c in cells) + "</tr>")
+
+
+def _p50_html(r: dict[str, Any]) -> str:
+    """The p50 as text; where the engine has host copies, the other figure on hover."""
+    text = _f(r["p50_ms"], ".3f")
+    if r.get("other_p50_ms") is None:
+        return text
+    other = "device compute" if r["latency_kind"] == "end-to-end" else "host to host"
+    memory = r.get("device_memory_bytes")
+    title = (f"{r['latency_kind']} p50 {text} ms; {other} p50 {r['other_p50_ms']:.3f} ms"
+             + (f"; device memory {memory / 2**20:.0f} MiB" if memory is not None else ""))
+    return f"<span title='{html.escape(title)}'>{text}</span>"
 
 
 def _num_cell(value: float | None, text: str) -> str:

@@ -32,14 +32,23 @@ def render_markdown(data: dict[str, Any]) -> str:
     lines.append("\n## Trials\n")
     lines.append("Speed-up: search-time, paired blocks with the base route (median "
                  "[95% interval]); *noisy*: timed while the machine was busy.\n")
-    lines.append("| route | status | p50 ms | base p50 ms (alongside) | speed-up | rel-L2 | "
-                 "reason |\n|---|---|---|---|---|---|---|")
+    other = next((r for r in data["trials"] if r.get("other_p50_ms") is not None), None)
+    extra = (f" {'device' if other['latency_kind'] == 'end-to-end' else 'host-to-host'} "
+             "p50 ms | device MiB |") if other else ""
+    kind = f"{other['latency_kind']} " if other else ""
+    lines.append(f"| route | status | {kind}p50 ms | "
+                 f"base p50 ms (alongside) | speed-up | rel-L2 |{extra} reason |\n"
+                 f"|---|---|---|---|---|---|{'---|---|' if other else ''}---|")
     for r in data["trials"]:
         reason = r["reason"].replace("|", "\\|")
         mark = " (winner)" if winner and r["route"] == winner["route"] else ""
+        memory = r.get("device_memory_bytes")
+        cells = (f" {_num(r.get('other_p50_ms'), '.3f')} | "
+                 f"{_num(memory / 2**20 if memory is not None else None, '.0f')} |"
+                 if other else "")
         lines.append(f"| `{r['route']}`{mark} | {r['status']} | {_num(r['p50_ms'], '.3f')} | "
                      f"{_num(r['base_p50_ms'], '.3f')} | {speedup_text(r)} | "
-                     f"{_num(r['error'].get('rel_l2'), '.3g')} | {reason} |")
+                     f"{_num(r['error'].get('rel_l2'), '.3g')} |{cells} {reason} |")
     return "\n".join(lines) + "\n"
 
 

@@ -171,8 +171,11 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     # again under another --accuracy), the tolerances and the installed metrics are
     measured = [sorted(constraint.tolerance_map([o.name for o in model.outputs]).items()),
                 sorted(registry.metrics)]
+    measure = asdict(opts.measure)
+    if measure["latency"] == "device":  # the figure timed before --latency existed: a
+        del measure["latency"]  # store written then keeps resuming
     settings_hash = sha256(json.dumps(
-        [inputs_hash, measured, asdict(opts.measure), str(profile), str(base),
+        [inputs_hash, measured, measure, str(profile), str(base),
          sorted(opts.backend_options.items())], default=str).encode())
     if profile.shapes:
         source["profile"] = str(profile)

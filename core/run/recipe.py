@@ -18,7 +18,8 @@ Schema version 2 (``schema_version = 2``); ``routetune schema`` prints it as JSO
   }``), ``beam_width`` (its shorthand), ``max_depth``, ``max_trials``, ``time_budget_s``.
 - ``[accuracy]``: ``expr`` (the ``--accuracy`` expression) and ``[accuracy.outputs]``,
   an expression per output name.
-- ``[measure]``: ``min_runs``, ``min_time_s``, ``min_speedup``, ``busy_machine``.
+- ``[measure]``: ``min_runs``, ``min_time_s``, ``latency``, ``min_speedup``,
+  ``busy_machine``.
 
 The tables other than ``[model]``'s validator, ``[[seasonings]]`` and ``[accuracy]
 outputs`` are made from the option declarations (`routetune.run.run_spec.RunSpec`).
@@ -323,6 +324,7 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
         "search": {"strategy": "exhaustive", "max_depth": 0},
         "accuracy": {"expr": run.constraint.text},
         "measure": {"min_runs": opts.measure.min_runs, "min_time_s": opts.measure.min_time_s,
+                    "latency": opts.measure.latency,
                     "min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine},
         "inputs": inputs,
         "output": os.path.relpath(run.outdir, path.parent),

@@ -143,7 +143,7 @@ class RouteApplier:
         seasoning = self.registry.seasoning(step.name)(dict(step.params))
         evaluate = self.evaluate if self.reference is not None else None
         ctx = RouteContext(self.backend, tuple(self.inputs.feeds), str(applied), evaluate,
-                           self.store)
+                           self.store, self.run_on_device)
         t0 = time.perf_counter_ns()
         try:
             if state.graph is not None and seasoning.info.stage != "build":
@@ -171,6 +171,16 @@ class RouteApplier:
         if self.store is not None:
             externalize(model, self.store)
         return self.reference.evaluate(model, list(self.inputs.feeds), weights=self.store)
+
+    def run_on_device(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+        """Run `model` on the backend's device, its defaults, on every input set; all outputs.
+
+        Raises:
+            BackendError: The backend cannot run a model outside an engine build.
+        """
+        if self.store is not None:
+            externalize(model, self.store)
+        return self.backend.run_on_device(model, list(self.inputs.feeds), weights=self.store)
 
     def _snapshot(self, prefix: Route, snapshot: Snapshot) -> None:
         data, passes, stash = snapshot

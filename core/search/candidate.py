@@ -146,11 +146,13 @@ class Candidate:
             ``build-only``, ``build-failed`` or ``crashed``, with ``accuracy``,
             ``faults``, ``notes`` and ``tolerances``
             (`routetune.judging.accuracy.AccuracyMeasurement`), ``latency`` and
-            ``base_latency`` (ms), ``paired`` (the paired speed-up), ``conditions`` and
-            ``noisy`` (`routetune.conditions`) added to `built`.
+            ``base_latency`` (ms), ``paired`` (the paired speed-up), ``latency_kind``
+            and ``other_latency`` (`PairedTiming.measure`), ``device_memory_bytes``,
+            ``conditions`` and ``noisy`` (`routetune.conditions`) added to `built`.
         """
         fields = dict(built)
         settings = fields["settings"]
+        memory = self.timing.memory_before(route)
         try:
             engine = self.engine(self.outdir / fields["artifact"], settings, fingerprint,
                                  fields.get("engine_sha256", ""))
@@ -181,9 +183,10 @@ class Candidate:
                 fields.update(accuracy=measured.metrics, faults=tuple(faults),
                               notes=tuple(notes), tolerances=measured.tolerances,
                               accuracy_per_set=measured.per_set)
-                (fields["latency"], fields["base_latency"], fields["paired"]), conditions = (
-                    self.timing.watched(lambda: self.timing.measure(runner, route)))
-                fields["conditions"], fields["noisy"] = conditions, conditions["busy"]
+                timed, conditions = self.timing.watched(
+                    lambda: self.timing.measure(runner, route))
+                fields.update(timed, conditions=conditions, noisy=conditions["busy"],
+                              device_memory_bytes=self.timing.memory_taken(memory))
         except Exception as e:  # a crash inside one candidate never stops the search
             return Outcome(Status.CRASHED, describe(e), fields)
         return Outcome(Status.OK, "", fields)

@@ -9,6 +9,7 @@ waits for a quiet machine, or marks itself noisy, as ``--busy-machine`` says
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any, Literal, TypeVar
 
 from routetune.backend import Backend, Runner
 from routetune.conditions import BusyPolicy, measure_watched
-from routetune.measure import Latency, Speedup, measure, measure_blocks, paired_speedup
+from routetune.measure import MeasureSettings, measure, measure_blocks, paired_speedup
 from routetune.route import Route
 from routetune.search.artifacts import save_model
 from routetune.search.phases import TrialInputs
@@ -26,6 +27,13 @@ from routetune.search.phases import TrialInputs
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def other_settings(settings: MeasureSettings) -> MeasureSettings:
+    """How the other latency is timed: the other kind, a quarter of the time, 6 blocks."""
+    return replace(settings, latency=settings.other_latency,
+                   min_runs=max(3, settings.min_runs // 4), min_time_s=settings.min_time_s / 4,
+                   max_time_s=settings.max_time_s / 4, min_blocks=6)
 
 
 class PairedTiming:
@@ -51,24 +59,49 @@ class PairedTiming:
         """
         return measure_watched(self.policy(), self.status(), timed)
 
-    def measure(self, runner: Runner, route: Route
-                 ) -> tuple[Latency, Latency | None, Speedup | None]:
-        """Time a candidate in paired blocks with the base route's engine.
+    def measure(self, runner: Runner, route: Route) -> dict[str, Any]:
+        """Time a candidate in paired blocks with the base route's engine, then alone.
+
+        The paired blocks time what ``--latency`` names (`MeasureSettings.latency`).
+        On a runner with host copies (a GPU engine), the other figure follows, timed
+        alone for a quarter of the time (`other_settings`): it is recorded, never judged.
 
         Returns:
-            The candidate's latency, the base route's measured in the same loop, and the
-            paired speed-up. For the base route itself, its latency twice and None;
-            without a base engine, the candidate's latency alone and two Nones.
+            `Trial` fields: ``latency``, ``base_latency`` (measured in the same loop)
+            and ``paired`` (the paired speed-up); for the base route itself, its
+            latency twice and no speed-up; without a base engine, the latency alone.
+            ``latency_kind``, and ``other_latency`` (None without host copies).
         """
         feeds, settings = self.inputs.feeds, self.inputs.measure
-        if route.is_base:
-            latency = measure(runner, feeds, settings)
-            return latency, latency, None
-        base = self.base_runner()
-        if base is None:
-            return measure(runner, feeds, settings), None, None
-        (latency, base_latency), blocks = measure_blocks([runner, base], feeds, settings)
-        return latency, base_latency, paired_speedup(blocks, 0, 1)
+        timed: dict[str, Any] = {"latency_kind": settings.latency, "base_latency": None,
+                                 "paired": None, "other_latency": None}
+        base = None if route.is_base else self.base_runner()
+        if route.is_base or base is None:
+            timed["latency"] = measure(runner, feeds, settings)
+            timed["base_latency"] = timed["latency"] if route.is_base else None
+        else:
+            (timed["latency"], timed["base_latency"]), blocks = measure_blocks(
+                [runner, base], feeds, settings)
+            timed["paired"] = paired_speedup(blocks, 0, 1)
+        if runner.host_copies:
+            timed["other_latency"] = measure(runner, feeds, other_settings(settings))
+        return timed
+
+    def memory_before(self, route: Route) -> int | None:
+        """Device memory in use before a candidate's engine is made (bytes; None: a host).
+
+        The base route's engine is opened first (it stays open), and engines no longer
+        used are collected, so that the difference after timing is the candidate's.
+        """
+        if not route.is_base:
+            self.base_runner()
+        gc.collect()
+        return self.backend.device_memory_used()
+
+    def memory_taken(self, before: int | None) -> int | None:
+        """Device memory the candidate took since `memory_before` (bytes), or None."""
+        after = None if before is None else self.backend.device_memory_used()
+        return None if after is None or before is None else max(0, after - before)
 
     def policy(self) -> BusyPolicy:
         """The busy-machine policy, with this worker's GPU where engines run on one."""

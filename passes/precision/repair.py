@@ -17,6 +17,7 @@ import math
 import onnx
 import onnx_graphsurgeon as gs
 
+from routetune.errors import one_line
 from routetune.judging.strict_fp16 import mentions_float16, strict_fp16_overflows
 from routetune.passes.graph.constants import copy_graph, replace_graph
 from routetune.passes.precision.bisection import RepairRefinement
@@ -74,8 +75,8 @@ class PrecisionRepair(Seasoning):
         low = gs.export_onnx(copy_graph(state.graph), do_type_check=False)
         overflows = _overflows(fp32, low, state, ctx)
         first = {s.node for s in overflows}
-        ranking = overflows + [s for s in rank_nodes(fp32, low, ctx.evaluate)
-                               if s.node not in first]
+        ranked, where = _rank(fp32, low, ctx)
+        ranking = overflows + [s for s in ranked if s.node not in first]
         previous = lowered.seasoning
         if "op_types" in previous.params:  # Q/DQ: excluding an op it does not quantize is a no-op
             ranking = [s for s in ranking if s.op in previous.params["op_types"]]
@@ -88,10 +89,39 @@ class PrecisionRepair(Seasoning):
         if LOWERED in again.stash:  # none when the redo converted nothing: keep the first
             state.stash[LOWERED] = again.stash[LOWERED]
         kept = ", ".join(map(str, chosen))
-        note = (f"kept in FP32: {kept or 'none'}; {len(ranking)} converted nodes ranked; "
+        note = (f"kept in FP32: {kept or 'none'}; {len(ranking)} converted nodes "
+                f"ranked{where}; "
                 f"{previous.info.name}: {result.note}")
-        stats = {"ranked": len(ranking), "kept_fp32": len(chosen), **result.stats}
+        stats = {"ranked": len(ranking), "kept_fp32": len(chosen),
+                 "ranked_on_device": int(bool(where)), **result.stats}
         return PassResult(bool(chosen), stats, note)
+
+
+def _rank(fp32: onnx.ModelProto, low: onnx.ModelProto, ctx: RouteContext
+          ) -> tuple[list[Sensitivity], str]:
+    """`rank_nodes` with the converted model on the reference, else on the device.
+
+    The reference (ONNX Runtime's CPU provider) has no bfloat16 kernels for most
+    operators: where it cannot run `low`, `low` runs on the measured device
+    (`RouteContext.run_on_device`), against the FP32 model on the reference.
+
+    Returns:
+        The ranking, and ``""`` when it ran on the reference, else a note that says
+        where and why.
+
+    Raises:
+        Exception: What the reference raised, where there is no device to run on; else
+            what the device raised.
+    """
+    assert ctx.evaluate is not None
+    try:
+        return rank_nodes(fp32, low, ctx.evaluate), ""
+    except Exception as e:  # noqa: BLE001 - the reference's own error types
+        if ctx.run_on_device is None:
+            raise
+        why = one_line(e, 160)
+    ranked = rank_nodes(fp32, low, ctx.evaluate, evaluate_low=ctx.run_on_device)
+    return ranked, f" on the device (the reference cannot run it: {why})"
 
 
 def _overflows(fp32: onnx.ModelProto, low: onnx.ModelProto, state: RouteState,

@@ -50,6 +50,7 @@ def rank_nodes(
     fp32: onnx.ModelProto,
     low: onnx.ModelProto,
     evaluate: Callable[[onnx.ModelProto], list[dict[str, np.ndarray]]],
+    evaluate_low: Callable[[onnx.ModelProto], list[dict[str, np.ndarray]]] | None = None,
 ) -> list[Sensitivity]:
     """Rank the converted nodes of `low` by the error each one adds, largest first.
 
@@ -58,6 +59,9 @@ def rank_nodes(
         low: The converted model; its nodes keep their names, and tensors that exist in
             both keep theirs (as `Fp16`, `Bf16` and ONNX Runtime's QDQ quantizer do).
         evaluate: Runs a model on every validation input set and returns all outputs.
+        evaluate_low: Runs `low` instead of `evaluate`: the measured device, where the
+            reference has no kernels for its type (bfloat16 on ONNX Runtime's CPU
+            provider). None: `evaluate`.
 
     Returns:
         Every node of `fp32` that runs in low precision in `low` (it writes a float16 or
@@ -69,7 +73,7 @@ def rank_nodes(
     Raises:
         Exception: Whatever `evaluate` raises for a model it cannot run.
     """
-    low_runs = evaluate(with_intermediates(low))
+    low_runs = (evaluate_low or evaluate)(with_intermediates(low))
     error = _tensor_errors(evaluate(with_intermediates(fp32)), low_runs)
     dtypes = {name: value.dtype.name for run in low_runs for name, value in run.items()}
     lowered = _lowered_nodes(low, dtypes)

@@ -151,6 +151,15 @@ class OnnxRuntimeBackend(Backend):
         runner = OnnxRuntimeRunner(session)
         return [runner.infer(feed) for feed in feeds]
 
+    def run_on_device(self, model: Any, feeds: list[Feed], weights: Path | None = None
+                      ) -> list[dict[str, np.ndarray]]:
+        """Run an in-memory model on this backend's execution provider, optimisations off."""
+        provider = self.options()[NS + "execution_provider"].default
+        session = ort.InferenceSession(model.SerializeToString(), reference_options(weights),
+                                       providers=[provider])
+        runner = OnnxRuntimeRunner(session)
+        return [runner.infer(feed) for feed in feeds]
+
     def kernel_gaps(self, model: Any, feeds: Sequence[Feed]) -> dict[str, str]:
         """Run `model` with this backend's provider and default settings on `feeds`.
 

@@ -23,7 +23,7 @@ import onnxruntime as ort
 
 from routetune.backend import Engine, Feed, OptionSpec, Runner
 from routetune.errors import BuildError
-from routetune.plugins.cuda import cuda_versions, event_timed
+from routetune.plugins.cuda import cuda_versions, device_memory_used, event_timed
 from routetune.plugins.onnxruntime.backend import (
     NS,
     OnnxRuntimeBackend,
@@ -127,6 +127,10 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
         """The GPU computes float16 and bfloat16 natively."""
         return False
 
+    def device_memory_used(self) -> int | None:
+        """Bytes in use on this process's GPU (`routetune.plugins.cuda.device_memory_used`)."""
+        return device_memory_used()
+
     def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path,
               key: str = "") -> Engine:
         """Create a CUDA-provider session on a fresh CuPy stream.
@@ -161,6 +165,8 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
 class CudaRunner(Runner):
     """Runs a CUDA-provider session with device-resident inputs and outputs.
 
+    ``host_copies``: `prepare_end_to_end` runs from host memory, with the copies.
+
     Args:
         session: The session; its compute stream is `stream`.
         stream: The CuPy stream the provider computes on.
@@ -182,6 +188,8 @@ class CudaRunner(Runner):
         self._binding: Any = None
         self._bound: dict[str, Any] = {}
         self._keep: list[Any] = []
+
+    host_copies = True
 
     def _cast(self, feed: Feed) -> dict[str, np.ndarray]:
         return {k: np.ascontiguousarray(np.asarray(v).astype(self.input_types.get(k, None)

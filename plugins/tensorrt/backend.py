@@ -55,6 +55,12 @@ class TensorRtBackend(Backend):
         """The TensorRT module in use."""
         return find_tensorrt()
 
+    def device_memory_used(self) -> int | None:
+        """Bytes in use on this process's GPU; None without a usable GPU."""
+        from routetune.plugins.cuda import device_memory_used
+
+        return device_memory_used() if _gpu() else None
+
     def gpus(self, settings: Mapping[str, Any]) -> tuple[str, ...]:
         """Every visible GPU (`routetune.plugins.cuda.visible_gpus`)."""
         from routetune.plugins.cuda import visible_gpus

@@ -30,6 +30,8 @@ class TensorRtRunner(Runner):
         cuda_graph: Whether timed runs replay a captured CUDA graph.
     """
 
+    host_copies = True
+
     def __init__(self, trt: Any, runtime: Any, engine: Any, profile: ShapeProfile,
                  cuda_graph: bool) -> None:
         import cupy

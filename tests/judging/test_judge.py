@@ -75,7 +75,7 @@ def test_a_store_of_schema_3_opens_migrated_and_reports(tmp_path: Path) -> None:
         store.close()
     version = sqlite3.connect(tmp_path / "trials.sqlite").execute(
         "PRAGMA user_version").fetchone()[0]
-    assert version == SCHEMA_VERSION == 4
+    assert version == SCHEMA_VERSION == 5
     assert [(t.route, t.status) for t in trials] == [
         ("base", Status.OK), ("eliminate-noops", Status.OK), ("fp16", Status.OK)]
     assert all(t.tolerances == {} and t.faults == () for t in trials)

@@ -300,3 +300,19 @@ def test_a_read_only_folder_is_named_as_such(outdir: Path) -> None:
         for path in [root, *root.rglob("*")]:
             path.chmod(0o777)
         shutil.rmtree(root)
+
+
+def test_a_gpu_trial_shows_its_other_latency_and_device_memory(outdir: Path) -> None:
+    from routetune.reporting.report_text import render_markdown
+
+    data = build_report(outdir)
+    assert all(r["latency_kind"] == "device" and r["other_p50_ms"] is None
+               for r in data["trials"])  # a CPU engine: one figure
+    assert "| route | status | p50 ms |" in render_markdown(data)
+    row = next(r for r in data["trials"] if r["route"] == "base")
+    row.update(other_p50_ms=7.609, device_memory_bytes=512 << 20)  # as a GPU trial records
+    text = render_markdown(data)
+    assert "| route | status | device p50 ms |" in text and "host-to-host p50 ms" in text
+    line = next(x for x in text.splitlines() if x.startswith("| `base`"))
+    assert "| 7.609 | 512 |" in line
+    assert "host to host p50 7.609 ms; device memory 512 MiB" in render_html(data)

@@ -56,3 +56,24 @@ def test_the_plan_says_whether_its_count_is_exact_a_bound_or_an_estimate() -> No
     assert str(Plan(6, exact=False, bound=True)) == "up to 6 trials"
     assert str(Plan(40, exact=False)) == "about 40 trials"
     assert str(Plan(None)) == "number of trials not known"
+
+
+def test_end_to_end_latency_is_a_search_setting_of_its_own(registry: Registry,
+                                                         tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from graphs import matmul_chain
+
+    model = matmul_chain(tmp_path / "m.onnx", depth=2, width=64, batch=8)
+    quick = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.02)
+    hashes = {}
+    for kind in ("device", "end-to-end"):
+        opts = RunSpec(model=model, output=tmp_path / "out", seasonings=("ort-threads",),
+                       search="exhaustive", max_depth=1, measure=replace(quick, latency=kind))
+        trials = tune(opts, registry).trials
+        assert {t.latency_kind for t in trials} == {kind}
+        # a CPU engine has no copies: one figure, and no device memory
+        assert all(t.other_latency is None and t.device_memory_bytes is None for t in trials)
+        hashes[kind] = {t.settings_hash for t in trials}
+    assert len(hashes["device"]) == len(hashes["end-to-end"]) == 1
+    assert hashes["device"] != hashes["end-to-end"]  # not resumed from the other's trials

@@ -42,12 +42,26 @@ def test_int8_nodes_are_ranked_by_the_error_they_add(chain) -> None:  # noqa: AN
     assert all(s.output >= s.added for s in ranking)
 
 
+def test_the_converted_model_may_run_on_the_device_and_ranks_the_same(chain) -> None:  # noqa: ANN001
+    # where the reference has no kernels for the low type (bfloat16 on the CPU provider),
+    # the low model runs on the measured device; on the CPU backend that device is the
+    # CPU, so the ranking must come out as the reference's
+    model, ctx = chain
+    state = RouteState(gs.import_onnx(model))
+    Int8Qdq()(state, ctx)
+    low = gs.export_onnx(state.graph)
+    on_device = rank_nodes(model, low, ctx.evaluate,
+                           evaluate_low=lambda m: BACKEND.run_on_device(m, list(ctx.feeds)))
+    assert on_device == rank_nodes(model, low, ctx.evaluate) and len(on_device) >= 4
+
+
 def test_repair_redoes_the_quantization_without_the_top_nodes(chain) -> None:  # noqa: ANN001
     model, ctx = chain
     state = RouteState(gs.import_onnx(model))
     Int8Qdq()(state, ctx)
     result = PrecisionRepair({"count": 2})(state, ctx)
     assert result.modified and result.stats["kept_fp32"] == 2
+    assert result.stats["ranked_on_device"] == 0  # the reference ran the Q/DQ model
     kept = [part.split(" (")[0] for part in
             result.note.split(";")[0].removeprefix("kept in FP32: ").split("), ")]
     assert len(kept) == 2 and all(k.startswith("matmul") for k in kept)

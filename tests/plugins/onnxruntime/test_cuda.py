@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,6 @@ import onnx
 import pytest
 from graphs import conv_bn, matmul_chain
 
-from routetune.backend import Runner
 from routetune.measure import MeasureSettings, measure, measure_side_by_side
 from routetune.option_seasoning import FromParam
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
@@ -86,14 +86,9 @@ def test_device_compute_time_excludes_the_copies_that_end_to_end_time_includes(
     path = matmul_chain(tmp_path / "m.onnx", depth=2, width=1024, batch=1024)
     runner = CUDA.open(CUDA.build(path, CUDA.full_settings({}), tmp_path))
     sets = feeds(2, (1024, 1024))
-
-    class EndToEnd(Runner):  # host-to-host calls, timed by the wall clock
-        def prepare(self, feed):  # noqa: ANN001, ANN202
-            return runner.prepare_end_to_end(feed)
-
     device = measure(runner, sets, QUICK)
-    end_to_end = measure(EndToEnd(), sets, QUICK)  # 2 × 4 MiB in, 4 MiB out per run
-    assert device.p50 < end_to_end.p50
+    end_to_end = measure(runner, sets, replace(QUICK, latency="end-to-end"))  # 4 MiB in, out
+    assert runner.host_copies and device.p50 < end_to_end.p50
     base, again = measure_side_by_side([runner, runner], sets, QUICK)
     assert 0.5 < base.p50 / again.p50 < 2.0
     runner.close()
@@ -114,6 +109,43 @@ def test_a_gpu_search_finds_fp16_and_records_the_device(registry: Registry,
     assert trials["base"].versions["gpu"] in result.base.device
     assert "fp16" in result.winner.route
     onnx.checker.check_model(onnx.load(result.files["model"]), full_check=True)
+
+
+@gpu
+@pytest.mark.gpu
+def test_every_gpu_trial_records_both_latencies_and_its_device_memory(
+        registry: Registry, tmp_path: Path) -> None:
+    model = matmul_chain(tmp_path / "chain.onnx", depth=4, width=1024, batch=2048)
+    for kind in ("device", "end-to-end"):
+        opts = RunSpec(model=model, output=tmp_path / kind, backend="onnxruntime-cuda",
+                       seasonings=("fp16",), search="exhaustive", max_depth=1,
+                       accuracy="cos>=0.999,rel_l2<=0.01", measure=replace(QUICK, latency=kind))
+        trials = {t.route: t for t in tune(opts, registry).trials}
+        assert set(trials) == {"base", "fp16"}
+        for t in trials.values():
+            assert t.status == "ok", t.reason
+            assert t.latency_kind == kind and t.other_latency is not None
+            assert t.device_memory_bytes > 4 << 20  # 4 MiB of FP16 weights at least
+        base = trials["base"]  # 8 MiB in and 8 MiB out per run: the copies dominate
+        device, host = ((base.latency, base.other_latency) if kind == "device"
+                        else (base.other_latency, base.latency))
+        assert device.p50 < host.p50, (kind, device.p50, host.p50)
+
+
+@gpu
+@pytest.mark.gpu
+def test_bf16_precision_repair_ranks_its_nodes_on_the_gpu(registry: Registry,
+                                                          tmp_path: Path) -> None:
+    model = matmul_chain(tmp_path / "chain.onnx", depth=4, width=256, batch=64)
+    opts = RunSpec(model=model, output=tmp_path / "out", backend="onnxruntime-cuda",
+                   seasonings=(), routes=("bf16,precision-repair{count=2}",),
+                   search="exhaustive", accuracy="cos>=0.9", measure=QUICK)
+    trials = {t.route: t for t in tune(opts, registry).trials}
+    repaired = trials["bf16,precision-repair{count=2}"]
+    assert repaired.status == "ok", repaired.reason  # was build-failed: no CPU bf16 kernels
+    step = repaired.passes[-1]
+    assert step["stats"]["ranked_on_device"] == 1 and step["stats"]["kept_fp32"] == 2
+    assert "ranked on the device (the reference cannot run it" in step["note"]
 
 
 @gpu
