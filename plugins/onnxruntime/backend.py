@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
@@ -153,12 +154,21 @@ class OnnxRuntimeBackend(Backend):
 
     def run_on_device(self, model: Any, feeds: list[Feed], weights: Path | None = None
                       ) -> list[dict[str, np.ndarray]]:
-        """Run an in-memory model on this backend's execution provider, optimisations off."""
+        """Run an in-memory model on this backend's execution provider, optimisations off.
+
+        ONNX Runtime's Python API returns no bfloat16 array, so each bfloat16 output
+        is cast to float32 in the graph (exact) and handed back as ``ml_dtypes.bfloat16``.
+        """
         provider = self.options()[NS + "execution_provider"].default
+        model, bf16 = _bfloat16_outputs_as_float(model)
         session = ort.InferenceSession(model.SerializeToString(), reference_options(weights),
                                        providers=[provider])
         runner = OnnxRuntimeRunner(session)
-        return [runner.infer(feed) for feed in feeds]
+        runs = [runner.infer(feed) for feed in feeds]
+        for run in runs:
+            for name in bf16:
+                run[name] = run.pop(name + AS_FLOAT).astype(ml_dtypes.bfloat16)
+        return runs
 
     def kernel_gaps(self, model: Any, feeds: Sequence[Feed]) -> dict[str, str]:
         """Run `model` with this backend's provider and default settings on `feeds`.
@@ -295,3 +305,32 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+AS_FLOAT = "__as_float32"
+"""The suffix of a bfloat16 output's float32 copy (`_bfloat16_outputs_as_float`)."""
+
+
+def _bfloat16_outputs_as_float(model: Any) -> tuple[Any, list[str]]:
+    """`model` with each bfloat16 graph output read through a Cast to float32.
+
+    Returns:
+        A copy of the model (or `model` itself when no output is bfloat16), and the
+        names of the outputs that were bfloat16; their float32 copies are named
+        ``name + AS_FLOAT``.
+    """
+    import onnx
+
+    low = [o for o in model.graph.output
+           if o.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16]
+    if not low:
+        return model, []
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for out in copy.graph.output:
+        if out.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16:
+            copy.graph.node.append(onnx.helper.make_node(
+                "Cast", [out.name], [out.name + AS_FLOAT], to=onnx.TensorProto.FLOAT))
+            out.name += AS_FLOAT
+            out.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    return copy, [o.name for o in low]

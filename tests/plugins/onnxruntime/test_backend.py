@@ -79,3 +79,24 @@ def test_each_run_gets_a_private_copy_of_its_inputs(tmp_path: Path) -> None:
         call()
     assert not np.shares_memory(handed["x"], feed["x"])
     assert np.array_equal(feed["x"], np.ones((1, 3, 32, 32), np.float32))
+
+
+def test_a_bfloat16_output_comes_back_as_bfloat16_from_the_device() -> None:
+    # ONNX Runtime's Python API has no bfloat16 array ("No corresponding Numpy type"):
+    # precision-repair's ranking on the device reads every bfloat16 tensor this way
+    import ml_dtypes
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.BFLOAT16),
+         helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("h", TensorProto.BFLOAT16, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = np.array([1.0, 1.00390625, -2.5], np.float32)  # the middle one rounds in bfloat16
+    (run,) = OnnxRuntimeBackend().run_on_device(model, [{"x": x}])
+    assert set(run) == {"y", "h"} and run["h"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(run["h"].astype(np.float32), [1.0, 1.0, -2.5])
+    assert [o.name for o in model.graph.output] == ["y", "h"]  # the caller's model unchanged
