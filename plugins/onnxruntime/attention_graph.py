@@ -1,0 +1,191 @@
+"""The graph facts that `attention_match` reads: producers, constants, ranks, head counts.
+
+A (B, S, N·H) tensor is split into heads by ``Reshape`` to (B, S, N, H); exporters write
+the target as a constant or as ``Concat`` of ``Unsqueeze(Gather(Shape(x), i))`` and
+constants (TorchScript with dynamic axes). These helpers read such targets, and prove
+that a 4-D Reshape keeps its input's shape or swaps its last two axes (the dynamo
+exporter's Kᵀ), from ONNX shape inference or from the axes the match has identified.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from routetune.passes.graph.constants import constant_value
+
+__all__ = ["DEFAULT_DOMAINS", "Layouts", "NoMatch", "Shapes", "compose", "dims", "heads",
+           "producer", "rank", "same_shape", "scalar", "swap_last_two", "target",
+           "target_parts", "unpermute"]
+
+DEFAULT_DOMAINS = ("", "ai.onnx", None)
+Shapes = dict[str, tuple[Any, ...]]
+"""Inferred shapes by tensor name: ints, symbolic names (str) or None per dimension."""
+Layouts = dict[str, tuple[str | None, ...]]
+"""What each axis of a block's tensor is, by tensor name: ``B``, ``N``, ``S``, ``T``,
+``H``, ``Hv`` or None (N·H), as the match has proved it."""
+
+
+class NoMatch(Exception):
+    """A Softmax whose block does not match; the message is the recorded reason."""
+
+
+def producer(t: gs.Tensor, ops: frozenset[str] | set[str] | None = None) -> gs.Node | None:
+    """The default-domain node that writes `t` (one of `ops` when given), or None."""
+    if isinstance(t, gs.Constant) or len(t.inputs) != 1:
+        return None
+    node = t.inputs[0]
+    if node.domain not in DEFAULT_DOMAINS or (ops is not None and node.op not in ops):
+        return None
+    return node
+
+
+def scalar(t: gs.Tensor) -> float | None:
+    """The value of a one-element float constant, else None."""
+    value = constant_value(t)
+    if value is None or value.size != 1 or not np.issubdtype(value.dtype, np.floating):
+        return None
+    return float(value.reshape(()))
+
+
+def rank(t: gs.Tensor, shapes: Shapes) -> int | None:
+    """`t`'s rank: inferred, or the length of the target of the Reshape that writes it."""
+    shape = shapes.get(t.name)
+    if shape is not None:
+        return len(shape)
+    node = producer(t, {"Reshape"})
+    entries = None if node is None else target(node)
+    return None if entries is None else len(entries)
+
+
+def target(reshape: gs.Node) -> list[int | None] | None:
+    """A Reshape's target, entry by entry (None where not constant), or None."""
+    value = constant_value(reshape.inputs[1])
+    if value is not None:
+        return [int(v) for v in value.reshape(-1)]
+    concat = producer(reshape.inputs[1], {"Concat"})
+    if concat is None:
+        return None
+    parts: list[int | None] = []
+    for t in concat.inputs:
+        part = constant_value(t)
+        if part is None:  # Unsqueeze(Gather(Shape)): one dimension, not constant
+            parts.append(None)
+        else:
+            parts.extend(int(v) for v in part.reshape(-1))
+    return parts
+
+
+def dims(t: gs.Tensor, shapes: Shapes) -> tuple[Any, ...] | None:
+    """`t`'s inferred shape, or None."""
+    return shapes.get(t.name)
+
+
+def compose(perm: list[int], p: list[int]) -> list[int]:
+    """The total perm after meeting Transpose(p) walking back from a composed `perm`."""
+    return [p[i] for i in perm]
+
+
+def unpermute(axes: tuple[str | None, ...], p: list[int]) -> tuple[str | None, ...]:
+    """The axes of x, given the axes of ``Transpose(x, p)``."""
+    out: list[str | None] = [None] * len(p)
+    for i, j in enumerate(p):
+        out[j] = axes[i]
+    return tuple(out)
+
+
+def heads(source: gs.Tensor, reshape: gs.Node, shapes: Shapes) -> tuple[int, int]:
+    """(N, H) of a (B, S, N·H) → (B, S, N, H) Reshape."""
+    entries = target(reshape) or [None] * 4
+    out = dims(reshape.outputs[0], shapes) or (None,) * 4
+    n = entries[2] if entries[2] is not None and entries[2] > 0 else out[2]
+    h = entries[3] if entries[3] is not None and entries[3] > 0 else out[3]
+    src = dims(source, shapes)
+    hidden = src[2] if src is not None and isinstance(src[2], int) else None
+    if not isinstance(n, int) and isinstance(h, int) and hidden is not None:
+        n = hidden // h
+    if not isinstance(h, int) and isinstance(n, int) and hidden is not None:
+        h = hidden // n
+    if not isinstance(n, int) or not isinstance(h, int) or n <= 0 or h <= 0:
+        raise NoMatch("the number of heads is not known (no constant head count or "
+                      "head size in the head-splitting Reshape)")
+    if hidden is not None and hidden != n * h:
+        raise NoMatch(f"the head-splitting Reshape's input is {hidden} wide, not {n}×{h}")
+    return n, h
+
+
+def same_shape(node: gs.Node, shapes: Shapes, layouts: Layouts) -> bool:
+    """Whether a Reshape provably keeps its 4-D input's shape.
+
+    Either both shapes are inferred and equal, or each entry of the target is the input's
+    dimension: a constant equal to it, ``Gather(Shape(y), j)`` of a tensor ``y`` whose
+    axis ``j`` is the same axis of the block (`layouts`), or the one ``-1``.
+    """
+    a, b = dims(node.inputs[0], shapes), dims(node.outputs[0], shapes)
+    if a is not None and a == b and len(a) == 4 and all(isinstance(d, int) for d in a):
+        return True
+    layout = layouts.get(node.inputs[0].name)
+    parts = target_parts(node)
+    if layout is None or parts is None or len(parts) != 4:
+        return False
+    unknown = 0
+    for i, part in enumerate(parts):
+        if isinstance(part, int):
+            if part == -1:
+                unknown += 1
+            elif a is None or a[i] != part:
+                return False
+        else:
+            other = layouts.get(part[0].name)
+            if layout[i] is None or other is None or part[1] >= len(other) \
+                    or other[part[1]] != layout[i]:
+                return False
+    return unknown <= 1
+
+
+def target_parts(reshape: gs.Node) -> list[int | tuple[gs.Tensor, int]] | None:
+    """A Reshape's target entries: ints, or (y, j) for ``Unsqueeze(Gather(Shape(y), j))``."""
+    value = constant_value(reshape.inputs[1])
+    if value is not None:
+        return [int(v) for v in value.reshape(-1)]
+    concat = producer(reshape.inputs[1], {"Concat"})
+    if concat is None:
+        return None
+    parts: list[int | tuple[gs.Tensor, int]] = []
+    for t in concat.inputs:
+        part = constant_value(t)
+        if part is not None:
+            parts.extend(int(v) for v in part.reshape(-1))
+            continue
+        unsqueeze = producer(t, {"Unsqueeze"})
+        gather = None if unsqueeze is None else producer(unsqueeze.inputs[0], {"Gather"})
+        shape = None if gather is None else producer(gather.inputs[0], {"Shape"})
+        index = None if gather is None else constant_value(gather.inputs[1])
+        if shape is None or index is None or index.size != 1 or shape.attrs.get("start", 0):
+            return None
+        if int(index.reshape(())) < 0:
+            return None
+        parts.append((shape.inputs[0], int(index.reshape(()))))
+    return parts
+
+
+def swap_last_two(node: gs.Node, shapes: Shapes) -> gs.Tensor | None:
+    """The 4-D input of a Reshape─Transpose(0,2,1)─Reshape swap of the last two axes."""
+    transpose = producer(node.inputs[0], {"Transpose"})
+    if transpose is None or list(transpose.attrs.get("perm", [])) != [0, 2, 1]:
+        return None
+    inner = producer(transpose.inputs[0], {"Reshape"})
+    if inner is None:
+        return None
+    x = inner.inputs[0]
+    x_dims, out_dims = dims(x, shapes), dims(node.outputs[0], shapes)
+    flat = dims(inner.outputs[0], shapes)
+    if x_dims is None or out_dims is None or flat is None or len(x_dims) != 4:
+        return None
+    if len(flat) != 3 or tuple(flat[1:]) != tuple(x_dims[2:]):
+        return None
+    if tuple(out_dims) != (x_dims[0], x_dims[1], x_dims[3], x_dims[2]):
+        return None
+    return x
