@@ -41,16 +41,20 @@ class AttentionFusion(Seasoning):
     The recognised patterns are those of ONNX Runtime's
     ``onnxruntime/python/tools/transformers/fusion_attention.py`` as today's exporters
     write them: torch's TorchScript exporter and its dynamo exporter (SDPA decomposed by
-    onnxscript's torchlib), for Hugging Face ``eager`` and ``sdpa`` attention and
-    hand-written encoders (`attention_match` draws them). All tensors are float32 or
-    float16, in the exporter's (B, S, N·H) layout around the block.
+    onnxscript's torchlib), for Hugging Face ``eager`` and ``sdpa`` attention (BERT,
+    ViT, GPT-2 with its causal mask) and hand-written encoders (`attention_match` draws
+    them). All tensors are float32 or float16, in the exporter's (B, S, N·H) layout
+    around the block. Shapes come from ONNX shape inference (with data propagation);
+    where a dimension is symbolic, the match proves it from the graph (a reshape target
+    read from ``Shape`` of a tensor whose axes it has identified), and gives up otherwise.
 
     Rewrite rules, for each ``Softmax`` over the last axis of (B, N, S, T) scores:
 
     1. Q, K and V each come from a (B, S, N·H) tensor through Reshape (B, S, N, H) and
-       Transpose (0, 2, 1, 3) ((0, 2, 3, 1) for K, or its two-step and dynamo forms).
-       Those (B, S, N·H) tensors become the ``query``, ``key`` and ``value`` inputs, so
-       any projection (separate, or one fused QKV MatMul split in three) stays as it is.
+       Transpose (0, 2, 1, 3) ((0, 2, 3, 1) for K, or its two-step and dynamo forms),
+       the Reshape provably keeping B and S. Those (B, S, N·H) tensors become the
+       ``query``, ``key`` and ``value`` inputs, so any projection (separate, or one
+       fused QKV MatMul or Conv1D split in three) stays as it is.
     2. Every constant Mul or Div on Q, on K and on the scores multiplies into ``scale``
        (the dynamo exporter's √scale on Q and on K included).
     3. Each Add on the scores (the Hugging Face extended mask, ``(1 - mask) · finfo.min``
@@ -59,24 +63,29 @@ class AttentionFusion(Seasoning):
        applied after it, summed with any other, and expanded to (·, ·, S, T) with
        ``Expand``. ``Where(mask, scores, c)`` with ``c <= -1e4`` becomes the additive
        ``Where(mask, 0, c)``. A constant all-zero bias is dropped.
-    4. Softmax's output reaches MatMul(probs, V) directly or through Dropout, Identity
-       or the dynamo exporter's ``Where(IsNaN(p), 0, p)`` (which only rewrites rows
-       whose every position is masked with −inf).
+    4. Softmax's output reaches MatMul(probs, V) directly or through Dropout, Identity,
+       a Cast to its own type, or the dynamo exporter's ``Where(IsNaN(p), 0, p)``
+       (which only rewrites rows whose every position is masked with −inf).
     5. MatMul(probs, V) → Transpose (0, 2, 1, 3) → Reshape (B, S, N·Hv): that Reshape's
-       output tensor is written by the new node (name, shape and dtype stay); the block's
-       other nodes are removed with ``graph.cleanup()``.
+       output tensor is written by the new node (name, shape and dtype stay). A Reshape
+       to another shape (GPT-2's dynamo export: (B·S, N·Hv)) stays and reads the new
+       node's (B, S, N·Hv) output, which holds the same elements in the same order.
+       The block's other nodes are removed with ``graph.cleanup()``.
 
     A block that does not match is left as it is; its reason is counted in the stats
-    (``left: <reason>``) and named in the note. Not fused: grouped-query attention (K/V
-    with fewer heads), rotary embeddings and KV caches (decoder exports), causal masks
-    given as ``is_causal`` (they arrive as an additive bias and are kept as one).
+    (``left: <reason>``) and named in the note. Not fused, by these rules: grouped-query
+    attention (K/V with fewer heads than Q), rotary embeddings (an Add between the head
+    split and Q·Kᵀ), KV caches (a Concat of past keys), attention probabilities that are
+    a graph output (``output_attentions``).
     """
 
     info: ClassVar[SeasoningInfo] = SeasoningInfo(
         name="fuse-attention", stage="graph",
         backends=frozenset({"onnxruntime", "onnxruntime-cuda"}),
         summary="exported attention blocks as com.microsoft MultiHeadAttention",
-        after=frozenset({"fold-constants"}))
+        after=frozenset({"fold-constants"}),
+        # ONNX Runtime's optimizer then fuses LayerNorm and GELU around the fused blocks
+        before=frozenset({"ort-transformer-fusion"}))
 
     def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
         """Why not: no Softmax in the graph, so no attention block."""
@@ -103,7 +112,7 @@ class AttentionFusion(Seasoning):
         fused, left, where = 0, Counter[str](), []
         for softmax in softmaxes:
             try:
-                block = match_block(softmax, shapes, outputs)
+                block = match_block(softmax, shapes, outputs, dtypes)
                 _rewrite(graph, block, shapes, dtypes, taken)
             except NoMatch as e:
                 left[str(e)] += 1
@@ -192,11 +201,15 @@ def _rewrite(graph: gs.Graph, block: Block, shapes: Shapes, dtypes: dict[str, np
             target = node("Concat", [one, s, t], "bias_shape", axis=0)
             bias = node("Expand", [bias, target], "attention_bias")
         inputs += [gs.Variable.empty(), gs.Variable.empty(), bias]
-    producer = block.output.inputs[0]
-    producer.outputs.clear()
+    if block.merged:
+        output = block.merge.outputs[0]
+        block.merge.outputs.clear()
+    else:
+        output = gs.Variable(unique_name(f"{base}/output", taken), dtype=dtype)
+        block.merge.inputs[0] = output
     new_nodes.append(gs.Node("MultiHeadAttention", base, {
-        "num_heads": block.num_heads, "scale": float(block.scale)}, inputs,
-        [block.output], domain=MS_DOMAIN))
+        "num_heads": block.num_heads, "scale": float(block.scale)}, inputs, [output],
+        domain=MS_DOMAIN))
     graph.nodes.extend(new_nodes)
 
 

@@ -12,20 +12,61 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from routetune.passes.graph.constants import constant_value
 
-__all__ = ["DEFAULT_DOMAINS", "Layouts", "NoMatch", "Shapes", "compose", "dims", "heads",
-           "producer", "rank", "same_shape", "scalar", "swap_last_two", "target",
-           "target_parts", "unpermute"]
+__all__ = ["DEFAULT_DOMAINS", "Layouts", "NoMatch", "Shapes", "cast_to", "compose",
+           "copies_dim", "dims", "enter_projection", "heads", "producer", "rank",
+           "same_shape", "scalar", "swap_last_two", "target", "target_parts",
+           "through_identity", "unpermute"]
 
 DEFAULT_DOMAINS = ("", "ai.onnx", None)
 Shapes = dict[str, tuple[Any, ...]]
 """Inferred shapes by tensor name: ints, symbolic names (str) or None per dimension."""
-Layouts = dict[str, tuple[str | None, ...]]
-"""What each axis of a block's tensor is, by tensor name: ``B``, ``N``, ``S``, ``T``,
-``H``, ``Hv`` or None (N·H), as the match has proved it."""
+
+
+class Layouts:
+    """What each axis of a block's tensors is, by tensor name, as the match found it.
+
+    Axes are named ``B``, ``N``, ``S``, ``T``, ``H``, ``Hv``, or None (N·H, unknown).
+    Entering a tensor a second time with other names records that those names are one
+    size (self-attention reaches the hidden states from Q and from K: ``S`` = ``T``);
+    lookups give each name's representative (union-find).
+    """
+
+    def __init__(self) -> None:
+        self._axes: dict[str, tuple[str | None, ...]] = {}
+        self._parent: dict[str, str] = {}
+
+    def _find(self, name: str) -> str:
+        while self._parent.get(name, name) != name:
+            name = self._parent[name]
+        return name
+
+    def __setitem__(self, tensor: str, axes: tuple[str | None, ...]) -> None:
+        old = self._axes.get(tensor)
+        if old is None or len(old) != len(axes):
+            self._axes[tensor] = axes
+            return
+        for a, b in zip(old, axes, strict=True):
+            if a is not None and b is not None and self._find(a) != self._find(b):
+                self._parent[self._find(b)] = self._find(a)
+        self._axes[tensor] = tuple(b if a is None else a for a, b in zip(old, axes,
+                                                                          strict=True))
+
+    def get(self, tensor: str) -> tuple[str | None, ...] | None:
+        """`tensor`'s axes (representatives), or None when it was never entered."""
+        axes = self._axes.get(tensor)
+        return None if axes is None else tuple(None if a is None else self._find(a)
+                                               for a in axes)
+
+    def __getitem__(self, tensor: str) -> tuple[str | None, ...]:
+        axes = self.get(tensor)
+        if axes is None:
+            raise KeyError(tensor)
+        return axes
 
 
 class NoMatch(Exception):
@@ -116,6 +157,34 @@ def heads(source: gs.Tensor, reshape: gs.Node, shapes: Shapes) -> tuple[int, int
     return n, h
 
 
+def copies_dim(reshape: gs.Node, i: int, shapes: Shapes, layouts: Layouts) -> bool:
+    """Whether entry `i` of a Reshape's target provably is its input's dimension `i`.
+
+    It is when the entry is 0 (without ``allowzero``), ``Gather(Shape(y), j)`` of the
+    input itself at ``j == i`` or of a tensor whose axis ``j`` is the same axis of the
+    block (`layouts`), a constant equal to the inferred dimension, or when inference
+    gives the output and the input the same (int or symbolic) dimension `i`.
+    """
+    x = reshape.inputs[0]
+    x_dims, out_dims = dims(x, shapes), dims(reshape.outputs[0], shapes)
+    if x_dims is not None and out_dims is not None and len(x_dims) > i \
+            and len(out_dims) > i and x_dims[i] is not None and x_dims[i] == out_dims[i]:
+        return True
+    parts = target_parts(reshape)
+    if parts is None or len(parts) <= i:
+        return False
+    part = parts[i]
+    if isinstance(part, int):
+        if part == 0:
+            return not reshape.attrs.get("allowzero", 0)
+        return x_dims is not None and len(x_dims) > i and x_dims[i] == part
+    y, j = part
+    if y is x:
+        return j == i
+    axis, other = (layouts.get(x.name) or (None,) * (i + 1))[i], layouts.get(y.name)
+    return axis is not None and other is not None and j < len(other) and other[j] == axis
+
+
 def same_shape(node: gs.Node, shapes: Shapes, layouts: Layouts) -> bool:
     """Whether a Reshape provably keeps its 4-D input's shape.
 
@@ -189,3 +258,45 @@ def swap_last_two(node: gs.Node, shapes: Shapes) -> gs.Tensor | None:
     if tuple(out_dims) != (x_dims[0], x_dims[1], x_dims[3], x_dims[2]):
         return None
     return x
+
+
+def cast_to(cast: gs.Node) -> np.dtype | None:
+    """The NumPy type a Cast converts to, or None."""
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(cast.attrs["to"])))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def through_identity(t: gs.Tensor) -> np.ndarray | None:
+    """A constant's value, or that of the constant an ``Identity`` passes on, or None."""
+    node = producer(t, {"Identity"})
+    return constant_value(t if node is None else node.inputs[0])
+
+
+def enter_projection(t: gs.Tensor, axes: tuple[str | None, ...], layouts: Layouts
+                      ) -> None:
+    """Enter `t` and the tensors it is projected from as `axes` (B, S, ·) in `layouts`.
+
+    The walk goes back through what keeps the leading axes: Add of a constant bias of
+    rank 0 or 1, MatMul by a constant 2-D weight, and Slice or Split on the last axis
+    (a fused QKV projection); exporters read B and S from those tensors' shapes.
+    """
+    for _ in range(6):
+        layouts[t.name] = axes
+        node = producer(t, {"Add", "MatMul", "Slice", "Split"})
+        if node is None:
+            return
+        consts = [through_identity(x) for x in node.inputs]
+        if node.op == "Add" and len(node.inputs) == 2 and any(
+                c is not None and c.ndim <= 1 for c in consts):
+            t = node.inputs[0] if consts[1] is not None else node.inputs[1]
+        elif node.op == "MatMul" and consts[1] is not None and consts[1].ndim == 2:
+            t = node.inputs[0]
+        elif node.op == "Slice" and len(node.inputs) > 3 and consts[3] is not None \
+                and [int(a) for a in consts[3].reshape(-1)] in ([2], [-1]):
+            t = node.inputs[0]
+        elif node.op == "Split" and node.attrs.get("axis", 0) in (2, -1):
+            t = node.inputs[0]
+        else:
+            return

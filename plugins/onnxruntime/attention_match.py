@@ -6,20 +6,23 @@ fusion_attention.py`` recognises, extended to the dynamo exporter's SDPA decompo
 
     x_q (B, S, N·H) ─Reshape (B, S, N, H)─Transpose(0,2,1,3)─[Mul √c]─┐
     x_k (B, T, N·H) ─Reshape (B, T, N, H)─Transpose(0,2,3,1)─[Mul √c]─MatMul─[Mul|Div c]
-        ─[Add bias | Where(mask, scores, −big)]─Softmax(−1)─[Dropout|Identity|NaN guard]
+        ─[Add bias | Where(mask, scores, −big)]─Softmax(−1)─[Dropout|Identity|Cast|NaN guard]
     x_v (B, T, N·Hv)─Reshape (B, T, N, Hv)─Transpose(0,2,1,3)──────────MatMul(probs, ·)
         ─Transpose(0,2,1,3)─Reshape (B, S, N·Hv)
 
 K's transpose may also be Transpose(0,2,1,3) then Transpose(0,1,3,2), or the dynamo
 exporter's Reshape (−1, T, H)─Transpose(0,2,1)─Reshape (B, N, H, T); a 4-D Reshape that
-keeps its input's shape is skipped anywhere on the paths.
+provably keeps its input's shape is skipped; the last Reshape may give another shape
+(B·S, N·Hv), in which case it stays.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from routetune.plugins.onnxruntime.attention_graph import (
@@ -27,13 +30,18 @@ from routetune.plugins.onnxruntime.attention_graph import (
     Layouts,
     NoMatch,
     Shapes,
+    cast_to,
     compose,
+    copies_dim,
+    dims,
+    enter_projection,
     heads,
     producer,
     rank,
     same_shape,
     scalar,
     swap_last_two,
+    target_parts,
     unpermute,
 )
 
@@ -58,7 +66,9 @@ class Block:
         query: (B, S, N·H) float: the tensor the Q heads are split from.
         key: (B, T, N·H) float.
         value: (B, T, N·Hv) float.
-        output: (B, S, N·Hv) float: the merged-heads tensor the block writes.
+        merge: The Reshape that merges the heads of the (B, S, N, Hv) tensor.
+        merged: Whether `merge`'s output provably is (B, S, N·Hv): then the new node
+            writes it; else `merge` stays and reads the new node's output.
         num_heads: N.
         scale: The factor on Q·Kᵀ (all constant Mul and Div on the paths, multiplied).
         bias: Additive terms on the scaled scores, each with the factor that the scales
@@ -72,7 +82,8 @@ class Block:
     query: gs.Tensor
     key: gs.Tensor
     value: gs.Tensor
-    output: gs.Tensor
+    merge: gs.Node
+    merged: bool
     num_heads: int
     scale: float
     bias: list[tuple[gs.Tensor, float]] = field(default_factory=list)
@@ -123,8 +134,11 @@ def _split_heads(t: gs.Tensor, want: list[int], shapes: Shapes, what: str,
             elif rank(node.inputs[0], shapes) == 3 and rank(node.outputs[0], shapes) == 4:
                 if perm != want:
                     raise NoMatch(f"{what}'s heads are transposed by {perm}, not {want}")
+                enter_projection(node.inputs[0], (axes[0], axes[1], None), layouts)
+                if not all(copies_dim(node, i, shapes, layouts) for i in (0, 1)):
+                    raise NoMatch(f"{what}'s head-splitting Reshape does not provably keep "
+                                  "the batch and sequence axes")
                 n, h = heads(node.inputs[0], node, shapes)
-                layouts[node.inputs[0].name] = (axes[0], axes[1], None)
                 return node.inputs[0], n, h, mult
             else:
                 raise NoMatch(f"{what} comes from a Reshape that is not (B, S, N·H) → "
@@ -195,11 +209,27 @@ def _leads_to_matmul(t: gs.Tensor, depth: int = 12) -> bool:
     return any(_leads_to_matmul(x, depth - 1) for x in node.inputs)
 
 
-def _merge_heads(matmul: gs.Node, shapes: Shapes, layouts: Layouts) -> gs.Tensor:
-    """Walk forward from MatMul(probs, V) to the (B, S, N·Hv) Reshape's output.
+def _last_is(reshape: gs.Node, width: int | None, shapes: Shapes) -> bool:
+    """Whether a 3-D Reshape's last dimension is `width` (N·Hv), or -1 after B and S."""
+    out = dims(reshape.outputs[0], shapes)
+    if width is not None and out is not None and isinstance(out[2], int):
+        return out[2] == width
+    parts = target_parts(reshape)
+    return parts is not None and len(parts) == 3 and parts[2] in (-1, width)
+
+
+def _merge_heads(matmul: gs.Node, shapes: Shapes, layouts: Layouts, width: int | None
+                 ) -> tuple[gs.Node, bool]:
+    """Walk forward from MatMul(probs, V) to the Reshape that merges the heads.
 
     ``Shape`` nodes reading the block's tensors (TorchScript's reshape targets) are
     left alone: once the block is gone they are dead, or they keep what they need.
+
+    Returns:
+        (the Reshape of the (B, S, N, Hv) tensor, whether its output provably is
+        (B, S, N·Hv)). When not (GPT-2's dynamo export merges to (B·S, N·Hv)), the
+        Reshape stays and reads the fused (B, S, N·Hv) output instead: the same elements
+        in the same order.
     """
     t, perm = matmul.outputs[0], [0, 1, 2, 3]
     for _ in range(8):
@@ -216,10 +246,15 @@ def _merge_heads(matmul: gs.Node, shapes: Shapes, layouts: Layouts) -> gs.Tensor
             layouts[node.outputs[0].name] = tuple(layouts[t.name][i] for i in p)
         elif node.op == "Reshape" and same_shape(node, shapes, layouts):
             layouts[node.outputs[0].name] = layouts[t.name]
-        elif node.op == "Reshape" and rank(node.outputs[0], shapes) == 3:
+        elif node.op == "Reshape":
             if perm != [0, 2, 1, 3]:
                 raise NoMatch(f"the heads are merged after Transpose {perm}, not (0, 2, 1, 3)")
-            return node.outputs[0]
+            proven = rank(node.outputs[0], shapes) == 3 and _last_is(node, width, shapes) \
+                and all(copies_dim(node, i, shapes, layouts) for i in (0, 1))
+            if not proven and not _copies_no_inner_dim(node):
+                raise NoMatch("the head-merging Reshape's target may copy (0) an axis "
+                              "after the sequence axis")
+            return node, proven
         else:
             raise NoMatch(f"the attention output goes to {node.op}, not to a head-merging "
                           "Transpose and Reshape")
@@ -227,8 +262,23 @@ def _merge_heads(matmul: gs.Node, shapes: Shapes, layouts: Layouts) -> gs.Tensor
     raise NoMatch("no head-merging Reshape within 8 nodes after the attention MatMul")
 
 
-def _probs_consumer(softmax: gs.Node) -> gs.Node:
-    """The MatMul(probs, V) after a Softmax, through Dropout, Identity and a NaN guard."""
+def _copies_no_inner_dim(reshape: gs.Node) -> bool:
+    """Whether a Reshape gives the same result on (B, S, N, Hv) and (B, S, N·Hv).
+
+    It does unless a 0 in its target copies an input axis after the first two.
+    """
+    if reshape.attrs.get("allowzero", 0):
+        return True
+    parts = target_parts(reshape)
+    return parts is not None and all(p != 0 for p in parts[2:])
+
+
+def _probs_consumer(softmax: gs.Node, dtypes: Mapping[str, np.dtype]) -> gs.Node:
+    """The MatMul(probs, V) after a Softmax, through what inference leaves as identities.
+
+    Those are Dropout, Identity, a Cast to the type it has (GPT-2's eager
+    ``.type(value.dtype)``) and the dynamo exporter's NaN guard.
+    """
     t = softmax.outputs[0]
     for _ in range(4):
         users = [n for n in t.outputs if n.op != "IsNaN"]
@@ -238,7 +288,8 @@ def _probs_consumer(softmax: gs.Node) -> gs.Node:
         node = users[0]
         if node.op == "MatMul" and node.inputs[0] is t and not guards:
             return node
-        if node.op in PASS_THROUGH and not guards:
+        if node.op in PASS_THROUGH and not guards or node.op == "Cast" and not guards \
+                and t.name in dtypes and dtypes[t.name] == cast_to(node):
             t = node.outputs[0]
         elif node.op == "Where" and guards and node.inputs[0] is guards[0].outputs[0] \
                 and scalar(node.inputs[1]) == 0.0 and node.inputs[2] is t:
@@ -248,8 +299,8 @@ def _probs_consumer(softmax: gs.Node) -> gs.Node:
     raise NoMatch("no MatMul(probs, V) within 4 nodes after Softmax")
 
 
-def match_block(softmax: gs.Node, shapes: Shapes, outputs: frozenset[str] = frozenset()
-                ) -> Block:
+def match_block(softmax: gs.Node, shapes: Shapes, outputs: frozenset[str] = frozenset(),
+                dtypes: Mapping[str, np.dtype] | None = None) -> Block:
     """Match the attention block around `softmax`.
 
     Args:
@@ -259,6 +310,8 @@ def match_block(softmax: gs.Node, shapes: Shapes, outputs: frozenset[str] = froz
             constants do not say.
         outputs: The graph's output names: a block whose scores or probabilities are
             one (``output_attentions``) is not fused.
+        dtypes: Inferred element types by tensor name (a Cast to the same type is an
+            identity).
 
     Returns:
         The block.
@@ -275,13 +328,13 @@ def match_block(softmax: gs.Node, shapes: Shapes, outputs: frozenset[str] = froz
     bias: list[tuple[gs.Tensor, float]] = []
     fills: list[tuple[gs.Tensor, gs.Tensor, bool, float]] = []
     qk, mult = _scores(x, 1.0, bias, fills)
-    layouts: Layouts = {}
+    layouts = Layouts()
     query, n, h, q_mult = _split_heads(qk.inputs[0], [0, 2, 1, 3], shapes, "Q",
                                        ("B", "N", "S", "H"), layouts)
     key, n_k, h_k, k_mult = _split_heads(qk.inputs[1], [0, 2, 3, 1], shapes, "Kᵀ",
                                          ("B", "N", "H", "T"), layouts)
-    pv = _probs_consumer(softmax)
-    value, n_v, _, v_mult = _split_heads(pv.inputs[1], [0, 2, 1, 3], shapes, "V",
+    pv = _probs_consumer(softmax, dtypes or {})
+    value, n_v, h_v, v_mult = _split_heads(pv.inputs[1], [0, 2, 1, 3], shapes, "V",
                                          ("B", "N", "T", "Hv"), layouts)
     layouts[pv.inputs[0].name] = ("B", "N", "S", "T")
     layouts[pv.outputs[0].name] = ("B", "N", "S", "Hv")
@@ -294,5 +347,6 @@ def match_block(softmax: gs.Node, shapes: Shapes, outputs: frozenset[str] = froz
         raise NoMatch("the attention probabilities are used outside the block")
     if {x.name, qk.outputs[0].name, pv.outputs[0].name} & outputs:
         raise NoMatch("the attention scores are a graph output")
-    output = _merge_heads(pv, shapes, layouts)
-    return Block(softmax, query, key, value, output, n, mult * q_mult * k_mult, bias, fills)
+    merge, merged = _merge_heads(pv, shapes, layouts, n * h_v)
+    return Block(softmax, query, key, value, merge, merged, n, mult * q_mult * k_mult, bias,
+                 fills)

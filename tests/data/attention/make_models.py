@@ -18,6 +18,10 @@ random (seeded); every model is saved with ``ir_version`` 8. The models:
 - ``vit_torchscript.onnx``, ``vit_dynamo.onnx``: a Hugging Face ``ViTModel`` (32×32
   images, patch 8, hidden 32, 2 layers, 4 heads, no pooler; its default attention);
   input ``pixel_values`` (2, 3, 32, 32) float32; output ``y``, (2, 17, 32) float32.
+- ``gpt2_{eager,sdpa}_{torchscript,dynamo}.onnx``: a Hugging Face ``GPT2Model`` (hidden
+  32, 2 layers, 4 heads, vocabulary 100, ``use_cache=False``): causal self-attention with
+  a padding mask, its QKV projection one ``Conv1D`` split in three; inputs and output as
+  BERT's (the dynamo export static (2, 16)).
 - ``encoder_torchscript.onnx``: `benchmarks/gpu.py`'s ``Encoder`` (fused QKV projection
   split in three, scale by Mul after Q·Kᵀ, no mask) at width 32, 4 heads, 2 layers;
   input ``ids`` (B, S) int64; output ``y``, (B, S, 32) float32.
@@ -56,6 +60,29 @@ def bert(attn: str) -> Any:
                     ) -> torch.Tensor:
             return self.bert(input_ids=input_ids, attention_mask=attention_mask
                              ).last_hidden_state
+
+    return Wrapped().eval()
+
+
+def gpt2(attn: str) -> Any:
+    """A tiny GPT2Model (no KV cache) on (input_ids, attention_mask): the last state."""
+    import torch
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=64,
+                        use_cache=False, attn_implementation=attn, initializer_range=0.3)
+    model = GPT2Model(config).eval()
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt2 = model
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                    ) -> torch.Tensor:
+            return self.gpt2(input_ids=input_ids, attention_mask=attention_mask,
+                             use_cache=False).last_hidden_state
 
     return Wrapped().eval()
 
@@ -129,6 +156,10 @@ def main() -> None:
         for dynamo in (False, True):
             export(bert(attn), {"input_ids": ids, "attention_mask": mask},
                    f"bert_{attn}_{'dynamo' if dynamo else 'torchscript'}", dynamo)
+    for attn in ("eager", "sdpa"):
+        for dynamo in (False, True):
+            export(gpt2(attn), {"input_ids": ids, "attention_mask": mask},
+                   f"gpt2_{attn}_{'dynamo' if dynamo else 'torchscript'}", dynamo)
     pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     for dynamo in (False, True):
         export(vit(), {"pixel_values": pixels},

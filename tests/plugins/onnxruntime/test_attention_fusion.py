@@ -23,7 +23,8 @@ from routetune.testing import check_seasoning
 DATA = Path(__file__).parents[2] / "data" / "attention"
 QUICK = MeasureSettings(warmup=2, min_runs=5, min_time_s=0.05)
 MASKED = ("bert_eager_torchscript", "bert_sdpa_torchscript", "bert_eager_dynamo",
-          "bert_sdpa_dynamo")
+          "bert_sdpa_dynamo", "gpt2_eager_torchscript", "gpt2_sdpa_torchscript",
+          "gpt2_eager_dynamo", "gpt2_sdpa_dynamo")  # GPT-2's: causal and padding
 UNMASKED = ("vit_torchscript", "vit_dynamo", "encoder_torchscript")
 LAYERS, HEADS, HEAD_SIZE = 2, 4, 8  # every fixture: hidden 32
 
@@ -100,6 +101,7 @@ def test_the_node_takes_the_heads_the_scale_and_the_graph_s_own_mask(name: str) 
 
 
 @pytest.mark.parametrize("name", ["bert_eager_torchscript", "bert_sdpa_torchscript",
+                                  "gpt2_eager_torchscript", "gpt2_sdpa_torchscript",
                                   "encoder_torchscript"])
 def test_dynamic_batch_and_sequence_stay_dynamic(name: str) -> None:
     model = onnx.load(DATA / f"{name}.onnx")
@@ -188,3 +190,60 @@ def test_it_keeps_the_seasoning_contract(registry: Registry, tmp_path: Path) -> 
     record = check_seasoning(registry, "fuse-attention", DATA / "vit_torchscript.onnx",
                              tmp_path / "work", refused=conv_bn(tmp_path / "cnn.onnx"))
     assert record["modified"] and record["stats"]["MultiHeadAttention"] == LAYERS
+
+
+def tiny_block(merged: list[int], shape: list[int] | None = None) -> onnx.ModelProto:
+    """One self-attention block on x (2, 4, 8) float32, 2 heads of 4, no mask; its heads
+    merged by Reshape to `merged`, giving y of `shape` (default: `merged`)."""
+    rng = np.random.default_rng(3)
+    w = {n: rng.standard_normal((8, 8)).astype(np.float32) for n in ("wq", "wk", "wv")}
+    h = onnx.helper
+    nodes = [h.make_node("MatMul", ["x", f"w{c}"], [c]) for c in "qkv"]
+    for c, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [h.make_node("Reshape", [c, "split"], [f"{c}4"]),
+                  h.make_node("Transpose", [f"{c}4"], [f"{c}t"], perm=perm)]
+    nodes += [h.make_node("MatMul", ["qt", "kt"], ["qk"]),
+              h.make_node("Div", ["qk", "two"], ["scores"]),
+              h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              h.make_node("MatMul", ["probs", "vt"], ["pv"]),
+              h.make_node("Transpose", ["pv"], ["pvt"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["pvt", "merge"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(v, n) for n, v in w.items()] + [
+        onnx.numpy_helper.from_array(np.array([2, 4, 2, 4], np.int64), "split"),
+        onnx.numpy_helper.from_array(np.array(merged, np.int64), "merge"),
+        onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    graph = h.make_graph(nodes, "block", [h.make_tensor_value_info("x", 1, [2, 4, 8])],
+                         [h.make_tensor_value_info("y", 1, shape or merged)], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_hand_written_block_becomes_exactly_the_projections_and_the_node() -> None:
+    model = tiny_block([2, 4, 8])
+    fused, result = fuse(model)
+    assert [n.op_type for n in fused.graph.node] == ["MatMul"] * 3 + ["MultiHeadAttention"]
+    node = fused.graph.node[-1]
+    assert list(node.input) == ["q", "k", "v"] and list(node.output) == ["y"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs == {"num_heads": 2, "scale": pytest.approx(0.5)}
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32)}
+    assert rel_l2(run(model, feed), run(fused, feed)) <= 1e-6
+
+
+def test_heads_merged_into_another_layout_keep_their_reshape() -> None:
+    model = tiny_block([1, 8, 8])  # (1, B·S, N·H), as GPT-2's dynamo export has (B·S, N·H)
+    fused, result = fuse(model)
+    assert result.stats["MultiHeadAttention"] == 1
+    assert [n.op_type for n in fused.graph.node] == ["MatMul"] * 3 + [
+        "MultiHeadAttention", "Reshape"]
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32)}
+    want, got = run(model, feed), run(fused, feed)
+    assert got.shape == want.shape == (1, 8, 8) and rel_l2(want, got) <= 1e-6
+
+
+def test_a_merge_that_copies_a_head_axis_is_left_with_the_reason() -> None:
+    # its third 0 copies N from (B, S, N, Hv); from (B, S, N·Hv) it would copy N·Hv
+    fused, result = fuse(tiny_block([0, 0, 0, 2, 2], [2, 4, 2, 2, 2]))
+    assert not result.modified
+    assert result.stats["left: the head-merging Reshape's target may copy (0) an axis after "
+                        "the sequence axis"] == 1
+    assert "Softmax" in [n.op_type for n in fused.graph.node]
