@@ -33,12 +33,22 @@ class Layouts:
     Axes are named ``B``, ``N``, ``S``, ``T``, ``H``, ``Hv``, or None (N·H, unknown).
     Entering a tensor a second time with other names records that those names are one
     size (self-attention reaches the hidden states from Q and from K: ``S`` = ``T``);
-    lookups give each name's representative (union-find).
+    lookups give each name's representative (union-find). Where inference gives an
+    entered tensor an int dimension, that is the size of the axis's name.
+
+    Args:
+        shapes: Inferred shapes by tensor name.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shapes: Shapes) -> None:
+        self._shapes = shapes
         self._axes: dict[str, tuple[str | None, ...]] = {}
         self._parent: dict[str, str] = {}
+        self._sizes: dict[str, int] = {}
+
+    def size(self, axis: str) -> int | None:
+        """The size of `axis` when some entered tensor's inferred shape gives it."""
+        return self._sizes.get(self._find(axis))
 
     def _find(self, name: str) -> str:
         while self._parent.get(name, name) != name:
@@ -49,12 +59,20 @@ class Layouts:
         old = self._axes.get(tensor)
         if old is None or len(old) != len(axes):
             self._axes[tensor] = axes
-            return
-        for a, b in zip(old, axes, strict=True):
-            if a is not None and b is not None and self._find(a) != self._find(b):
-                self._parent[self._find(b)] = self._find(a)
-        self._axes[tensor] = tuple(b if a is None else a for a, b in zip(old, axes,
-                                                                          strict=True))
+        else:
+            for a, b in zip(old, axes, strict=True):
+                if a is not None and b is not None and self._find(a) != self._find(b):
+                    size = self._sizes.pop(self._find(b), None)
+                    self._parent[self._find(b)] = self._find(a)
+                    if size is not None:
+                        self._sizes.setdefault(self._find(a), size)
+            self._axes[tensor] = tuple(b if a is None else a
+                                       for a, b in zip(old, axes, strict=True))
+        inferred = self._shapes.get(tensor)
+        if inferred is not None and len(inferred) == len(axes):
+            for axis, d in zip(axes, inferred, strict=True):
+                if axis is not None and isinstance(d, int):
+                    self._sizes.setdefault(self._find(axis), d)
 
     def get(self, tensor: str) -> tuple[str | None, ...] | None:
         """`tensor`'s axes (representatives), or None when it was never entered."""
@@ -162,8 +180,9 @@ def copies_dim(reshape: gs.Node, i: int, shapes: Shapes, layouts: Layouts) -> bo
 
     It is when the entry is 0 (without ``allowzero``), ``Gather(Shape(y), j)`` of the
     input itself at ``j == i`` or of a tensor whose axis ``j`` is the same axis of the
-    block (`layouts`), a constant equal to the inferred dimension, or when inference
-    gives the output and the input the same (int or symbolic) dimension `i`.
+    block (`layouts`), a constant equal to the inferred dimension or to the size known
+    for that axis, or when inference gives the output and the input the same (int or
+    symbolic) dimension `i`.
     """
     x = reshape.inputs[0]
     x_dims, out_dims = dims(x, shapes), dims(reshape.outputs[0], shapes)
@@ -174,14 +193,17 @@ def copies_dim(reshape: gs.Node, i: int, shapes: Shapes, layouts: Layouts) -> bo
     if parts is None or len(parts) <= i:
         return False
     part = parts[i]
+    axis = (layouts.get(x.name) or (None,) * (i + 1))[i]
     if isinstance(part, int):
         if part == 0:
             return not reshape.attrs.get("allowzero", 0)
-        return x_dims is not None and len(x_dims) > i and x_dims[i] == part
+        if x_dims is not None and len(x_dims) > i and x_dims[i] == part:
+            return True
+        return axis is not None and layouts.size(axis) == part
     y, j = part
     if y is x:
         return j == i
-    axis, other = (layouts.get(x.name) or (None,) * (i + 1))[i], layouts.get(y.name)
+    other = layouts.get(y.name)
     return axis is not None and other is not None and j < len(other) and other[j] == axis
 
 

@@ -328,7 +328,7 @@ def match_block(softmax: gs.Node, shapes: Shapes, outputs: frozenset[str] = froz
     bias: list[tuple[gs.Tensor, float]] = []
     fills: list[tuple[gs.Tensor, gs.Tensor, bool, float]] = []
     qk, mult = _scores(x, 1.0, bias, fills)
-    layouts = Layouts()
+    layouts = Layouts(shapes)
     query, n, h, q_mult = _split_heads(qk.inputs[0], [0, 2, 1, 3], shapes, "Q",
                                        ("B", "N", "S", "H"), layouts)
     key, n_k, h_k, k_mult = _split_heads(qk.inputs[1], [0, 2, 3, 1], shapes, "Kᵀ",

@@ -23,8 +23,11 @@ random (seeded); every model is saved with ``ir_version`` 8. The models:
   a padding mask, its QKV projection one ``Conv1D`` split in three; inputs and output as
   BERT's (the dynamo export static (2, 16)).
 - ``encoder_torchscript.onnx``: `benchmarks/gpu.py`'s ``Encoder`` (fused QKV projection
-  split in three, scale by Mul after Q·Kᵀ, no mask) at width 32, 4 heads, 2 layers;
-  input ``ids`` (B, S) int64; output ``y``, (B, S, 32) float32.
+  split in three, scale by Mul after Q·Kᵀ, no mask) at width 32, 4 heads, 2 layers,
+  exported as `benchmarks/gpu.py` exports it (TorchScript, opset 17, static shapes: its
+  Slice outputs have no inferred shape); input ``ids`` (2, 16) int64; output ``y``,
+  (2, 16, 32) float32. ``encoder_dynamic_torchscript.onnx``: the same with dynamic
+  batch and sequence.
 """
 
 from __future__ import annotations
@@ -109,8 +112,13 @@ def vit() -> Any:
     return Wrapped().eval()
 
 
-def export(module: Any, example: dict[str, Any], name: str, dynamo: bool) -> None:
-    """Export `module` on `example` to ``HERE/name.onnx`` with ir_version 8."""
+def export(module: Any, example: dict[str, Any], name: str, dynamo: bool,
+           dynamic: bool = True) -> None:
+    """Export `module` on `example` to ``HERE/name.onnx`` with ir_version 8.
+
+    TorchScript exports get dynamic batch and sequence axes on token inputs when
+    `dynamic`.
+    """
     import onnxscript
     import torch
     import transformers
@@ -124,7 +132,7 @@ def export(module: Any, example: dict[str, Any], name: str, dynamo: bool) -> Non
             assert program is not None
             program.save(str(path))
         else:
-            axes = {k: {0: "batch", 1: "seq"} for k in example if v_is_ids(k)}
+            axes = {k: {0: "batch", 1: "seq"} for k in example if dynamic and v_is_ids(k)}
             torch.onnx.export(module, args, str(path), input_names=list(example),
                               output_names=["y"], opset_version=17, dynamo=False,
                               dynamic_axes=axes or None)
@@ -166,7 +174,8 @@ def main() -> None:
                f"vit_{'dynamo' if dynamo else 'torchscript'}", dynamo)
     torch.manual_seed(0)
     encoder = Encoder(width=32, heads=4, layers=2, ffn=64, vocab=100).eval()
-    export(encoder, {"ids": ids}, "encoder_torchscript", False)
+    export(encoder, {"ids": ids}, "encoder_torchscript", False, dynamic=False)
+    export(encoder, {"ids": ids}, "encoder_dynamic_torchscript", False)
 
 
 if __name__ == "__main__":
