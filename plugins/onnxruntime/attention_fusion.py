@@ -149,10 +149,15 @@ def _inferred(graph: gs.Graph) -> tuple[Shapes, dict[str, np.dtype]]:
 
 def _rewrite(graph: gs.Graph, block: Block, shapes: Shapes, dtypes: dict[str, np.dtype],
              taken: set[str]) -> None:
-    """Replace `block` by one ``MultiHeadAttention`` node that writes `block.output`.
+    """Replace `block` by one ``MultiHeadAttention`` node (rules 3 and 5 of the class).
+
+    The node reads `block.query`, `block.key` and `block.value` ((B, S, N·H) float32 or
+    float16) and, with a mask, an ``attention_bias`` broadcast to (B or 1, N or 1, S, T)
+    in their dtype; it writes `block.merge`'s output, or a new (B, S, N·Hv) tensor that
+    `block.merge` then reads.
 
     Raises:
-        NoMatch: The mask cannot be made an attention bias (checked before any change).
+        NoMatch: Another dtype, or a bias of rank > 4 (checked before any change).
     """
     dtype = dtypes.get(block.query.name, np.dtype(np.float32))
     if dtype not in (np.float32, np.float16):
