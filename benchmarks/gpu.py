@@ -131,32 +131,39 @@ def build_model(name: str, out: Path) -> tuple[Any, Path | None, Path | None]:
     return module, path, inputs
 
 
-def Encoder() -> Any:  # noqa: N802 - a factory that reads like a class
-    """A BERT-base-sized post-LN encoder on token ids (random weights)."""
+def Encoder(width: int = 768, heads: int = 12, layers: int = 12, ffn: int = 3072,  # noqa: N802
+            vocab: int = 30522) -> Any:
+    """A post-LN encoder on token ids (random weights); the defaults are BERT-base's sizes.
+
+    `tests/data/attention/make_models.py` exports a tiny one (width 32, 4 heads, 2 layers)
+    as the ``fuse-attention`` fixture.
+    """
     import torch
     from torch import nn
+
+    head = width // heads
 
     class Layer(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.qkv, self.proj = nn.Linear(768, 3 * 768), nn.Linear(768, 768)
-            self.ln1, self.ln2 = nn.LayerNorm(768), nn.LayerNorm(768)
-            self.ffn = nn.Sequential(nn.Linear(768, 3072), nn.GELU(), nn.Linear(3072, 768))
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.ffn = nn.Sequential(nn.Linear(width, ffn), nn.GELU(), nn.Linear(ffn, width))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             b, t, _ = x.shape
-            q, k, v = (z.reshape(b, t, 12, 64).transpose(1, 2)
+            q, k, v = (z.reshape(b, t, heads, head).transpose(1, 2)
                        for z in self.qkv(x).chunk(3, dim=-1))
-            att = torch.softmax(q @ k.transpose(-1, -2) * 0.125, dim=-1)
-            x = self.ln1(x + self.proj((att @ v).transpose(1, 2).reshape(b, t, 768)))
+            att = torch.softmax(q @ k.transpose(-1, -2) * head ** -0.5, dim=-1)
+            x = self.ln1(x + self.proj((att @ v).transpose(1, 2).reshape(b, t, width)))
             return self.ln2(x + self.ffn(x))
 
     class Model(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.tok, self.pos = nn.Embedding(30522, 768), nn.Embedding(512, 768)
-            self.ln = nn.LayerNorm(768)
-            self.layers = nn.ModuleList(Layer() for _ in range(12))
+            self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(512, width)
+            self.ln = nn.LayerNorm(width)
+            self.layers = nn.ModuleList(Layer() for _ in range(layers))
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
             pos = torch.arange(ids.shape[1], device=ids.device)

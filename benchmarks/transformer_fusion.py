@@ -6,9 +6,10 @@ transformers:
     python benchmarks/transformer_fusion.py [--out DIR] [--models encoder,hf-bert,vit]
 
 For each model, ``routetune tune`` on the ``onnxruntime-cuda`` backend with
-``--search exhaustive`` over ``ort-transformer-fusion`` alone and with ``fp16``
-(accuracy ``cos>=0.9999,rel_l2<=0.01`` against FP32): the fused-operator counts that
-the seasoning records in the trial, and each route's speed-up over the base route timed
+``--search exhaustive`` over ``ort-transformer-fusion``, routetune's own
+``fuse-attention`` and ``fp16``, alone and combined (accuracy
+``cos>=0.9999,rel_l2<=0.01`` against FP32): the fused-operator counts that the fusion
+seasonings record in the trial, and each route's speed-up over the base route timed
 alongside. Models: ``encoder`` (`benchmarks/gpu.py`'s BERT-base-sized encoder, b8×128,
 TorchScript exporter), ``hf-bert`` (a Hugging Face ``BertModel``, BERT-base config, random
 weights, b8×128 with an attention mask; the TorchScript exporter) and ``vit``
@@ -46,21 +47,22 @@ def main() -> None:
         path, inputs = export(name, out)
         result = tune(RunSpec(model=path, inputs=inputs, output=out / "tune",
                               backend="onnxruntime-cuda", search="exhaustive",
-                              seasonings=("ort-transformer-fusion", "fp16"),
+                              seasonings=("ort-transformer-fusion", "fuse-attention",
+                                          "fp16"),
                               space={"ort-transformer-fusion": {"model_type": ("auto",)}},
                               accuracy=ACCURACY, keep="winner",
                               measure=MeasureSettings(warmup=10, min_runs=30,
                                                       min_time_s=args.min_time)))
         rows = {}
         for t in result.trials:
-            fusion = next((p for p in t.passes if p.get("step", "").startswith(
-                "ort-transformer-fusion")), None)
+            fusions = [p for p in t.passes if p.get("step", "").startswith(
+                ("ort-transformer-fusion", "fuse-attention"))]
             rows[t.route] = {"status": str(t.status), "reason": t.reason[:200],
                              "speedup": t.speedup,
                              "ci": [t.paired.ci_low, t.paired.ci_high] if t.paired else None,
                              "p50_ms": t.latency.p50 if t.latency else None,
-                             "fused": fusion["stats"] if fusion else None,
-                             "note": fusion.get("note") if fusion else None}
+                             "fused": {p["step"]: p["stats"] for p in fusions} or None,
+                             "note": "; ".join(p.get("note", "") for p in fusions) or None}
         report[name] = {"winner": result.winner.route, "trials": rows}
         (args.out / "transformer_fusion.json").write_text(json.dumps(report, indent=1))
         print(f"\n### {name}: winner {result.winner.route}")

@@ -1,13 +1,15 @@
 """ONNX Runtime integration: the CPU and CUDA backends, and their seasonings.
 
 Session and CUDA provider options as build seasonings (`session_options`,
-`cuda_options`), and the Q/DQ seasonings (`quantize`).
+`cuda_options`), the Q/DQ seasonings (`quantize`), and the fusions into ONNX Runtime's
+contrib operators (`transformer_fusion`, `attention_fusion`).
 """
 
 from __future__ import annotations
 
 from routetune import hookimpl
 from routetune.plugins.onnxruntime import cuda_options, session_options
+from routetune.plugins.onnxruntime.attention_fusion import AttentionFusion
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.cuda import OnnxRuntimeCudaBackend
 from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
@@ -27,7 +29,8 @@ def routetune_register_seasonings(registry: Registry) -> None:
     """Register the session and CUDA provider options, Q/DQ and transformer fusion.
 
     The Q/DQ seasonings are ``int8-qdq`` and ``fp8-qdq``; ``ort-transformer-fusion``
-    runs ONNX Runtime's transformer optimizer.
+    runs ONNX Runtime's transformer optimizer; ``fuse-attention`` writes exported
+    attention blocks as ``MultiHeadAttention``.
 
     ``ort-cuda-flag`` is registered lazily: its choices come from the installed CUDA
     provider, which a run on another backend never starts.
@@ -38,3 +41,4 @@ def routetune_register_seasonings(registry: Registry) -> None:
     registry.add_seasoning(Int8Qdq)
     registry.add_seasoning(Fp8Qdq)
     registry.add_seasoning(TransformerFusion)
+    registry.add_seasoning(AttentionFusion)

@@ -1,0 +1,232 @@
+"""``fuse-attention``: exported attention blocks as ONNX Runtime's ``MultiHeadAttention``.
+
+ONNX Runtime's transformer optimizer (``ort-transformer-fusion``) fuses no attention
+block of today's PyTorch exports; this seasoning recognises them itself
+(`routetune.plugins.onnxruntime.attention_match`) and writes one ``com.microsoft``
+``MultiHeadAttention`` per block, so that ONNX Runtime's fused kernels (flash and
+memory-efficient attention on CUDA, its blocked kernel on the CPU) run. The operator's
+contract is ONNX Runtime's ``docs/ContribOperators.md``, ``com.microsoft.MultiHeadAttention``
+(version 1): inputs ``query`` (B, S, N·H), ``key`` (B, T, N·H), ``value`` (B, T, N·Hv),
+``bias``, ``key_padding_mask``, ``attention_bias`` (B or 1, N or 1, S, T); attributes
+``num_heads`` and ``scale``; output (B, S, N·Hv). It is a contrib operator, so the
+seasoning is offered on the ``onnxruntime`` and ``onnxruntime-cuda`` backends only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from routetune.passes.graph.constants import constant_value, infer, taken_names, unique_name
+from routetune.plugins.onnxruntime.attention_match import Block, NoMatch, Shapes, match_block
+from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
+
+if TYPE_CHECKING:
+    from routetune.backend import Backend
+
+__all__ = ["AttentionFusion"]
+
+logger = logging.getLogger(__name__)
+
+MS_DOMAIN = "com.microsoft"
+
+
+class AttentionFusion(Seasoning):
+    """Rewrite each scaled-dot-product attention block to ``MultiHeadAttention``.
+
+    The recognised patterns are those of ONNX Runtime's
+    ``onnxruntime/python/tools/transformers/fusion_attention.py`` as today's exporters
+    write them: torch's TorchScript exporter and its dynamo exporter (SDPA decomposed by
+    onnxscript's torchlib), for Hugging Face ``eager`` and ``sdpa`` attention (BERT,
+    ViT, GPT-2 with its causal mask) and hand-written encoders (`attention_match` draws
+    them). All tensors are float32 or float16, in the exporter's (B, S, N·H) layout
+    around the block. Shapes come from ONNX shape inference (with data propagation);
+    where a dimension is symbolic, the match proves it from the graph (a reshape target
+    read from ``Shape`` of a tensor whose axes it has identified), and gives up otherwise.
+
+    Rewrite rules, for each ``Softmax`` over the last axis of (B, N, S, T) scores:
+
+    1. Q, K and V each come from a (B, S, N·H) tensor through Reshape (B, S, N, H) and
+       Transpose (0, 2, 1, 3) ((0, 2, 3, 1) for K, or its two-step and dynamo forms),
+       the Reshape provably keeping B and S. Those (B, S, N·H) tensors become the
+       ``query``, ``key`` and ``value`` inputs, so any projection (separate, or one
+       fused QKV MatMul or Conv1D split in three) stays as it is.
+    2. Every constant Mul or Div on Q, on K and on the scores multiplies into ``scale``
+       (the dynamo exporter's √scale on Q and on K included).
+    3. Each Add on the scores (the Hugging Face extended mask, ``(1 - mask) · finfo.min``
+       through Where, Cast or Expand; the dynamo exporter's constant zero bias) is kept:
+       the tensor the graph computes becomes ``attention_bias``, multiplied by any scale
+       applied after it, summed with any other, and expanded to (·, ·, S, T) with
+       ``Expand``. ``Where(mask, scores, c)`` with ``c <= -1e4`` becomes the additive
+       ``Where(mask, 0, c)``. A constant all-zero bias is dropped.
+    4. Softmax's output reaches MatMul(probs, V) directly or through Dropout, Identity,
+       a Cast to its own type, or the dynamo exporter's ``Where(IsNaN(p), 0, p)``
+       (which only rewrites rows whose every position is masked with −inf).
+    5. MatMul(probs, V) → Transpose (0, 2, 1, 3) → Reshape (B, S, N·Hv): that Reshape's
+       output tensor is written by the new node (name, shape and dtype stay). A Reshape
+       to another shape (GPT-2's dynamo export: (B·S, N·Hv)) stays and reads the new
+       node's (B, S, N·Hv) output, which holds the same elements in the same order.
+       The block's other nodes are removed with ``graph.cleanup()``.
+
+    A block that does not match is left as it is; its reason is counted in the stats
+    (``left: <reason>``) and named in the note. Not fused, by these rules: grouped-query
+    attention (K/V with fewer heads than Q), rotary embeddings (an Add between the head
+    split and Q·Kᵀ), KV caches (a Concat of past keys), attention probabilities that are
+    a graph output (``output_attentions``).
+    """
+
+    info: ClassVar[SeasoningInfo] = SeasoningInfo(
+        name="fuse-attention", stage="graph",
+        backends=frozenset({"onnxruntime", "onnxruntime-cuda"}),
+        summary="exported attention blocks as com.microsoft MultiHeadAttention",
+        after=frozenset({"fold-constants"}),
+        # ONNX Runtime's optimizer then fuses LayerNorm and GELU around the fused blocks
+        before=frozenset({"ort-transformer-fusion"}))
+
+    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
+        """Why not: no Softmax in the graph, so no attention block."""
+        if not any(node.op == "Softmax" for node in graph.nodes):
+            return "no Softmax in the model: no attention block"
+        return None
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Fuse every matching block of `state.graph` in place.
+
+        Returns:
+            ``stats``: ``MultiHeadAttention`` (blocks fused), ``blocks_seen`` (Softmax
+            nodes), ``blocks_left`` and one ``left: <reason>`` count per reason.
+
+        Raises:
+            Nothing for a block that does not match (it is counted); onnx-graphsurgeon's
+            errors for a malformed graph.
+        """
+        graph = state.model_graph()
+        shapes, dtypes = _inferred(graph)
+        taken = taken_names(graph)
+        softmaxes = [n for n in graph.nodes if n.op == "Softmax"]
+        outputs = frozenset(t.name for t in graph.outputs)
+        fused, left, where = 0, Counter[str](), []
+        for softmax in softmaxes:
+            try:
+                block = match_block(softmax, shapes, outputs, dtypes)
+                _rewrite(graph, block, shapes, dtypes, taken)
+            except NoMatch as e:
+                left[str(e)] += 1
+                where.append(f"{softmax.name}: {e}")
+                logger.debug("fuse-attention: %s not fused: %s", softmax.name, e)
+                continue
+            fused += 1
+        if fused:
+            graph.cleanup().toposort()
+        stats = {"MultiHeadAttention": fused, "blocks_seen": len(softmaxes),
+                 "blocks_left": len(softmaxes) - fused}
+        stats.update({f"left: {reason}": n for reason, n in sorted(left.items())})
+        note = f"{fused} of {len(softmaxes)} attention blocks fused"
+        if where:
+            note += "; left: " + "; ".join(where[:8]) + (" …" if len(where) > 8 else "")
+        return PassResult(fused > 0, stats, note)
+
+
+def _inferred(graph: gs.Graph) -> tuple[Shapes, dict[str, np.dtype]]:
+    """Shapes and dtypes by tensor name, from ONNX shape inference with data propagation."""
+    shapes: Shapes = {}
+    dtypes: dict[str, np.dtype] = {}
+    for g in (graph, infer(graph)):
+        if g is None:
+            continue
+        for name, t in g.tensors().items():
+            if t.shape is not None:
+                shapes[name] = tuple(d if isinstance(d, (int, str)) and d != -1 else None
+                                     for d in t.shape)
+            if t.dtype is not None:
+                dtypes[name] = np.dtype(t.dtype)
+    return shapes, dtypes
+
+
+def _rewrite(graph: gs.Graph, block: Block, shapes: Shapes, dtypes: dict[str, np.dtype],
+             taken: set[str]) -> None:
+    """Replace `block` by one ``MultiHeadAttention`` node (rules 3 and 5 of the class).
+
+    The node reads `block.query`, `block.key` and `block.value` ((B, S, N·H) float32 or
+    float16) and, with a mask, an ``attention_bias`` broadcast to (B or 1, N or 1, S, T)
+    in their dtype; it writes `block.merge`'s output, or a new (B, S, N·Hv) tensor that
+    `block.merge` then reads.
+
+    Raises:
+        NoMatch: Another dtype, or a bias of rank > 4 (checked before any change).
+    """
+    dtype = dtypes.get(block.query.name, np.dtype(np.float32))
+    if dtype not in (np.float32, np.float16):
+        raise NoMatch(f"the block computes in {dtype}, not float32 or float16")
+    base = unique_name(f"{block.softmax.name or 'attention'}_mha", taken)
+    new_nodes: list[gs.Node] = []
+
+    def node(op: str, inputs: list[gs.Tensor], suffix: str, **attrs: object) -> gs.Variable:
+        out = gs.Variable(unique_name(f"{base}/{suffix}", taken), dtype=None)
+        new_nodes.append(gs.Node(op, unique_name(f"{base}/{op}", taken), dict(attrs),
+                                 inputs, [out]))
+        return out
+
+    def const(value: np.ndarray, suffix: str) -> gs.Constant:
+        return gs.Constant(unique_name(f"{base}/{suffix}", taken), value)
+
+    terms: list[tuple[gs.Tensor, float]] = []
+    for tensor, factor in block.bias:
+        value = constant_value(tensor)
+        if value is not None and not np.any(value):
+            continue  # a constant zero bias (the dynamo exporter's, without a mask)
+        if len(shapes.get(tensor.name) or ()) > 4:
+            raise NoMatch("the attention bias has more than 4 dimensions")
+        terms.append((tensor, factor))
+    for cond, fill, on_true, factor in block.fills:
+        fill_value = np.asarray(constant_value(fill)).astype(np.float64) * factor
+        clipped = np.maximum(fill_value, np.finfo(dtype).min).astype(dtype)
+        zero = const(np.zeros((), dtype), "zero")
+        fill_c = const(clipped.reshape(()), "fill")
+        pair = [fill_c, zero] if on_true else [zero, fill_c]
+        terms.append((node("Where", [cond, *pair], "mask_bias"), 1.0))
+    bias: gs.Tensor | None = None
+    for tensor, factor in terms:
+        if dtypes.get(tensor.name, dtype) != dtype:
+            tensor = node("Cast", [tensor], "bias_cast", to=_onnx_type(dtype))
+        if factor != 1.0:
+            tensor = node("Mul", [tensor, const(np.array(factor, dtype), "factor")], "bias")
+        bias = tensor if bias is None else node("Add", [bias, tensor], "bias_sum")
+    inputs: list[gs.Tensor] = [block.query, block.key, block.value]
+    if bias is not None:
+        if not _complete(bias, block, shapes):
+            one = const(np.ones(2, np.int64), "ones")
+            index = const(np.array([1], np.int64), "seq_axis")
+            s = node("Gather", [node("Shape", [block.query], "q_shape"), index], "s", axis=0)
+            t = node("Gather", [node("Shape", [block.key], "k_shape"), index], "t", axis=0)
+            target = node("Concat", [one, s, t], "bias_shape", axis=0)
+            bias = node("Expand", [bias, target], "attention_bias")
+        inputs += [gs.Variable.empty(), gs.Variable.empty(), bias]
+    if block.merged:
+        output = block.merge.outputs[0]
+        block.merge.outputs.clear()
+    else:
+        output = gs.Variable(unique_name(f"{base}/output", taken), dtype=dtype)
+        block.merge.inputs[0] = output
+    new_nodes.append(gs.Node("MultiHeadAttention", base, {
+        "num_heads": block.num_heads, "scale": float(block.scale)}, inputs, [output],
+        domain=MS_DOMAIN))
+    graph.nodes.extend(new_nodes)
+
+
+def _complete(bias: gs.Tensor, block: Block, shapes: Shapes) -> bool:
+    """Whether `bias` is known to be (·, ·, S, T) already."""
+    b, q, k = (shapes.get(t.name) for t in (bias, block.query, block.key))
+    if b is None or q is None or k is None or len(b) != 4:
+        return False
+    return b[2] is not None and b[2] == q[1] and b[3] is not None and b[3] == k[1]
+
+
+def _onnx_type(dtype: np.dtype) -> int:
+    from onnx.helper import np_dtype_to_tensor_dtype
+
+    return int(np_dtype_to_tensor_dtype(dtype))

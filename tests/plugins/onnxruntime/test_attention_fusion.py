@@ -1,0 +1,250 @@
+"""``fuse-attention`` on real PyTorch exports (tests/data/attention, made by make_models.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
+import pytest
+from graphs import conv_bn
+
+from routetune.measure import MeasureSettings
+from routetune.plugins.onnxruntime.attention_fusion import AttentionFusion
+from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+from routetune.registry import Registry
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
+from routetune.seasoning import PassResult, RouteContext, RouteState
+from routetune.testing import check_seasoning
+
+DATA = Path(__file__).parents[2] / "data" / "attention"
+QUICK = MeasureSettings(warmup=2, min_runs=5, min_time_s=0.05)
+MASKED = ("bert_eager_torchscript", "bert_sdpa_torchscript", "bert_eager_dynamo",
+          "bert_sdpa_dynamo", "gpt2_eager_torchscript", "gpt2_sdpa_torchscript",
+          "gpt2_eager_dynamo", "gpt2_sdpa_dynamo")  # GPT-2's: causal and padding
+UNMASKED = ("vit_torchscript", "vit_dynamo", "encoder_torchscript",  # as gpu.py exports it
+            "encoder_dynamic_torchscript")
+LAYERS, HEADS, HEAD_SIZE = 2, 4, 8  # every fixture: hidden 32
+
+
+def feeds(model: onnx.ModelProto, batch: int = 2, seq: int = 16) -> dict[str, np.ndarray]:
+    """Token ids with a padding mask whose last sequence has its second half padded, or
+    (2, 3, 32, 32) float32 images."""
+    rng = np.random.default_rng(7)
+    names = [i.name for i in model.graph.input]
+    if names == ["pixel_values"]:
+        return {"pixel_values": rng.standard_normal((2, 3, 32, 32)).astype(np.float32)}
+    out = {names[0]: rng.integers(0, 100, (batch, seq)).astype(np.int64)}
+    if "attention_mask" in names:
+        mask = np.ones((batch, seq), np.int64)
+        mask[-1, seq // 2:] = 0
+        out["attention_mask"] = mask
+    return out
+
+
+def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
+    """The first output on ONNX Runtime's CPU provider, its graph optimisations off."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, feed)[0])
+
+
+def fuse(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassResult]:
+    graph = gs.import_onnx(model)
+    state = RouteState(graph=graph)
+    result = AttentionFusion()(state, RouteContext(backend=OnnxRuntimeBackend()))
+    assert state.graph is graph
+    fused = gs.export_onnx(graph)
+    onnx.checker.check_model(fused, full_check=True)
+    return fused, result
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(a))
+
+
+@pytest.mark.parametrize("name", MASKED + UNMASKED)
+def test_every_block_becomes_one_multi_head_attention_that_computes_the_same(name: str
+                                                                             ) -> None:
+    model = onnx.load(DATA / f"{name}.onnx")
+    fused, result = fuse(model)
+    ops = [n.op_type for n in fused.graph.node]
+    assert result.modified
+    assert dict(result.stats) == {"MultiHeadAttention": LAYERS, "blocks_seen": LAYERS,
+                                  "blocks_left": 0}
+    assert ops.count("MultiHeadAttention") == LAYERS and "Softmax" not in ops
+    heads = [n for n in fused.graph.node if n.op_type == "Transpose"
+             and len(onnx.helper.get_attribute_value(n.attribute[0])) == 4]
+    assert heads == []  # the head split and merge are gone
+    assert any(o.domain == "com.microsoft" for o in fused.opset_import)
+    feed = feeds(model)
+    want, got = run(model, feed), run(fused, feed)
+    assert got.shape == want.shape
+    assert rel_l2(want, got) <= 1e-4
+
+
+@pytest.mark.parametrize("name", MASKED + UNMASKED)
+def test_the_node_takes_the_heads_the_scale_and_the_graph_s_own_mask(name: str) -> None:
+    fused, _ = fuse(onnx.load(DATA / f"{name}.onnx"))
+    for node in (n for n in fused.graph.node if n.op_type == "MultiHeadAttention"):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["num_heads"] == HEADS
+        assert attrs["scale"] == pytest.approx(HEAD_SIZE ** -0.5, rel=1e-6)
+        # query, key, value, (no QKV bias), (no key padding mask), attention_bias; the
+        # ViT dynamo export's constant zero bias is dropped
+        assert list(node.input[3:5]) == (["", ""] if name in MASKED else [])
+        assert len(node.input) == (6 if name in MASKED else 3)
+
+
+@pytest.mark.parametrize("name", ["bert_eager_torchscript", "bert_sdpa_torchscript",
+                                  "gpt2_eager_torchscript", "gpt2_sdpa_torchscript",
+                                  "encoder_dynamic_torchscript"])
+def test_dynamic_batch_and_sequence_stay_dynamic(name: str) -> None:
+    model = onnx.load(DATA / f"{name}.onnx")
+    fused, _ = fuse(model)
+    for batch, seq in ((3, 10), (1, 5)):
+        feed = feeds(model, batch, seq)
+        want, got = run(model, feed), run(fused, feed)
+        assert got.shape == want.shape == (batch, seq, 32)
+        assert rel_l2(want, got) <= 1e-4
+
+
+def test_the_padding_mask_is_what_the_fused_node_reads() -> None:
+    model = onnx.load(DATA / "bert_sdpa_dynamo.onnx")
+    fused, _ = fuse(model)
+    feed = feeds(model)
+    unpadded = dict(feed, attention_mask=np.ones_like(feed["attention_mask"]))
+    # the padded half changes the last sequence's first half, in both models alike
+    assert rel_l2(run(fused, unpadded)[-1, :8], run(fused, feed)[-1, :8]) > 1e-2
+    assert rel_l2(run(model, feed), run(fused, feed)) <= 1e-4
+
+
+def test_a_block_whose_probabilities_are_an_output_is_left_with_its_reason() -> None:
+    model = onnx.load(DATA / "bert_eager_torchscript.onnx")
+    graph = gs.import_onnx(model)
+    first = next(n for n in graph.nodes if n.op == "Softmax")
+    probs = first.outputs[0]
+    probs.dtype, probs.shape = np.float32, ["batch", HEADS, "seq", "seq"]
+    graph.outputs.append(probs)  # as output_attentions=True exports them
+    fused, result = fuse(gs.export_onnx(graph))
+    reason = "left: the attention probabilities are used outside the block"
+    assert dict(result.stats) == {"MultiHeadAttention": 1, "blocks_seen": 2,
+                                  "blocks_left": 1, reason: 1}
+    assert f"{first.name}: the attention probabilities are used outside" in result.note
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("Softmax") == 1 and ops.count("MultiHeadAttention") == 1
+    feed = feeds(model)
+    assert rel_l2(run(model, feed), run(fused, feed)) <= 1e-4
+
+
+def test_a_softmax_that_is_no_attention_is_counted_and_nothing_changes() -> None:
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        head (float[2, 32] x, float[32, 10] w) => (float[2, 10] y) {
+            logits = MatMul(x, w)
+            y = Softmax<axis = -1>(logits)
+        }
+    """
+    fused, result = fuse(onnx.parser.parse_model(text))
+    assert not result.modified
+    assert dict(result.stats) == {
+        "MultiHeadAttention": 0, "blocks_seen": 1, "blocks_left": 1,
+        "left: Softmax over axis -1 of a rank-2 tensor, not the last axis of (B, N, S, T) "
+        "scores": 1}
+    assert [n.op_type for n in fused.graph.node] == ["MatMul", "Softmax"]
+
+
+def test_a_model_without_softmax_is_not_applicable(tmp_path: Path) -> None:
+    graph = gs.import_onnx(onnx.load(conv_bn(tmp_path / "cnn.onnx")))
+    assert AttentionFusion().why_not(graph, OnnxRuntimeBackend()) == (
+        "no Softmax in the model: no attention block")
+    result = tune(RunSpec(model=tmp_path / "cnn.onnx", shapes="x:1x3x32x32",
+                          output=tmp_path / "out", seasonings=("fuse-attention",
+                                                               "ort-threads"),
+                          measure=QUICK, in_process=True, max_trials=2))
+    assert result.not_applicable["fuse-attention"] == (
+        "no Softmax in the model: no attention block")
+
+
+def test_a_tune_on_the_cpu_records_the_fusion_and_passes_accuracy(tmp_path: Path) -> None:
+    model = onnx.load(DATA / "bert_sdpa_dynamo.onnx")
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    np.savez(inputs / "set0.npz", **feeds(model))
+    result = tune(RunSpec(model=DATA / "bert_sdpa_dynamo.onnx", inputs=inputs,
+                          output=tmp_path / "out", seasonings=("fuse-attention",),
+                          search="exhaustive", accuracy="rel_l2<=1e-4", measure=QUICK,
+                          in_process=True))
+    fused = next(t for t in result.trials if t.route == "fuse-attention")
+    assert fused.status == "ok", fused.reason
+    record = fused.passes[0]
+    assert record["stats"] == {"MultiHeadAttention": 2, "blocks_seen": 2, "blocks_left": 0}
+    assert record["note"] == "2 of 2 attention blocks fused"
+
+
+def test_it_keeps_the_seasoning_contract(registry: Registry, tmp_path: Path) -> None:
+    record = check_seasoning(registry, "fuse-attention", DATA / "vit_torchscript.onnx",
+                             tmp_path / "work", refused=conv_bn(tmp_path / "cnn.onnx"))
+    assert record["modified"] and record["stats"]["MultiHeadAttention"] == LAYERS
+
+
+def tiny_block(merged: list[int], shape: list[int] | None = None) -> onnx.ModelProto:
+    """One self-attention block on x (2, 4, 8) float32, 2 heads of 4, no mask; its heads
+    merged by Reshape to `merged`, giving y of `shape` (default: `merged`)."""
+    rng = np.random.default_rng(3)
+    w = {n: rng.standard_normal((8, 8)).astype(np.float32) for n in ("wq", "wk", "wv")}
+    h = onnx.helper
+    nodes = [h.make_node("MatMul", ["x", f"w{c}"], [c]) for c in "qkv"]
+    for c, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [h.make_node("Reshape", [c, "split"], [f"{c}4"]),
+                  h.make_node("Transpose", [f"{c}4"], [f"{c}t"], perm=perm)]
+    nodes += [h.make_node("MatMul", ["qt", "kt"], ["qk"]),
+              h.make_node("Div", ["qk", "two"], ["scores"]),
+              h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              h.make_node("MatMul", ["probs", "vt"], ["pv"]),
+              h.make_node("Transpose", ["pv"], ["pvt"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["pvt", "merge"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(v, n) for n, v in w.items()] + [
+        onnx.numpy_helper.from_array(np.array([2, 4, 2, 4], np.int64), "split"),
+        onnx.numpy_helper.from_array(np.array(merged, np.int64), "merge"),
+        onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    graph = h.make_graph(nodes, "block", [h.make_tensor_value_info("x", 1, [2, 4, 8])],
+                         [h.make_tensor_value_info("y", 1, shape or merged)], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_hand_written_block_becomes_exactly_the_projections_and_the_node() -> None:
+    model = tiny_block([2, 4, 8])
+    fused, result = fuse(model)
+    assert [n.op_type for n in fused.graph.node] == ["MatMul"] * 3 + ["MultiHeadAttention"]
+    node = fused.graph.node[-1]
+    assert list(node.input) == ["q", "k", "v"] and list(node.output) == ["y"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs == {"num_heads": 2, "scale": pytest.approx(0.5)}
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32)}
+    assert rel_l2(run(model, feed), run(fused, feed)) <= 1e-6
+
+
+def test_heads_merged_into_another_layout_keep_their_reshape() -> None:
+    model = tiny_block([1, 8, 8])  # (1, B·S, N·H), as GPT-2's dynamo export has (B·S, N·H)
+    fused, result = fuse(model)
+    assert result.stats["MultiHeadAttention"] == 1
+    assert [n.op_type for n in fused.graph.node] == ["MatMul"] * 3 + [
+        "MultiHeadAttention", "Reshape"]
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32)}
+    want, got = run(model, feed), run(fused, feed)
+    assert got.shape == want.shape == (1, 8, 8) and rel_l2(want, got) <= 1e-6
+
+
+def test_a_merge_that_copies_a_head_axis_is_left_with_the_reason() -> None:
+    # its third 0 copies N from (B, S, N, Hv); from (B, S, N·Hv) it would copy N·Hv
+    fused, result = fuse(tiny_block([0, 0, 0, 2, 2], [2, 4, 2, 2, 2]))
+    assert not result.modified
+    assert result.stats["left: the head-merging Reshape's target may copy (0) an axis after "
+                        "the sequence axis"] == 1
+    assert "Softmax" in [n.op_type for n in fused.graph.node]
