@@ -7,7 +7,7 @@ transformers:
 
 For each model, ``routetune tune`` on the ``onnxruntime-cuda`` backend with
 ``--search exhaustive`` over ``ort-transformer-fusion``, routetune's own
-``fuse-attention`` and ``fp16``, alone and combined (accuracy
+``fuse-attention``, ``fp16`` and ``ort-cuda-graph``, alone and combined (accuracy
 ``cos>=0.9999,rel_l2<=0.01`` against FP32): the fused-operator counts that the fusion
 seasonings record in the trial, and each route's speed-up over the base route timed
 alongside. Models: ``encoder`` (`benchmarks/gpu.py`'s BERT-base-sized encoder, b8×128,
@@ -48,7 +48,7 @@ def main() -> None:
         result = tune(RunSpec(model=path, inputs=inputs, output=out / "tune",
                               backend="onnxruntime-cuda", search="exhaustive",
                               seasonings=("ort-transformer-fusion", "fuse-attention",
-                                          "fp16"),
+                                          "fp16", "ort-cuda-graph"),
                               space={"ort-transformer-fusion": {"model_type": ("auto",)}},
                               accuracy=ACCURACY, keep="winner",
                               measure=MeasureSettings(warmup=10, min_runs=30,
