@@ -46,7 +46,7 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         path, inputs = export(name, out)
         result = tune(RunSpec(model=path, inputs=inputs, output=out / "tune",
-                              backend="onnxruntime-cuda", search="exhaustive",
+                              backend="onnxruntime-cuda", search="exhaustive", max_depth=4,
                               seasonings=("ort-transformer-fusion", "fuse-attention",
                                           "fp16", "ort-cuda-graph"),
                               space={"ort-transformer-fusion": {"model_type": ("auto",)}},
