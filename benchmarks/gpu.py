@@ -4,7 +4,7 @@ Usage, on a machine with a CUDA GPU, onnxruntime-gpu, CuPy and torch (+ torchvis
 
     python benchmarks/gpu.py [--out DIR] [--models resnet50,bert,ppocr-det,...]
                              [--budget-s 240] [--min-time 0.2] [--beam-width 3]
-                             [--fresh] [--no-baselines]
+                             [--max-depth 3] [--seasonings a,b] [--fresh] [--no-baselines]
 
 Stored trials are reused (resume) unless ``--fresh``: a first call may tune with
 ``--no-baselines`` and a second, in the same output directory, time everything.
@@ -48,6 +48,9 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--min-time", type=float, default=0.2)
     parser.add_argument("--beam-width", type=int, default=3)
+    parser.add_argument("--max-depth", type=int, default=3)
+    parser.add_argument("--seasonings", default="",
+                        help="restrict the space to these (comma-separated); all by default")
     parser.add_argument("--fresh", action="store_true", help="ignore stored trials")
     parser.add_argument("--no-baselines", action="store_true",
                         help="tune only; time nothing side by side (a later run resumes)")
@@ -81,7 +84,8 @@ def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: An
     torch_model, model_path, inputs = build_model(name, out)
     opts = RunSpec(model=model_path, example=None if model_path else name,
                    output=out / "tune", backend="onnxruntime-cuda", fresh=args.fresh,
-                   beam_width=args.beam_width,
+                   beam_width=args.beam_width, max_depth=args.max_depth,
+                   seasonings=tuple(args.seasonings.split(",")) if args.seasonings else None,
                    accuracy=ACCURACY, inputs=inputs, measure=settings,
                    time_budget_s=args.budget_s)
     started = time.perf_counter()
@@ -89,7 +93,10 @@ def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: An
     tuning_s = time.perf_counter() - started
     row = {"winner": result.winner.route, "reason": result.winner_reason,
            "tuning_s": round(tuning_s, 1), "trials": len(result.trials),
-           "stopped": result.stopped, "accuracy": result.winner.accuracy}
+           "stopped": result.stopped, "accuracy": result.winner.accuracy,
+           "confirmed": [{"route": c.route, "speedup": c.paired.value if c.paired else None,
+                          "ci": [c.paired.ci_low, c.paired.ci_high] if c.paired else None}
+                         for c in result.confirmations]}
     if not args.no_baselines:
         row.update(time_all(result, torch_model, _feeds(name, inputs), settings))
     return row

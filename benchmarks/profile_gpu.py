@@ -51,7 +51,7 @@ def main() -> None:
     report: dict[str, Any] = {}
     for route in ("base", args.route):
         result = tune(RunSpec(model=path, inputs=inputs, output=out / "tune",
-                              backend="onnxruntime-cuda", seasonings=(),
+                              backend="onnxruntime-cuda", seasonings=("fp16",),
                               routes=() if route == "base" else (route,),
                               search="exhaustive", max_depth=0, accuracy="cos>=0.999",
                               keep="all", measure=MeasureSettings(min_runs=5, min_time_s=0.1)))

@@ -63,7 +63,13 @@ def main() -> None:
                              "p50_ms": t.latency.p50 if t.latency else None,
                              "fused": {p["step"]: p["stats"] for p in fusions} or None,
                              "note": "; ".join(p.get("note", "") for p in fusions) or None}
-        report[name] = {"winner": result.winner.route, "trials": rows}
+        report[name] = {"winner": result.winner.route, "reason": result.winner_reason,
+                        "confirmed": [{"route": c.route,
+                                       "speedup": c.paired.value if c.paired else None,
+                                       "ci": [c.paired.ci_low, c.paired.ci_high]
+                                       if c.paired else None}
+                                      for c in result.confirmations],
+                        "trials": rows}
         (args.out / "transformer_fusion.json").write_text(json.dumps(report, indent=1))
         print(f"\n### {name}: winner {result.winner.route}")
         for route, r in rows.items():
