@@ -106,3 +106,23 @@ def test_when_no_route_is_accurate_the_reason_says_what_became_of_them() -> None
     assert pick_winner(inaccurate)[1].startswith(
         "no other route met the accuracy constraint (1 accuracy-failed, 1 crashed)")
     assert pick_winner([trial("base", None)])[1].startswith("no other route was tried")
+
+
+def test_a_route_the_search_measured_faster_than_the_held_one_is_confirmed_too() -> None:
+    # the H200 case: the two-step route ranks first (a tie by its wide interval, fewer
+    # steps) and holds at 1.59x; the four-step route measured [2.10, 2.17] in the search
+    two = "fp16,ort-cuda-graph"
+    four = "fuse-attention,ort-transformer-fusion,fp16,ort-cuda-graph"
+    trials = [trial("base", None), trial(two, 2.10, half=1.0), trial(four, 2.15, half=0.04),
+              trial("fp16", 1.5, half=0.02)]
+    confirm, asked = confirmer({two: 1.59, four: 2.12, "fp16": 1.6})
+    winner, reason, done = confirm_winner(trials, confirm)
+    assert asked == [two, four]  # fp16's [1.48, 1.52] cannot beat 1.59x: not confirmed
+    assert winner.route == four and len(done) == 2
+    assert reason.startswith("fastest accurate route that held: 2.12x")
+    assert f"'{two}' held at 1.59x but is slower" in reason
+    # a challenger that holds at no more than the first keeps the first
+    confirm, asked = confirmer({two: 1.59, four: 1.60})
+    winner, reason, _ = confirm_winner(trials, confirm)
+    assert winner.route == two and asked == [two, four]
+    assert f"'{four}' held at 1.60x, not faster than that" in reason
