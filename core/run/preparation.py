@@ -147,12 +147,19 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
                            opts.max_shapes or opts.shapes,
                            feeds if opts.inputs is not None else ())
     backend = type(backend)(profile)
-    accuracy = opts.accuracy
+    accuracy, whose = opts.accuracy, ""
     if (example is not None and example.accuracy and "accuracy" not in opts.sources
             and accuracy == DEFAULT_ACCURACY):  # not given: the example's task constraint
-        accuracy = example.accuracy
-        source["accuracy"] = f"the {example.name} example's"
-    constraint = parse_accuracy(accuracy, registry, [o.name for o in model.outputs])
+        accuracy, whose = example.accuracy, example.name
+        source["accuracy"] = f"the {whose} example's"
+    try:
+        constraint = parse_accuracy(accuracy, registry, [o.name for o in model.outputs])
+    except UsageError as e:
+        if not whose:
+            raise
+        raise UsageError(f"--example {whose}: its task constraint '{accuracy}' cannot be "
+                         f"used ({e}); enable the plugin that registers its metric, or give "
+                         "--accuracy") from e
     check_outputs(constraint, registry, {o.name: o.shape for o in model.outputs})
     infos, not_applicable = _offered(registry, backend, model, opts.seasonings)
     refinements = tuple(dict.fromkeys(

@@ -133,3 +133,17 @@ def test_ppocr_det_in_fp16_keeps_its_text_regions_and_fails_the_tensor_bound(
     again = judged(fp16, tensor)  # from the stored measurement: nothing runs
     assert again.status == "accuracy-failed" and again.reason.startswith(
         "sigmoid_0.tmp_0: rel_l2 0.00")
+
+
+def test_an_example_whose_task_metric_is_disabled_says_so_in_one_line(
+        cached_examples: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from routetune.errors import UsageError
+
+    monkeypatch.setenv("ROUTETUNE_DISABLE_PLUGINS", "task-metrics")
+    with pytest.raises(UsageError) as e:
+        tune(RunSpec(example="ppocr-cls", output=tmp_path / "out"))
+    message = str(e.value)
+    assert message.startswith("--example ppocr-cls: its task constraint 'top1>=0.99' cannot "
+                              "be used (--accuracy 'top1>=0.99': unknown accuracy metric")
+    assert message.endswith("enable the plugin that registers its metric, or give --accuracy")
+    assert "\n" not in message
