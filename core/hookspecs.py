@@ -64,7 +64,9 @@ def routetune_register_metrics(registry: Registry) -> None:
     """Register accuracy metrics with ``registry.add_metric(metric)``.
 
     Called once per plugin manager, when the registry is built. A metric's name can
-    then be used in ``--accuracy`` expressions.
+    then be used in ``--accuracy`` expressions. A `routetune.judging.metrics.Metric`
+    compares two arrays; a `routetune.judging.metrics.TaskMetric` sees an output of
+    every validation input set at once and may take a parameter (``mask_iou@0.3``).
 
     Args:
         registry: The registry to add to.

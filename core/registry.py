@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import pluggy
 
     from routetune.backend import Backend
-    from routetune.judging.metrics import Metric
+    from routetune.judging.metrics import AnyMetric
     from routetune.search.strategy import Strategy
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class Registry:
         self.seasonings: dict[str, Entry[type[Seasoning]]] = {}
         self.backends: dict[str, Entry[type[Backend]]] = {}
         self.strategies: dict[str, Entry[type[Strategy]]] = {}
-        self.metrics: dict[str, Entry[Metric]] = {}
+        self.metrics: dict[str, Entry[AnyMetric]] = {}
         self.plugins: dict[str, str] = {}
         self.reference: str | None = None
         """The backend that computes FP32 reference outputs (`add_backend`), by name."""
@@ -240,8 +240,12 @@ class Registry:
         """Register a search strategy class (its ``name`` is the ``--search`` value)."""
         self._add(self.strategies, "strategy", cls.name, cls)
 
-    def add_metric(self, metric: Metric) -> None:
-        """Register an accuracy metric (its ``name`` is usable in ``--accuracy``)."""
+    def add_metric(self, metric: AnyMetric) -> None:
+        """Register an accuracy metric (its ``name`` is usable in ``--accuracy``).
+
+        A `routetune.judging.metrics.Metric` compares two arrays; a
+        `routetune.judging.metrics.TaskMetric` sees an output of every input set at once.
+        """
         self._add(self.metrics, "metric", metric.name, metric)
 
     def validate(self) -> None:
@@ -297,7 +301,7 @@ class Registry:
         """
         return _lookup(self.strategies, name, "search strategy", "routetune seasonings")
 
-    def metric(self, name: str) -> Metric:
+    def metric(self, name: str) -> AnyMetric:
         """Return the accuracy metric called `name`.
 
         Raises:

@@ -29,6 +29,7 @@ import numpy as np
 
 from routetune.composer import RouteSpace
 from routetune.errors import RoutetuneError, UsageError
+from routetune.judging.metrics import TaskMetric
 from routetune.registry import Registry
 from routetune.route import Route, Step
 from routetune.run.option_schema import check_keyword, options_of, problem
@@ -309,7 +310,9 @@ def check_metric(registry: Registry, name: str, seed: int = 0,
     Rules: identical outputs give its best value (within 1e-9, for rounding); every
     value lies in
     ``[lowest, highest]``; the same arrays give the same value; a NaN where the
-    reference has one is no error; it can be parsed in an ``--accuracy`` bound.
+    reference has one is no error; it can be parsed in an ``--accuracy`` bound. A task
+    metric (`routetune.judging.metrics.TaskMetric`) also: identical input sets give its
+    best value, and a NaN where the reference is finite makes its sample worst.
 
     Raises:
         ContractError: A rule is broken.
@@ -342,3 +345,24 @@ def check_metric(registry: Registry, name: str, seed: int = 0,
         parse_accuracy(f"{name}{op}{bound:g}", registry, ["y"])
     except UsageError as e:
         raise ContractError(f"{what}: '{name}{op}{bound:g}' does not parse: {e}") from e
+    if isinstance(metric, TaskMetric):
+        _check_task_metric(metric, what, rng)
+
+
+def _check_task_metric(metric: TaskMetric, what: str, rng: np.random.Generator) -> None:
+    """The task-metric rules of `check_metric`, over several input sets.
+
+    Identical sets give its best value; a sample with a NaN where the reference is
+    finite scores worst; its default parameter is in its key.
+    """
+    refs = [rng.random((4, 6, 5)) for _ in range(3)]
+    if not math.isclose(metric.measure(refs, [r.copy() for r in refs]), metric.best,
+                        rel_tol=1e-9, abs_tol=1e-12):
+        raise ContractError(f"{what}: identical input sets do not give its best {metric.best}")
+    outs = [r.copy() for r in refs]
+    outs[1][0, 0, 0] = np.nan
+    scores = metric.sample_scores(outs[1], refs[1])
+    if not len(scores) or metric.worst not in scores:
+        raise ContractError(f"{what}: a NaN where the reference is finite spoils no sample")
+    if metric.param is not None and metric.key() != f"{metric.name}@{metric.param.default:g}":
+        raise ContractError(f"{what}: its default key is {metric.key()!r}")

@@ -93,3 +93,18 @@ def test_contract_kit_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     """The package test that CONTRIBUTING shows, with its plugin importable."""
     monkeypatch.setitem(sys.modules, "routetune_mulone", example("routetune_mulone"))
     example("tests").test_contract(tmp_path)
+
+
+def test_metric_example(registry: Registry) -> None:
+    from routetune.judging.accuracy import check_accuracy, parse_accuracy
+    from routetune.testing import check_metric
+
+    example("routetune_signs").routetune_register_metrics(registry)
+    check_metric(registry, "signs")
+    ref = np.array([[1.0, -2.0], [3.0, 4.0], [-1.0, 0.5], [2.0, 2.0]], np.float32)
+    out = ref.copy()
+    out[1, 0] = -0.1  # one sample of four changes a sign
+    verdict = check_accuracy(parse_accuracy("signs>=0.9", registry, ["y"]), registry,
+                             [{"y": out}], [{"y": ref}])
+    assert verdict.metrics["y"]["signs"] == 0.75
+    assert verdict.failures == ("y: signs 0.75, needs >= 0.9",)

@@ -31,6 +31,11 @@ InputSet = dict[str, np.ndarray]
 
 _RAPIDOCR = ("rapidocr-onnxruntime", "1.4.4")
 
+VAD_ACCURACY = "speech_probs:prob_abs<=0.01,hn:rel_l2<=0.01,cn:rel_l2<=0.01"
+"""Silero VAD's task constraint: each frame's speech probability within 0.01, and the
+LSTM state handed to the next chunk within 1% (rel-L2). Not an unscoped ``prob_abs``:
+the cell state ``cn`` is no probability (FP16 moves it by 0.03, 0.1% of its norm)."""
+
 
 @dataclass(frozen=True)
 class Example:
@@ -48,6 +53,11 @@ class Example:
         make_inputs: ``make_inputs(shapes, seed, count)`` returns ``count`` input sets, each
             a dict from input name to an array of the shapes in ``shapes`` (the defaults
             above, or the user's ``--shapes``). Deterministic in ``seed``.
+        accuracy: Its task constraint (`routetune.judging.task_metrics`): the
+            ``--accuracy`` a run of it takes when none is given; None for the tensor
+            default.
+        count: How many input sets a run validates and times on: enough samples for a
+            task metric's rate to mean something.
     """
 
     name: str
@@ -58,6 +68,8 @@ class Example:
     sha256: str
     shapes: Mapping[str, tuple[int, ...]]
     make_inputs: Callable[[Mapping[str, tuple[int, ...]], int, int], list[InputSet]]
+    accuracy: str | None = None
+    count: int = 4
 
     @property
     def filename(self) -> str:
@@ -66,7 +78,8 @@ class Example:
 
 
 def _image_example(
-    name: str, summary: str, member: str, sha256: str, shape: tuple[int, ...], make: Callable
+    name: str, summary: str, member: str, sha256: str, shape: tuple[int, ...], make: Callable,
+    accuracy: str, count: int,
 ) -> Example:
     return Example(
         name=name,
@@ -77,6 +90,8 @@ def _image_example(
         sha256=sha256,
         shapes=MappingProxyType({"x": shape}),
         make_inputs=functools.partial(_for_input, make, "x"),
+        accuracy=accuracy,
+        count=count,
     )
 
 
@@ -107,6 +122,15 @@ def examples() -> dict[str, Example]:
       of audio; ``h``, ``c`` float32 (1, 1, 128) LSTM state; output per-frame speech
       probability (128,).
 
+    Each has a task constraint (`Example.accuracy`, the default ``--accuracy`` of a run
+    of it) and enough input sets (`Example.count`) for its rate to mean something:
+
+    - ``ppocr-det``: ``mask_iou@0.3>=0.99`` (the text regions at DB's threshold), on 8
+      rendered scenes of 3 to 7 lines;
+    - ``ppocr-rec``: ``ctc>=0.99`` (the same decoded text), on 32 rendered lines;
+    - ``ppocr-cls``: ``top1>=0.99`` (the same direction), on 64 lines, half upside down;
+    - ``silero-vad``: `VAD_ACCURACY`, on 4 input sets of 128 frames (16 s of audio).
+
     Returns:
         A dict from example name to :class:`Example`.
     """
@@ -119,6 +143,7 @@ def examples() -> dict[str, Example]:
             "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
             (1, 3, 320, 320),
             sample_inputs.det_inputs,
+            "mask_iou@0.3>=0.99", 8,
         ),
         _image_example(
             "ppocr-rec",
@@ -127,6 +152,7 @@ def examples() -> dict[str, Example]:
             "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
             (1, 3, 48, 320),
             sample_inputs.rec_inputs,
+            "ctc>=0.99", 32,
         ),
         _image_example(
             "ppocr-cls",
@@ -135,6 +161,7 @@ def examples() -> dict[str, Example]:
             "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
             (1, 3, 48, 192),
             sample_inputs.cls_inputs,
+            "top1>=0.99", 64,
         ),
         Example(
             name="silero-vad",
@@ -148,6 +175,7 @@ def examples() -> dict[str, Example]:
                 {"input": vad_shape, "h": sample_audio.VAD_STATE, "c": sample_audio.VAD_STATE}
             ),
             make_inputs=functools.partial(_for_input, sample_audio.vad_inputs, "input"),
+            accuracy=VAD_ACCURACY,
         ),
     ]
     return {example.name: example for example in found}
@@ -277,13 +305,14 @@ def fetch(name: str, cache: Path | None = None) -> Path:
     return fetch_example(get_example(name), cache)
 
 
-def load_inputs(name: str, seed: int = 0, count: int = 4) -> list[InputSet]:
+def load_inputs(name: str, seed: int = 0, count: int | None = None) -> list[InputSet]:
     """Return ``count`` realistic input sets for the named example.
 
     Args:
         name: The ``--example`` name.
         seed: The random seed; the same seed gives identical arrays.
-        count: The number of input sets.
+        count: The number of input sets; None for the example's own (`Example.count`,
+            what a run of it uses).
 
     Returns:
         ``make_inputs(shapes, seed, count)`` of the example, at its default shapes.
@@ -292,4 +321,4 @@ def load_inputs(name: str, seed: int = 0, count: int = 4) -> list[InputSet]:
         UsageError: ``name`` is not a known example.
     """
     example = get_example(name)
-    return example.make_inputs(example.shapes, seed, count)
+    return example.make_inputs(example.shapes, seed, example.count if count is None else count)

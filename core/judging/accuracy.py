@@ -1,195 +1,49 @@
 """The accuracy constraint: which candidates are close enough to the FP32 reference.
 
-An expression is a comma-separated list of terms; a term may be scoped to one output
-with an ``output:`` prefix::
+The expression's grammar and the parsed `Constraint` are in
+`routetune.judging.constraint` (re-exported here)::
 
     cos>=0.999
     l0<=0.001,atol=1e-3,rtol=1e-3
     out0:linf<=0.01,rel_l2<=1e-2
+    mask_iou@0.3>=0.99
 
-A metric term is ``metric<=value`` or ``metric>=value`` (also ``<`` and ``>``); ``atol``
-and ``rtol`` set the tolerances of ``l0`` (trtexec's ``--atol``/``--rtol``). An
-output-scoped term replaces the unscoped term of the same metric for that output.
 Whatever the terms, an output whose non-finite values differ from the reference's
-fails (`routetune.judging.metrics.split_nonfinite`: the same infinity on both sides, and NaN where
-the reference is NaN, match; anything else non-finite does not).
+fails (`routetune.judging.metrics.split_nonfinite`: the same infinity on both sides, and
+NaN where the reference is NaN, match; anything else non-finite does not).
 
 Measuring and judging are apart: `measure_accuracy` computes every metric of a
-candidate's outputs (it depends on the tolerances only), and `judge` applies the bounds
-to a stored measurement. So another ``--accuracy`` re-judges stored trials without
-building, running or timing anything (`routetune.judging.judge`).
+candidate's outputs (it depends on the tolerances, and on the task metrics' ``@``
+values, only), and `judge` applies the bounds to a stored measurement. So another
+``--accuracy`` re-judges stored trials without building, running or timing anything
+(`routetune.judging.judge`).
 """
 
 from __future__ import annotations
 
-import math
-import operator
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from routetune.errors import UsageError
-from routetune.judging.metrics import Metric, split_nonfinite
-from routetune.registry import Registry
-from routetune.run.option_schema import OptionError
-
-DEFAULT_ACCURACY = "l0<=0.001,atol=1e-3,rtol=1e-3"
-"""The default constraint: at most 0.1% of elements outside 1e-3 + 1e-3·|ref|. It
-combines a relative bound with an absolute floor, so outputs near zero stay judged."""
-
-DEFAULT_TOL = 1e-5
-"""atol and rtol when an expression sets neither (trtexec's defaults)."""
-
-_OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
-_TERM = re.compile(
-    r"^(?:(?P<out>.+):)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op><=|>=|<|>|=)\s*(?P<val>\S+)$"
+from routetune.judging.constraint import (
+    DEFAULT_ACCURACY,
+    DEFAULT_TOL,
+    OPS,
+    Constraint,
+    Threshold,
+    check_outputs,
+    parse_accuracy,
 )
+from routetune.judging.metrics import TaskMetric, split_nonfinite
+from routetune.registry import Registry
 
-
-@dataclass(frozen=True)
-class Threshold:
-    """One bound on one metric, for one output or (``output=None``) for all."""
-
-    metric: str
-    op: str
-    value: float
-    output: str | None = None
-
-    def __str__(self) -> str:
-        prefix = f"{self.output}:" if self.output else ""
-        return f"{prefix}{self.metric}{self.op}{self.value:g}"
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """A parsed accuracy expression.
-
-    Args:
-        text: The expression as given.
-        thresholds: Every metric bound.
-        atol: Absolute tolerance per output name (key None: every output).
-        rtol: Relative tolerance per output name (key None: every output).
-    """
-
-    text: str
-    thresholds: tuple[Threshold, ...]
-    atol: Mapping[str | None, float] = field(default_factory=dict)
-    rtol: Mapping[str | None, float] = field(default_factory=dict)
-
-    def tolerances(self, output: str) -> tuple[float, float]:
-        """Return ``(atol, rtol)`` for one output."""
-        atol = self.atol.get(output, self.atol.get(None, DEFAULT_TOL))
-        rtol = self.rtol.get(output, self.rtol.get(None, DEFAULT_TOL))
-        return atol, rtol
-
-    def tolerance_map(self, outputs: Sequence[str]) -> dict[str, tuple[float, float]]:
-        """``(atol, rtol)`` per output: what a measurement under this constraint uses."""
-        return {name: self.tolerances(name) for name in outputs}
-
-    def for_output(self, output: str) -> list[Threshold]:
-        """The thresholds that apply to one output (scoped ones replace unscoped ones)."""
-        scoped = {t.metric for t in self.thresholds if t.output == output}
-        return [
-            t for t in self.thresholds
-            if t.output == output or (t.output is None and t.metric not in scoped)
-        ]
-
-
-def parse_accuracy(text: str, registry: Registry, outputs: Sequence[str]) -> Constraint:
-    """Parse an ``--accuracy`` expression.
-
-    Args:
-        text: The expression.
-        registry: For the installed metric names.
-        outputs: The model's output names, to check output-scoped terms.
-
-    Raises:
-        UsageError: A term does not parse, names an unknown metric or output, or bounds
-            a metric in the wrong direction.
-    """
-    thresholds: list[Threshold] = []
-    atol: dict[str | None, float] = {}
-    rtol: dict[str | None, float] = {}
-    for raw in text.split(","):
-        term = raw.strip()
-        m = _TERM.match(term)
-        if not m:
-            raise OptionError(
-                "accuracy", f" '{text}': cannot parse '{term}'; write terms like "
-                "cos>=0.999, l0<=0.001, atol=1e-3 or out0:linf<=0.01"
-            )
-        out, name, op, val = m["out"], m["name"], m["op"], m["val"]
-        if val[0] in "<>=":  # "rel_l2<=" parses as "<" then "="
-            lead = re.match(r"[<>=]+", op + val)
-            ops = lead.group() if lead else op
-            if ops in ("<=", ">="):
-                raise OptionError("accuracy", f" '{text}': '{term}' has no number after "
-                                  f"{ops}; write e.g. {name}{ops}0.01")
-            raise OptionError("accuracy", f" '{text}': '{ops}' in '{term}' is not an "
-                              f"operator; write e.g. {name}>=0.99 or {name}<=0.01")
-        if out is not None and out not in outputs:
-            raise OptionError(
-                "accuracy", f" '{text}': unknown output '{out}'; outputs: {', '.join(outputs)}"
-            )
-        try:
-            value = float(val)
-        except ValueError as e:
-            raise OptionError("accuracy", f" '{text}': '{val}' is not a number") from e
-        if not math.isfinite(value):
-            raise OptionError("accuracy", f" '{text}': '{val}' must be a finite number")
-        if name in ("atol", "rtol"):
-            if op != "=" or value < 0:
-                raise OptionError("accuracy", f" '{text}': write {name}=<non-negative number>")
-            tolerances = atol if name == "atol" else rtol
-            if out in tolerances:
-                raise OptionError("accuracy", f" '{text}': {name} is set twice"
-                                  f"{f' for {out}' if out else ''}; give it once")
-            tolerances[out] = value
-            continue
-        if op == "=" and name not in registry.metrics:
-            raise OptionError("accuracy", f" '{text}': unknown setting '{name}'; '=' sets only "
-                              "atol or rtol, and a metric takes <= or >=")
-        if op == "=":
-            raise OptionError("accuracy", f" '{text}': '{term}' needs <= or >=, not =")
-        if any(t.metric == name and t.output == out for t in thresholds):
-            raise OptionError("accuracy", f" '{text}': {name} is bounded twice"
-                              f"{f' for {out}' if out else ''}; give one bound")
-        metric = _metric(registry, name, text)
-        if metric.higher_is_better != (op in (">=", ">")):
-            want = ">=" if metric.higher_is_better else "<="
-            kind = "a similarity" if metric.higher_is_better else "an error"
-            raise OptionError("accuracy", f" '{text}': {name} is {kind}; bound it with {want}")
-        _check_range(metric, op, value, term, text)
-        thresholds.append(Threshold(name, op, value, out))
-    if not thresholds:
-        raise OptionError("accuracy", f" '{text}': no metric bound; add one such as cos>=0.999")
-    return Constraint(text, tuple(thresholds), atol, rtol)
-
-
-def _check_range(metric: Metric, op: str, value: float, term: str, text: str) -> None:
-    """Refuse a bound no candidate can meet, or one that every candidate meets."""
-    span = f"{metric.name} lies in [{metric.lowest:g}, {metric.highest:g}]"
-    lower = op in (">=", ">")  # a lower bound on a similarity
-    never = value > metric.highest or (op == ">" and value >= metric.highest) if lower else (
-        value < metric.lowest or (op == "<" and value <= metric.lowest))
-    always = value <= metric.lowest if lower else value >= metric.highest
-    if never:
-        raise OptionError("accuracy", f" '{text}': '{term}' can never hold ({span}); "
-                          "loosen the bound")
-    if always:
-        raise OptionError("accuracy", f" '{text}': '{term}' always holds ({span}); "
-                          "tighten the bound")
-
-
-def _metric(registry: Registry, name: str, text: str):  # noqa: ANN202
-    try:
-        return registry.metric(name)
-    except UsageError as e:
-        raise OptionError("accuracy", f" '{text}': {e}") from e
-
+__all__ = [
+    "DEFAULT_ACCURACY", "DEFAULT_TOL", "AccuracyMeasurement", "Constraint", "Threshold",
+    "Unjudgeable", "Verdict", "check_accuracy", "check_outputs", "judge",
+    "measure_accuracy", "parse_accuracy",
+]
 
 Tolerances = Mapping[str, tuple[float, float]]
 """Per output name, the ``(atol, rtol)`` the tolerance-dependent metrics were computed at."""
@@ -273,11 +127,11 @@ def judge(measurement: AccuracyMeasurement, constraint: Constraint) -> Verdict:
         if not values:  # not numbers: compared exactly, a difference is a fault
             continue
         for t in constraint.for_output(name):
-            if t.metric not in values:
-                raise Unjudgeable(f"{name}: metric {t.metric} was not measured")
-            got = values[t.metric]
-            if not _OPS[t.op](got, t.value):
-                failures.append(f"{name}: {t.metric} {got:.6g}, needs {t.op} {t.value:g}")
+            if t.key not in values:
+                raise Unjudgeable(f"{name}: metric {t.key} was not measured")
+            got = values[t.key]
+            if not OPS[t.op](got, t.value):
+                failures.append(f"{name}: {t.key} {got:.6g}, needs {t.op} {t.value:g}")
     return Verdict(not failures, measurement.metrics, tuple(failures), measurement.notes)
 
 
@@ -287,9 +141,61 @@ def _flat(values: Sequence[Any]) -> np.ndarray:
     A sequence output (a list of tensors, which may differ in shape) is its tensors
     one after another; a tensor is itself.
     """
-    parts = [np.asarray(t).ravel() for v in values
-             for t in (v if isinstance(v, (list, tuple)) else [v])]
+    parts = [t.ravel() for t in _tensors(values)]
     return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _tensors(values: Sequence[Any]) -> list[np.ndarray]:
+    """One output over every input set, as its arrays (a sequence output's one by one)."""
+    return [np.asarray(t) for v in values for t in (v if isinstance(v, (list, tuple)) else [v])]
+
+
+Params = Mapping[str, Sequence[float]]
+"""Per task metric name, the ``@`` values to measure it at besides its default
+(`routetune.judging.constraint.Constraint.task_params`)."""
+
+
+def task_values(registry: Registry, outs: Sequence[Any], refs: Sequence[Any],
+                params: Params) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Every task metric of one output, at its default and at `params`, by key.
+
+    Args:
+        registry: For the task metrics.
+        outs: The candidate's values of the output, one per input set (an array, or a
+            sequence output's list of arrays).
+        refs: The reference's.
+        params: The ``@`` values to measure besides the defaults.
+
+    Returns:
+        Over every input set (``{"top1": 0.975, "ctc@0": 1.0, …}``, keys as
+        `TaskMetric.key`), and per input set. A set whose arrays differ in shape from
+        the reference's cannot be read the same: all its samples score worst.
+    """
+    pairs = [(_tensors([o]), _tensors([r])) for o, r in zip(outs, refs, strict=True)]
+    pooled: dict[str, float] = {}
+    per_set: list[dict[str, float]] = [{} for _ in pairs]
+    for entry in registry.metrics.values():
+        metric = entry.item
+        if not isinstance(metric, TaskMetric):
+            continue
+        extra = params.get(metric.name, ()) if metric.param is not None else ()
+        for param in dict.fromkeys((None, *extra)):
+            scores = [_set_scores(metric, o, r, param) for o, r in pairs]
+            key = metric.key(param)
+            pooled[key] = metric.pooled(np.concatenate(scores) if scores else np.zeros(0))
+            for values, each in zip(per_set, scores, strict=True):
+                values[key] = metric.pooled(each)
+    return pooled, per_set
+
+
+def _set_scores(metric: TaskMetric, outs: list[np.ndarray], refs: list[np.ndarray],
+                param: float | None) -> np.ndarray:
+    """One input set's sample scores; worst for every sample when the shapes differ."""
+    if len(outs) == len(refs) and all(o.shape == r.shape for o, r in zip(outs, refs, strict=False)):
+        return np.concatenate([metric.sample_scores(o, r, param)
+                               for o, r in zip(outs, refs, strict=True)] or [np.zeros(0)])
+    samples = sum(len(metric.samples(r)) for r in refs)
+    return np.full(max(samples, 1), metric.worst)
 
 
 def measure_accuracy(
@@ -297,6 +203,7 @@ def measure_accuracy(
     outputs: Sequence[Mapping[str, np.ndarray]],
     references: Sequence[Mapping[str, np.ndarray]],
     tolerances: Tolerances,
+    params: Params | None = None,
 ) -> AccuracyMeasurement:
     """Compare a candidate's outputs with the reference outputs, set by set; no bounds.
 
@@ -307,11 +214,15 @@ def measure_accuracy(
             strings, are compared exactly, without metrics).
         references: The reference outputs, in the same order and with the same names.
         tolerances: Per output name, ``(atol, rtol)`` (`Constraint.tolerance_map`).
+        params: Per task metric, the ``@`` values to measure besides its default
+            (`Constraint.task_params`).
 
     Returns:
         Every registered metric per output, over all input sets at once and per input
-        set, and the faults.
+        set, and the faults. A task metric's value is under its key (``ctc@0``) once per
+        ``@`` value.
     """
+    params = params or {}
     metrics: dict[str, dict[str, float]] = {}
     per_set: dict[str, tuple[dict[str, float], ...]] = {}
     faults: list[str] = []
@@ -338,10 +249,16 @@ def measure_accuracy(
             faults.append(f"{name}: {mismatches} NaN/Inf value(s) that differ from the "
                           "reference's (the same infinity, or NaN where it is NaN, match)")
         atol, rtol = tolerances.get(name, (DEFAULT_TOL, DEFAULT_TOL))
-        metrics[name] = {m: registry.metric(m)(out, ref, atol, rtol) for m in registry.metrics}
+        outs, refs = [o[name] for o in outputs], [r[name] for r in references]
+        task, task_sets = task_values(registry, outs, refs, params)
+        metrics[name] = {**{m: e.item(out, ref, atol, rtol) for m, e in registry.metrics.items()
+                            if not isinstance(e.item, TaskMetric)}, **task}
         if len(references) > 1:
-            per_set[name] = tuple(_set_metrics(registry, o[name], r[name], atol, rtol)
-                                  for o, r in zip(outputs, references, strict=True))
+            per_set[name] = tuple(
+                {**tensor, **each} if tensor else {}
+                for tensor, each in zip((_set_metrics(registry, o, r, atol, rtol)
+                                         for o, r in zip(outs, refs, strict=True)),
+                                        task_sets, strict=True))
         kept = ref.astype(np.float64)[finite]
         span = float(np.ptp(kept)) if kept.size else 0.0
         if span <= atol:
@@ -356,14 +273,15 @@ def measure_accuracy(
 
 def _set_metrics(registry: Registry, out: Any, ref: Any, atol: float, rtol: float
                  ) -> dict[str, float]:
-    """Every metric of one input set's output, computed as `measure_accuracy` does.
+    """Every tensor metric of one input set's output, computed as `measure_accuracy` does.
 
     Empty when its size differs from the reference's (the pooled sizes may agree).
     """
     o, r = _flat([out]), _flat([ref])
     if o.shape != r.shape:
         return {}
-    return {m: registry.metric(m)(o, r, atol, rtol) for m in registry.metrics}
+    return {m: e.item(o, r, atol, rtol) for m, e in registry.metrics.items()
+            if not isinstance(e.item, TaskMetric)}
 
 
 def check_accuracy(
@@ -377,4 +295,5 @@ def check_accuracy(
     Args: as `measure_accuracy`'s, with the parsed accuracy expression.
     """
     tolerances = constraint.tolerance_map(list(references[0]) if references else [])
-    return judge(measure_accuracy(registry, outputs, references, tolerances), constraint)
+    return judge(measure_accuracy(registry, outputs, references, tolerances,
+                                  constraint.task_params()), constraint)

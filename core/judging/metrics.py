@@ -21,11 +21,21 @@ that are not finite (`split_nonfinite`), the same for every metric:
 - the metric is computed over the positions where both sides are finite. An error makes
   a fraction metric (``l0``) count that position as outside the tolerance, and every
   other metric take its worst value (``cos`` -1, the errors +inf).
+
+Task metrics (`TaskMetric`; the built-ins are in `routetune.judging.task_metrics`) judge
+what a model's user sees (the class, the decoded text, the detected region) rather than
+the tensor. One sees an output of every validation input set at once and gives a rate
+(or a mean, or a maximum) over *samples*: the rows its ``samples`` function cuts each
+array into. The rule above holds per sample: a sample with a position that does not
+match (NaN or Inf in the candidate where the reference is finite, and the like) is a
+disagreement and gets the metric's worst score; positions that match (the same
+infinity, NaN for NaN) are compared as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +44,7 @@ from routetune import hookimpl
 from routetune.registry import Registry
 
 MetricFn = Callable[[np.ndarray, np.ndarray, float, float], float]
+ScoreFn = Callable[[np.ndarray, np.ndarray, "float | None"], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,168 @@ class Metric:
         if mismatches:
             return self.worst
         return float(self.fn(a[finite], b[finite], atol, rtol)) if n else self.best
+
+
+@dataclass(frozen=True)
+class TaskParam:
+    """The one parameter of a task metric, written after ``@`` (``mask_iou@0.3``).
+
+    Args:
+        name: What it is (``threshold``, ``k``, ``blank``), for messages.
+        default: Its value when a term gives none (``mask_iou`` is ``mask_iou@0.3``).
+        help: What it means, for messages (``the probability threshold``).
+        integer: Only whole numbers (``topk@5``, ``ctc@0``).
+        minimum: The smallest value allowed.
+        classes: A class index or count: it must be below the size of the output's
+            last axis (the classes) where the model fixes it.
+    """
+
+    name: str
+    default: float
+    help: str
+    integer: bool = False
+    minimum: float = -math.inf
+    classes: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """Why `value` cannot be this parameter, in a few words; None when it can."""
+        if not math.isfinite(value):
+            return f"{self.name} must be a finite number"
+        if self.integer and value != int(value):
+            return f"{self.name} must be a whole number"
+        if value < self.minimum:
+            return f"{self.name} must be {self.minimum:g} or more"
+        return None
+
+
+@dataclass(frozen=True)
+class TaskMetric:
+    """A task-level accuracy metric: one number over every validation sample at once.
+
+    It is registered like a `Metric` (``registry.add_metric``) and bounded like one in
+    ``--accuracy`` (``top1>=0.99``, ``out0:mask_iou@0.5>=0.99``), but it sees one output
+    of every input set together (`measure`), cut into samples, so that its value is a
+    rate over samples: 39 argmaxes of 40 that agree give 0.975. Non-finite values follow
+    the module docstring's rule, per sample.
+
+    Args:
+        name: The name used in expressions (``top1``).
+        samples: ``samples(array) -> (S, ...)``: one input set's array (any shape) as S
+            samples along the first axis (``(N, C)`` stays; ``(C,)`` is one sample).
+        score: ``score(out, ref, param) -> (S,)`` float64: each sample's score, from two
+            arrays in `samples`' shape and in their own dtypes (a threshold compares as
+            the model's post-processing would: 0.3 in float32 is 0.3f); ``param`` is the
+            ``@`` value (None without `param`).
+        higher_is_better: True for agreement rates, False for errors.
+        help: One line.
+        lowest: The smallest value it takes (the worst score of a rate).
+        highest: The largest.
+        pool: How sample scores become its value: ``mean`` (a rate, a mean IoU) or
+            ``max`` (the largest error).
+        param: Its ``@`` parameter; None when it takes none.
+        min_rank: The rank an output needs for the value to mean something (``ctc``:
+            2, for ``(T, C)``); a bound on an output of lower rank is refused.
+    """
+
+    name: str
+    samples: Callable[[np.ndarray], np.ndarray]
+    score: ScoreFn
+    higher_is_better: bool
+    help: str = ""
+    lowest: float = 0.0
+    highest: float = 1.0
+    pool: str = "mean"
+    param: TaskParam | None = None
+    min_rank: int = 0
+
+    fraction = False
+    """Never a fraction of elements (`Metric.fraction`): a mismatch spoils its sample."""
+
+    @property
+    def best(self) -> float:
+        """The value of identical outputs."""
+        return self.highest if self.higher_is_better else self.lowest
+
+    @property
+    def worst(self) -> float:
+        """The score of a sample whose non-finite values do not match the reference's."""
+        return self.lowest if self.higher_is_better else self.highest
+
+    def key(self, param: float | None = None) -> str:
+        """The name of its value in a measurement: ``ctc@0``; ``top1`` (no parameter).
+
+        Args:
+            param: The ``@`` value; None for the default.
+        """
+        if self.param is None:
+            return self.name
+        return f"{self.name}@{self.param.default if param is None else param:g}"
+
+    def sample_scores(self, out: np.ndarray, ref: np.ndarray, param: float | None = None
+                      ) -> np.ndarray:
+        """Each sample's score for one input set's pair of arrays: float64 (S,).
+
+        A sample with a position whose non-finite values do not match
+        (`split_nonfinite`) scores `worst`.
+
+        Raises:
+            ValueError: The two arrays differ in shape.
+        """
+        a, b = np.asarray(out), np.asarray(ref)
+        if a.shape != b.shape:
+            raise ValueError(f"{self.name}: shapes {a.shape} and {b.shape} differ")
+        sa, sb = self.samples(a), self.samples(b)
+        if not len(sb):
+            return np.zeros(0)
+        flat_a = sa.reshape(len(sa), -1).astype(np.float64)
+        flat_b = sb.reshape(len(sb), -1).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            matched = ((np.isfinite(flat_a) & np.isfinite(flat_b))
+                       | (np.isinf(flat_b) & (flat_a == flat_b))
+                       | (np.isnan(flat_a) & np.isnan(flat_b)))
+        value = None if self.param is None else (
+            self.param.default if param is None else param)
+        with np.errstate(invalid="ignore", over="ignore"):
+            scores = np.array(self.score(sa, sb, value), dtype=np.float64)
+        scores[~matched.all(axis=1)] = self.worst
+        return scores
+
+    def measure(self, outs: Sequence[np.ndarray], refs: Sequence[np.ndarray],
+                param: float | None = None) -> float:
+        """The metric over every sample of every input set.
+
+        Args:
+            outs: The candidate's arrays of one output, one per input set (any shape
+                and numeric dtype; a sequence output's tensors one after another).
+            refs: The reference's, in the same order and shapes.
+            param: The ``@`` value; None for the default.
+
+        Returns:
+            The samples' scores pooled (`pool`); `best` when there is no sample.
+
+        Raises:
+            ValueError: An array differs in shape from its reference.
+        """
+        scores = [self.sample_scores(o, r, param) for o, r in zip(outs, refs, strict=True)]
+        return self.pooled(np.concatenate(scores) if scores else np.zeros(0))
+
+    def pooled(self, scores: np.ndarray) -> float:
+        """Sample scores (`sample_scores`) as the metric's value; `best` for none."""
+        if not scores.size:
+            return self.best
+        return float(np.max(scores) if self.pool == "max" else np.mean(scores))
+
+    def __call__(self, out: np.ndarray, ref: np.ndarray, atol: float = 0.0,
+                 rtol: float = 0.0) -> float:
+        """The metric of one input set at its default parameter, as `Metric.__call__`.
+
+        `atol` and `rtol` are not used: a task metric has its own parameter.
+        """
+        return self.measure([out], [ref])
+
+
+AnyMetric = Metric | TaskMetric
+"""What ``registry.add_metric`` takes: a tensor metric or a task metric."""
 
 
 def split_nonfinite(out: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, int]:

@@ -91,7 +91,8 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
     """What ``routetune tune`` is about to do, in short lines that do not wrap at 80 columns.
 
     The model's name and hash, the backend and its device, the base pipeline's preflight
-    (one line per step), and the route space with the trials planned.
+    (one line per step), the route space with the trials planned, and the accuracy
+    constraint (an example's own says so).
     """
     size, offered = run.space.size(), len(run.space.infos)
     lines = [f"model    {escape(run.model.source.name)} · sha256 "
@@ -103,6 +104,9 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
         lines.append(f"preflight {escape(p['step'])}" + (f": {escape(stats)}" if stats else ""))
     lines.append(f"space    {size:,} route{'s' * (size != 1)} from {offered} "
                  f"seasoning{'s' * (offered != 1)} · search {escape(search)} · {plan}")
+    whose = run.source.get("accuracy")
+    lines.append(f"accuracy {escape(run.constraint.text)}"
+                 + (f" · {escape(whose)} task constraint" if whose else ""))
     return lines
 
 
@@ -303,7 +307,12 @@ def components_table(registry: Registry) -> Table:
         doc = (strategy.item.__doc__ or "").splitlines()[0]
         table.add_row("search", name, strategy.plugin, escape(f"{doc} {options}".strip()))
     for name, metric in sorted(registry.metrics.items()):
-        table.add_row("metric", name, metric.plugin, metric.item.help)
+        item, note = metric.item, metric.item.help
+        param = getattr(item, "param", None)
+        if param is not None:  # a task metric's @ value
+            name += f"@{param.name}"
+            note += f"; @{param.name}: {param.help}, default {param.default:g}"
+        table.add_row("metric", name, metric.plugin, escape(note))
     return table
 
 

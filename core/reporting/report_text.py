@@ -73,7 +73,8 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
         "backend": f"{backend['name']} {backend['version']} on {backend['device']}",
         "versions": versions,
         "CPU": f"{run['machine']['cpu']}; flags {' '.join(run['machine']['cpu_flags'])}",
-        "accuracy constraint": run["accuracy"],
+        "accuracy constraint": run["accuracy"] + (
+            f" ({given['accuracy']} task constraint)" if "accuracy" in given else ""),
         "optimisation profile": run["profile"] or "none",
         "validation inputs": inputs,
         "base pipeline": ", ".join(run.get("base_pipeline", [])) or "none",

@@ -23,7 +23,12 @@ from routetune.errors import BackendError, UsageError, one_line
 from routetune.feeds import examples
 from routetune.feeds.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
 from routetune.feeds.profile import ShapeProfile, make_profile
-from routetune.judging.accuracy import Constraint, parse_accuracy
+from routetune.judging.accuracy import (
+    DEFAULT_ACCURACY,
+    Constraint,
+    check_outputs,
+    parse_accuracy,
+)
 from routetune.model import PreparedModel, prepare, sha256, with_weights_in
 from routetune.option_seasoning import check_option_keys
 from routetune.plugin_manager import load_registry
@@ -134,7 +139,7 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     else:
         shapes = resolve_shapes(model.inputs, given_shapes, shapes_flag)
         if example is not None:
-            feeds = example.make_inputs(shapes, 0, 4)
+            feeds = example.make_inputs(shapes, 0, example.count)
         else:
             feeds = synthesize(model.inputs, shapes)
         source["shapes"] = ",".join(f"{k}:{'x'.join(map(str, v))}" for k, v in shapes.items())
@@ -142,7 +147,20 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
                            opts.max_shapes or opts.shapes,
                            feeds if opts.inputs is not None else ())
     backend = type(backend)(profile)
-    constraint = parse_accuracy(opts.accuracy, registry, [o.name for o in model.outputs])
+    accuracy, whose = opts.accuracy, ""
+    if (example is not None and example.accuracy and "accuracy" not in opts.sources
+            and accuracy == DEFAULT_ACCURACY):  # not given: the example's task constraint
+        accuracy, whose = example.accuracy, example.name
+        source["accuracy"] = f"the {whose} example's"
+    try:
+        constraint = parse_accuracy(accuracy, registry, [o.name for o in model.outputs])
+    except UsageError as e:
+        if not whose:
+            raise
+        raise UsageError(f"--example {whose}: its task constraint '{accuracy}' cannot be "
+                         f"used ({e}); enable the plugin that registers its metric, or give "
+                         "--accuracy") from e
+    check_outputs(constraint, registry, {o.name: o.shape for o in model.outputs})
     infos, not_applicable = _offered(registry, backend, model, opts.seasonings)
     refinements = tuple(dict.fromkeys(
         r for r in (registry.seasoning(i.name).refinement for i in infos) if r is not None))
@@ -170,7 +188,7 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     # what a measurement depends on: the bounds are not in it (a stored trial is judged
     # again under another --accuracy), the tolerances and the installed metrics are
     measured = [sorted(constraint.tolerance_map([o.name for o in model.outputs]).items()),
-                sorted(registry.metrics)]
+                sorted(registry.metrics), constraint.task_params()]
     measure = asdict(opts.measure)
     if measure["latency"] == "device":  # the figure timed before --latency existed: a
         del measure["latency"]  # store written then keeps resuming

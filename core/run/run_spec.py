@@ -126,8 +126,9 @@ class RunSpec:
         3, help="Seasonings per route at most.", recipe="search.max_depth", minimum=0,
         cli_type=int)
     accuracy: str = option(
-        DEFAULT_ACCURACY, help="Accuracy constraint, e.g. 'cos>=0.999' or "
-        "'out0:linf<=0.01'.", recipe="accuracy.expr", commands=BOTH)
+        DEFAULT_ACCURACY, help="Accuracy constraint, e.g. 'cos>=0.999', "
+        "'out0:linf<=0.01' or a task metric's 'mask_iou@0.3>=0.99' (an example's default "
+        "is its own task constraint).", recipe="accuracy.expr", commands=BOTH)
     inputs: Path | None = option(
         None, help="Validation inputs: an .npz file or a directory of them.",
         recipe="inputs.path", commands=BOTH, from_keyword=_path)

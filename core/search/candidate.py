@@ -170,7 +170,7 @@ class Candidate:
             with runner:
                 outputs = [runner.infer(feed) for feed in inputs.feeds]
                 measured = measure_accuracy(self.registry, outputs, list(inputs.references),
-                                            inputs.tolerances)
+                                            inputs.tolerances, inputs.task_params)
                 faults, notes = list(measured.faults), list(measured.notes)
                 if not faults:  # whatever the bounds: a later run may judge it again
                     data = (self.outdir / fields["artifact"]).read_bytes()

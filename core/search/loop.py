@@ -119,7 +119,8 @@ class SearchLoop:
         inputs = TrialInputs(model, backend.name, backend.profile, tuple(feeds),
                              tuple(references),
                              constraint.tolerance_map(list(references[0]) if references else []),
-                             outdir, model.data, spec, reference=reference is not None)
+                             outdir, model.data, spec, reference=reference is not None,
+                             task_params=constraint.task_params())
         with captured(outdir / LOGS / "base.log", "preflight"):
             local, self.base_passes = with_preflight(registry, inputs, backend, reference,
                                                          list(base or Route()))

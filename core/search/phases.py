@@ -53,6 +53,8 @@ class TrialInputs:
             with every trial.
         reference: Whether precision seasonings and the strict FP16 check may run
             models in FP32 on the reference backend (the FP32 reference role).
+        task_params: Per task metric, the ``@`` values to measure besides its default
+            (`routetune.judging.constraint.Constraint.task_params`).
     """
 
     model: PreparedModel
@@ -66,6 +68,7 @@ class TrialInputs:
     spec: RunSpec = field(default_factory=RunSpec)
     base_passes: tuple[Mapping[str, Any], ...] = ()
     reference: bool = True
+    task_params: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     @property
     def measure(self) -> MeasureSettings:

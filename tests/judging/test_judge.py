@@ -92,8 +92,9 @@ def cls_example(model_path: Callable[[str], Path], model_cache: Path,
 
 def test_another_accuracy_rejudges_stored_trials_without_measuring(
         cls_example: None, registry: Registry, tmp_path: Path) -> None:
-    """PP-OCR's classifier in FP16 is off by rel-L2 about 5e-7: a bound below fails it,
-    one above passes it, and the second run builds and times nothing."""
+    """PP-OCR's classifier in FP16 is off by rel-L2 about 1e-3 on the example's 64 lines
+    (the base route by 8e-8): a bound below fails it, one above passes it, and the second
+    run builds and times nothing."""
     out = tmp_path / "out"
 
     def run(accuracy: str) -> tuple[dict[str, Status], list[bool], float]:
@@ -108,10 +109,10 @@ def test_another_accuracy_rejudges_stored_trials_without_measuring(
         return ({t.route: t.status for t in result.trials}, cached,
                 time.perf_counter() - t0)
 
-    tight, first, first_s = run("rel_l2<=1e-8,atol=1e-3,rtol=1e-3")
+    tight, first, first_s = run("rel_l2<=1e-6,atol=1e-3,rtol=1e-3")
     assert tight == {"base": "ok", "eliminate-noops": "ok", "fp16": "accuracy-failed"}
     assert first == [False, False, False]
-    loose, second, second_s = run("rel_l2<=1e-5,atol=1e-3,rtol=1e-3")
+    loose, second, second_s = run("rel_l2<=1e-2,atol=1e-3,rtol=1e-3")
     assert loose == {"base": "ok", "eliminate-noops": "ok", "fp16": "ok"}
     assert second == [True, True, True]  # judged again from the store
     assert second_s < first_s
@@ -123,10 +124,10 @@ def test_another_accuracy_rejudges_stored_trials_without_measuring(
     # the second run's report judges under its own constraint
     records = next((out / "runs").iterdir())
     # the same command again resumes in that run's folder, not in a new dated one
-    run("rel_l2<=1e-5,atol=1e-3,rtol=1e-3")
+    run("rel_l2<=1e-2,atol=1e-3,rtol=1e-3")
     assert list((out / "runs").iterdir()) == [records]
     report = build_report(out, records)
     assert {r["route"]: r["status"] for r in report["trials"]}["fp16"] == "ok"
     # other tolerances change what is measured: the trials are measured again
-    _, third, _ = run("rel_l2<=1e-5,atol=1e-2,rtol=1e-3")
+    _, third, _ = run("rel_l2<=1e-2,atol=1e-2,rtol=1e-3")
     assert third == [False, False, False]

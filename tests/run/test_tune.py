@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +13,8 @@ import onnxruntime as ort
 import pytest
 
 from routetune.feeds.examples import get_example
+from routetune.judging.accuracy import parse_accuracy
+from routetune.judging.judge import judged
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
 from routetune.run.run_spec import RunSpec
@@ -20,6 +25,7 @@ from routetune.run.tuning import tune
 def cached_examples(model_path: Callable[[str], Path], model_cache: Path,
                     monkeypatch: pytest.MonkeyPatch) -> None:
     model_path("ppocr-cls")  # fetch once, or skip with the reason
+    model_path("ppocr-det")
     monkeypatch.setenv("ROUTETUNE_CACHE", str(model_cache))
 
 
@@ -77,3 +83,67 @@ def test_end_to_end_latency_is_a_search_setting_of_its_own(registry: Registry,
         hashes[kind] = {t.settings_hash for t in trials}
     assert len(hashes["device"]) == len(hashes["end-to-end"]) == 1
     assert hashes["device"] != hashes["end-to-end"]  # not resumed from the other's trials
+
+
+def test_an_example_is_judged_by_its_task_constraint_which_tune_prints(
+        cached_examples: None, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "routetune", "tune", "--example", "ppocr-cls", "--output",
+         str(out), "--seasonings", "fp16", "--max-depth", "1", "--min-runs", "3",
+         "--min-time", "0.02"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    header = done.stderr.splitlines()
+    assert "accuracy top1>=0.99 · the ppocr-cls example's task constraint" in header
+    assert json.loads((out / "run.json").read_text())["accuracy"] == "top1>=0.99"
+    assert "top1>=0.99 (the ppocr-cls example's task constraint)" in (
+        out / "report.md").read_text()
+    rows = dict(sqlite3_rows(out, "SELECT route, status FROM trials"))
+    assert rows == {"base": "ok", "fp16": "ok"}
+    # a constraint given replaces the example's
+    again = subprocess.run(
+        [sys.executable, "-m", "routetune", "tune", "--example", "ppocr-cls", "--output",
+         str(out), "--seasonings", "fp16", "--max-depth", "1", "--min-runs", "3",
+         "--min-time", "0.02", "--accuracy", "cos>=0.9999"], capture_output=True, text=True,
+        timeout=600)
+    assert again.returncode == 0 and "accuracy cos>=0.9999\n" in again.stderr + "\n"
+
+
+def sqlite3_rows(out: Path, query: str) -> list[tuple[str, str]]:
+    import sqlite3
+
+    with sqlite3.connect(out / "trials.sqlite") as db:
+        return db.execute(query).fetchall()
+
+
+def test_ppocr_det_in_fp16_keeps_its_text_regions_and_fails_the_tensor_bound(
+        cached_examples: None, registry: Registry, tmp_path: Path) -> None:
+    """Issue 17: FP16 moves 0.3-0.8% of the probability map beyond l0's tolerance, while
+    the regions above DB's threshold stay the same: the example's constraint takes it."""
+    result = tune(RunSpec(example="ppocr-det", output=tmp_path / "out", seasonings=("fp16",),
+                          max_depth=1, min_speedup=100.0,
+                          measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)),
+                  registry)
+    fp16 = next(t for t in result.trials if t.route == "fp16")
+    assert fp16.status == "ok", fp16.reason
+    values = fp16.accuracy["sigmoid_0.tmp_0"]
+    assert 0.99 <= values["mask_iou@0.3"] < 1.0 and values["rel_l2"] > 1e-3
+    assert len(fp16.accuracy_per_set["sigmoid_0.tmp_0"]) == 8  # the example's 8 scenes
+    tensor = parse_accuracy("rel_l2<=1e-3", registry, ["sigmoid_0.tmp_0"])
+    again = judged(fp16, tensor)  # from the stored measurement: nothing runs
+    assert again.status == "accuracy-failed" and again.reason.startswith(
+        "sigmoid_0.tmp_0: rel_l2 0.00")
+
+
+def test_an_example_whose_task_metric_is_disabled_says_so_in_one_line(
+        cached_examples: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from routetune.errors import UsageError
+
+    monkeypatch.setenv("ROUTETUNE_DISABLE_PLUGINS", "task-metrics")
+    with pytest.raises(UsageError) as e:
+        tune(RunSpec(example="ppocr-cls", output=tmp_path / "out"))
+    message = str(e.value)
+    assert message.startswith("--example ppocr-cls: its task constraint 'top1>=0.99' cannot "
+                              "be used (--accuracy 'top1>=0.99': unknown accuracy metric")
+    assert message.endswith("enable the plugin that registers its metric, or give --accuracy")
+    assert "\n" not in message

@@ -128,3 +128,25 @@ def test_a_failing_int8_route_is_repaired_with_as_few_fp32_nodes_as_bisection_fi
             "kept_fp32"] == best
     else:  # it stopped because keeping more nodes in FP32 was no faster than the base
         assert not faster_than_base(last) or counts[-1] == 4
+
+
+def test_a_route_failing_a_task_metric_is_repaired_through_the_same_judgement(
+        registry: Registry, tmp_path: Path) -> None:
+    """top1 (a task metric) decides the repair as rel_l2 does: every repaired route's
+    status is its top1 against the bound, and the plain INT8 route's reason names it."""
+    model = matmul_chain(tmp_path / "chain.onnx", depth=4, width=512, batch=256)
+    opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive",
+                   seasonings=("int8-qdq", "precision-repair"), accuracy="top1>=0.99",
+                   measure=QUICK)
+    trials = tune(opts, registry).trials
+    plain = [t for t in trials if "precision-repair" not in t.route and t.route != "base"]
+    assert plain and all(t.status == "accuracy-failed" for t in plain)
+    assert all(t.reason.startswith("y: top1 0.") and "needs >= 0.99" in t.reason
+               for t in plain), [t.reason for t in plain]
+    ran = [t for t in trials if "precision-repair" in t.route and t.status != "skipped"]
+    assert ran, [(t.route, t.status, t.reason) for t in trials]
+    for t in ran:  # judged by the task metric, like any trial
+        assert t.status == ("ok" if t.accuracy["y"]["top1"] >= 0.99 else "accuracy-failed")
+    fewer = min(ran, key=lambda t: count_of(parse_route(t.route)))
+    more = max(ran, key=lambda t: count_of(parse_route(t.route)))
+    assert more.accuracy["y"]["top1"] >= fewer.accuracy["y"]["top1"]  # FP32 nodes help
