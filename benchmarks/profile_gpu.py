@@ -64,7 +64,7 @@ def main() -> None:
         so.profile_file_prefix = str(out / route.replace(",", "+"))
         session = ort.InferenceSession(str(out / "tune" / str(trial.artifact)), so,
                                        providers=[("CUDAExecutionProvider", options)])
-        feed = dict(np.load(sorted(inputs.glob("*.npz"))[0]))
+        feed = dict(np.load(sorted(inputs.glob("*.npz"))[0], allow_pickle=False))
         for _ in range(5 + RUNS):
             session.run(None, feed)
         report[route] = summarise(Path(session.end_profiling()), RUNS)
