@@ -30,7 +30,7 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
         model: The ONNX file; or None with ``example=`` or a recipe.
         **options: ``recipe`` (a recipe file), ``example``, ``output``, ``keep``
             (``all``, ``front``, ``winner``), ``backend``
-            (``onnxruntime``, ``onnxruntime-cuda``, ``tensorrt`` or a plugin's),
+            (``onnxruntime``, ``onnxruntime-cuda``, ``tensorrt``, ``openvino`` or a plugin's),
             ``seasonings`` (names, a list or a comma-separated string), ``search``
             (``beam``, ``exhaustive``, ``one-at-a-time``, ``mixed`` or a plugin's),
             ``search_options`` (the strategy's own options, a dict), ``beam_width``,

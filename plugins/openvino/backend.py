@@ -1,0 +1,293 @@
+"""The ``openvino`` backend: OpenVINO compiled models on the CPU.
+
+An engine is the candidate ONNX file read by OpenVINO (``Core.read_model``), reshaped to
+the profile's opt shapes where an input is dynamic, and compiled for the CPU
+(``Core.compile_model(model, "CPU", config)``) with the route's properties
+(`routetune.plugins.openvino.properties`). Compiled models are cached by OpenVINO
+itself (``CACHE_DIR``) in ``OUTDIR/artifacts/openvino-cache``: a later build of the same
+model with the same properties imports the blob instead of compiling. The FP32
+reference stays ONNX Runtime's CPU provider.
+
+openvino is imported only when this backend builds, runs or describes its device;
+`available`, `version` and `options` read the installed distribution's metadata, so
+``routetune seasonings`` and a run on another backend never import it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routetune.backend import Backend, Engine, Feed, OptionSpec, Runner
+from routetune.errors import BuildError
+from routetune.plugins.openvino.properties import NS, UNSET, cores
+
+DEVICE = "CPU"
+CACHE = "openvino-cache"
+"""The folder under the search's workdir (``OUTDIR/artifacts``) for OpenVINO's cache."""
+INSTALL = "pip install 'routetune[openvino]'"
+FP8 = ("float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float8e8m0",
+       "float4e2m1")
+
+
+@dataclass(frozen=True)
+class CpuFacts:
+    """What OpenVINO's CPU plugin reports about this CPU.
+
+    Args:
+        name: ``FULL_DEVICE_NAME`` (``AMD EPYC``, ``Intel(R) Xeon(R) ...``).
+        capabilities: ``OPTIMIZATION_CAPABILITIES`` (``FP32``, ``BF16``, ``FP16``, ``INT8`` …).
+        default_precision: The default ``INFERENCE_PRECISION_HINT`` (``f32``, ``bf16``).
+        version: ``openvino.get_version()``, the full build string.
+    """
+
+    name: str
+    capabilities: tuple[str, ...]
+    default_precision: str
+    version: str
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled model and its outputs' ONNX names.
+
+    OpenVINO merges a graph output's tensor names with its producer's when it compiles
+    (``Identity`` removed: ``{'y', 'r'}``), so the names are read from the model as read.
+
+    Args:
+        model: The ``openvino.CompiledModel``.
+        output_names: The ONNX graph's output names, in OpenVINO's output order.
+    """
+
+    model: Any
+    output_names: tuple[str, ...]
+
+
+@functools.cache
+def core() -> Any:
+    """The process's ``openvino.Core`` (one per process: it owns the plugin's threads)."""
+    import openvino as ov
+
+    return ov.Core()
+
+
+@functools.cache
+def cpu_facts() -> CpuFacts:
+    """Read `CpuFacts` from the installed OpenVINO (imports it)."""
+    import openvino as ov
+
+    ov_core = core()
+    precision = ov_core.get_property(DEVICE, "INFERENCE_PRECISION_HINT")
+    return CpuFacts(str(ov_core.get_property(DEVICE, "FULL_DEVICE_NAME")),
+                    tuple(ov_core.get_property(DEVICE, "OPTIMIZATION_CAPABILITIES")),
+                    precision.get_type_name(), ov.get_version())
+
+
+def _installed() -> str:
+    try:
+        return importlib.metadata.version("openvino")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+class OpenVinoBackend(Backend):
+    """Compiles OpenVINO models for the CPU and runs them through infer requests."""
+
+    name = "openvino"
+
+    def available(self) -> str | None:
+        """None with the openvino package installed; else why not, in one line."""
+        if importlib.util.find_spec("openvino") is None:
+            return f"the openvino package is not installed; {INSTALL}"
+        return None
+
+    def version(self) -> str:
+        """The installed openvino distribution's version (``2026.4.1``)."""
+        return _installed() or "not installed"
+
+    def versions(self) -> dict[str, str]:
+        """The OpenVINO build, and the CPU's name and capabilities as OpenVINO sees them."""
+        facts = cpu_facts()
+        return {"openvino": self.version(), "openvino_build": facts.version,
+                "openvino_cpu": facts.name,
+                "openvino_capabilities": ",".join(facts.capabilities),
+                "openvino_default_precision": facts.default_precision}
+
+    def device(self) -> str:
+        """The CPU, as OpenVINO names it, and the core count (``cpu: AMD EPYC (2 cores)``)."""
+        return f"cpu: {cpu_facts().name} ({cores()} cores)"
+
+    def options(self) -> Mapping[str, OptionSpec]:
+        """The CPU properties routetune sets; ``""`` or 0 leaves one to OpenVINO."""
+        flag = (UNSET, "YES", "NO")
+        counts = tuple(range(cores() + 1))
+        return {
+            NS + "PERFORMANCE_HINT": OptionSpec(
+                str, "LATENCY", ("LATENCY", "THROUGHPUT"), "PERFORMANCE_HINT"),
+            NS + "NUM_STREAMS": OptionSpec(
+                int, 0, counts, "NUM_STREAMS; 0: as the performance hint decides"),
+            NS + "INFERENCE_NUM_THREADS": OptionSpec(
+                int, 0, counts, "INFERENCE_NUM_THREADS; 0: OpenVINO chooses"),
+            NS + "ENABLE_CPU_PINNING": OptionSpec(str, UNSET, flag, "ENABLE_CPU_PINNING"),
+            NS + "ENABLE_HYPER_THREADING": OptionSpec(
+                str, UNSET, flag, "ENABLE_HYPER_THREADING"),
+            NS + "SCHEDULING_CORE_TYPE": OptionSpec(
+                str, "ANY_CORE", ("ANY_CORE", "PCORE_ONLY", "ECORE_ONLY"),
+                "SCHEDULING_CORE_TYPE"),
+            NS + "CPU_DENORMALS_OPTIMIZATION": OptionSpec(
+                str, UNSET, flag, "CPU_DENORMALS_OPTIMIZATION"),
+            NS + "TBB_PARTITIONER": OptionSpec(
+                str, UNSET, (UNSET, "STATIC", "AUTO"), "TBB_PARTITIONER"),
+            NS + "INFERENCE_PRECISION_HINT": OptionSpec(
+                str, UNSET, (UNSET, "f32", "bf16", "f16"),
+                "INFERENCE_PRECISION_HINT; '': OpenVINO's default for this CPU"),
+        }
+
+    def dtype_support(self, dtype: str) -> str | None:
+        """FP8 and FP4 tensors: OpenVINO's CPU plugin does not compute in them."""
+        if dtype in FP8:
+            return f"OpenVINO's CPU plugin does not compute in {dtype}"
+        return None
+
+    def emulates(self, dtype: str, settings: Mapping[str, Any]) -> bool:
+        """float16 and bfloat16 layers run in the inference precision unless it is theirs.
+
+        OpenVINO's CPU plugin converts a low-precision model's layers to its inference
+        precision (f32 by default, bf16 on AMX/AVX-512 BF16 CPUs), so float16 overflow
+        shows only where ``INFERENCE_PRECISION_HINT`` is ``f16`` itself.
+        """
+        own = {"float16": "f16", "bfloat16": "bf16"}.get(dtype)
+        return own is not None and settings.get(NS + "INFERENCE_PRECISION_HINT") != own
+
+    def compile_config(self, settings: Mapping[str, Any], cache: Path | None) -> dict[str, Any]:
+        """OpenVINO's config from full settings: every property that is set, and CACHE_DIR."""
+        config = {key[len(NS):]: value for key, value in settings.items()
+                  if key.startswith(NS) and value not in (UNSET, 0)}
+        if cache is not None:
+            config["CACHE_DIR"] = str(cache)
+        return config
+
+    def opt_shapes(self, model: Any) -> dict[str, list[int]]:
+        """The profile's opt shape of each of `model`'s inputs that has one."""
+        if self.profile is None:
+            return {}
+        names = {name for port in model.inputs for name in port.get_names()}
+        return {name: list(mom[1]) for name, mom in self.profile.shapes.items()
+                if name in names}
+
+    def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path,
+              key: str = "") -> Engine:
+        """Read, reshape to the opt shapes, and compile for the CPU with full `settings`.
+
+        OpenVINO's cache (``CACHE_DIR``) is ``workdir/openvino-cache``. OpenVINO names each
+        blob by a hash of the model and the properties that shape the compiled graph, so
+        `key` is not needed; run-time properties (threads, streams, pinning) are applied
+        when a blob is imported (``LOADED_FROM_CACHE``), so routes that differ only in
+        them share one blob.
+
+        Raises:
+            BuildError: OpenVINO refused the model, the shapes or a property.
+        """
+        cache = workdir / CACHE
+        cache.mkdir(parents=True, exist_ok=True)
+        compiled = self.compile(model_path, settings, cache)
+        return Engine(model_path, dict(settings), model_path, model_path.stat().st_size,
+                      handle=compiled)
+
+    def compile(self, model_path: Path, settings: Mapping[str, Any],
+                cache: Path | None) -> Compiled:
+        """`model_path` compiled for the CPU.
+
+        Raises:
+            BuildError: OpenVINO refused the model, the shapes or a property.
+        """
+        try:
+            ov_core = core()
+            model = ov_core.read_model(str(model_path))
+            shapes = self.opt_shapes(model)
+            if shapes:
+                model.reshape(shapes)
+            names = tuple(port.get_any_name() for port in model.outputs)
+            return Compiled(ov_core.compile_model(model, DEVICE,
+                                                  self.compile_config(settings, cache)), names)
+        except Exception as e:  # OpenVINO raises RuntimeError and its own types
+            raise BuildError(f"OpenVINO refused the model: {_one_line(e)}") from e
+
+    def open(self, engine: Engine) -> Runner:
+        """Wrap the compiled model (built already, or compiled now, uncached) in a runner."""
+        compiled = engine.handle
+        if compiled is None:
+            compiled = self.compile(engine.model_path, engine.settings, None)
+        return OpenVinoRunner(compiled)
+
+
+class OpenVinoRunner(Runner):
+    """Runs an ``openvino.CompiledModel`` through infer requests, on host arrays."""
+
+    def __init__(self, compiled: Compiled) -> None:
+        self.compiled = compiled.model
+        self.request = self.compiled.create_infer_request()
+        self.output_names = compiled.output_names
+        self.dtypes = {name: _numpy_type(port.get_element_type())
+                       for port in self.compiled.inputs for name in port.get_names()}
+
+    def _tensors(self, feed: Feed) -> dict[str, Any]:
+        """The feed as OpenVINO tensors of each input's type, each a copy it owns.
+
+        A copy (``shared_memory=False``), so that no run can write into the caller's
+        feed, which the FP32 reference reads too.
+        """
+        import openvino as ov
+
+        return {name: ov.Tensor(np.ascontiguousarray(value, dtype=self.dtypes.get(name)),
+                                shared_memory=False)
+                for name, value in feed.items()}
+
+    def infer(self, feed: Feed) -> dict[str, np.ndarray]:
+        """Run once; outputs by name, as arrays that own their memory."""
+        request = self.request
+        for name, tensor in self._tensors(feed).items():
+            request.set_tensor(name, tensor)
+        request.infer()
+        return {name: np.array(request.get_output_tensor(i).data, copy=True)
+                for i, name in enumerate(self.output_names)}
+
+    def prepare(self, feed: Feed) -> Callable[[], None]:
+        """A call that runs a request whose input tensors were set once, here.
+
+        The call starts the request and waits for it: no input conversion, and no
+        output copy (the results stay in the request's own tensors).
+        """
+        request = self.compiled.create_infer_request()
+        for name, tensor in self._tensors(feed).items():
+            request.set_tensor(name, tensor)
+
+        def call() -> None:
+            request.start_async()
+            request.wait()
+
+        return call
+
+    def close(self) -> None:
+        """Drop the requests and the compiled model."""
+        self.request = None
+        self.compiled = None
+
+
+def _numpy_type(element_type: Any) -> np.dtype | None:
+    """The numpy type of an OpenVINO element type; None where numpy has none (bf16)."""
+    try:
+        return np.dtype(element_type.to_dtype())
+    except Exception:  # noqa: BLE001 - OpenVINO raises for types numpy lacks
+        return None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:500]

@@ -1,0 +1,115 @@
+"""A real search on the ``openvino`` backend, and a run without it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from graphs import conv_bn
+
+needs_openvino = pytest.mark.skipif(importlib.util.find_spec("openvino") is None,
+                                    reason="openvino is not installed: pip install "
+                                           "'routetune[openvino]'")
+
+TUNE = """
+import sys
+import routetune
+
+if __name__ == "__main__":
+    result = routetune.tune(sys.argv[1], output=sys.argv[2], backend="openvino",
+                            shapes="x:2x3x32x32", search="one-at-a-time",
+                            seasonings=["ov-threads", "ov-no-pinning", "ov-precision"],
+                            space={"ov-threads": {"threads": [1]}}, min_runs=5, min_time_s=0.02,
+                            busy_machine="ignore")
+    print(result.winner.route)
+"""
+
+
+@needs_openvino
+def test_a_search_on_openvino_records_ok_trials_with_the_cpus_capabilities(
+        tmp_path: Path) -> None:
+    from routetune.plugins.openvino.backend import cpu_facts
+
+    model = conv_bn(tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    (tmp_path / "s.py").write_text(TUNE)
+    done = subprocess.run([sys.executable, str(tmp_path / "s.py"), str(model), str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = sqlite3.connect(out / "trials.sqlite").execute(
+        "SELECT route, status, reason, settings, versions, device FROM trials").fetchall()
+    status = {r[0]: r[1] for r in rows}
+    assert status["base"] == "ok" and status["ov-no-pinning"] == "ok", rows
+    assert status["ov-threads"] == "ok", rows
+    facts = cpu_facts()
+    for route, _, _, _, versions, device in rows:
+        if status[route] != "ok":
+            continue
+        v = json.loads(versions)
+        assert v["openvino"][:4].isdigit() and v["openvino_cpu"] == facts.name
+        assert v["openvino_capabilities"] == ",".join(facts.capabilities)
+        assert device.startswith(f"cpu: {facts.name}")
+    settings = {r[0]: json.loads(r[3]) for r in rows}
+    assert settings["ov-threads"]["openvino.INFERENCE_NUM_THREADS"] == 1
+    assert settings["ov-no-pinning"]["openvino.ENABLE_CPU_PINNING"] == "NO"
+    assert settings["base"]["openvino.PERFORMANCE_HINT"] == "LATENCY"
+    assert list((out / "artifacts" / "openvino-cache").glob("*.blob"))
+    if "BF16" not in facts.capabilities and "FP16" not in facts.capabilities:
+        reason = next(r[2] for r in rows if r[0] == "ov-precision")
+        assert status["ov-precision"] == "skipped"  # recorded, with why
+        assert f"bf16: {facts.name} does not compute BF16 natively" in reason, reason
+
+
+BLOCK = ("import sys\n"
+         "sys.modules['openvino'] = None  # Python's own way to make an import fail\n"
+         "from routetune.cli import main\n"
+         "main(sys.argv[1:])\n")
+
+
+def test_without_openvino_the_backend_is_unavailable_and_says_how_to_install(
+        tmp_path: Path) -> None:
+    listed = subprocess.run([sys.executable, "-c", BLOCK, "seasonings"], capture_output=True,
+                            text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    row = " ".join(line for line in listed.stdout.splitlines() if "│ openvino " in line)
+    assert "unavailable: the openvino package is not installed" in row, listed.stdout
+    model = conv_bn(tmp_path / "m.onnx")
+    refused = subprocess.run([sys.executable, "-c", BLOCK, "tune", str(model), "--backend",
+                              "openvino", "--shapes", "x:1x3x32x32"], capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("routetune: error: --backend openvino: not available "
+                                     "here (the openvino package is not installed; pip "
+                                     "install 'routetune[openvino]')"), refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
+LAZY_CHECK = """
+import sys
+from pathlib import Path
+from routetune.measure import MeasureSettings
+from routetune.plugin_manager import load_registry
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import tune
+registry = load_registry()
+assert not registry.seasonings["ov-precision"].made
+tune(RunSpec(model=Path(sys.argv[1]), output=Path(sys.argv[2]), shapes="x:1x3x32x32",
+             seasonings=("fuse-bn-into-conv",), in_process=True, busy_machine="ignore",
+             measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)), registry)
+loaded = sorted(m for m in sys.modules if m.split(".")[0] == "openvino")
+assert not loaded, loaded
+assert not registry.seasonings["ov-precision"].made
+print("no openvino")
+"""
+
+
+def test_a_run_on_onnx_runtime_never_imports_openvino(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", LAZY_CHECK, str(conv_bn(tmp_path / "m.onnx")),
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "no openvino"
