@@ -4,8 +4,10 @@ An engine is the candidate ONNX file read by OpenVINO (``Core.read_model``), res
 the profile's opt shapes where an input is dynamic, and compiled for the CPU
 (``Core.compile_model(model, "CPU", config)``) with the route's properties
 (`routetune.plugins.openvino.properties`). Compiled models are cached by OpenVINO
-itself (``CACHE_DIR``) in ``OUTDIR/artifacts/openvino-cache``: a later build of the same
-model with the same properties imports the blob instead of compiling. The FP32
+itself (``CACHE_DIR``) in the user's routetune cache (`cache_folder`), never in an output
+folder: a later build of the same model with the same properties imports the blob
+instead of compiling, and an output folder from someone else brings no blob that
+OpenVINO would parse. The FP32
 reference stays ONNX Runtime's CPU provider.
 
 openvino is imported only when this backend builds, runs or describes its device;
@@ -27,14 +29,26 @@ import numpy as np
 
 from routetune.backend import Backend, Engine, Feed, OptionSpec, Runner
 from routetune.errors import BuildError
+from routetune.feeds.examples import cache_dir
 from routetune.plugins.openvino.properties import NS, UNSET, cores
 
 DEVICE = "CPU"
-CACHE = "openvino-cache"
-"""The folder under the search's workdir (``OUTDIR/artifacts``) for OpenVINO's cache."""
+CACHE = "openvino"
+"""The folder under routetune's cache (``$ROUTETUNE_CACHE`` or ``~/.cache/routetune``) for
+OpenVINO's model cache (`cache_folder`)."""
 INSTALL = "pip install 'routetune[openvino]'"
 FP8 = ("float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float8e8m0",
        "float4e2m1")
+
+
+def cache_folder() -> Path:
+    """OpenVINO's model cache: ``openvino`` in routetune's cache folder.
+
+    Outside every output folder: OpenVINO imports any blob whose name matches without a
+    check routetune could make, so blobs come only from this user's own builds
+    (SECURITY.md).
+    """
+    return cache_dir() / CACHE
 
 
 @dataclass(frozen=True)
@@ -186,7 +200,7 @@ class OpenVinoBackend(Backend):
               key: str = "") -> Engine:
         """Read, reshape to the opt shapes, and compile for the CPU with full `settings`.
 
-        OpenVINO's cache (``CACHE_DIR``) is ``workdir/openvino-cache``. OpenVINO names each
+        OpenVINO's cache (``CACHE_DIR``) is `cache_folder`. OpenVINO names each
         blob by a hash of the model and the properties that shape the compiled graph, so
         `key` is not needed; run-time properties (threads, streams, pinning) are applied
         when a blob is imported (``LOADED_FROM_CACHE``), so routes that differ only in
@@ -195,7 +209,7 @@ class OpenVinoBackend(Backend):
         Raises:
             BuildError: OpenVINO refused the model, the shapes or a property.
         """
-        cache = workdir / CACHE
+        cache = cache_folder()
         cache.mkdir(parents=True, exist_ok=True)
         compiled = self.compile(model_path, settings, cache)
         return Engine(model_path, dict(settings), model_path, model_path.stat().st_size,

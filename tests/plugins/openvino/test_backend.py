@@ -62,7 +62,8 @@ def test_a_compiled_model_matches_the_onnx_runtime_reference(tmp_path: Path, mak
 
 
 def test_properties_reach_the_compiled_model_and_the_cache_serves_a_second_build(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROUTETUNE_CACHE", str(tmp_path / "cache"))
     model = matmul_chain(tmp_path / "m.onnx", depth=2, width=32, batch=4)
     backend = OpenVinoBackend()
     settings = backend.full_settings({NS + "INFERENCE_NUM_THREADS": 1,
@@ -76,7 +77,9 @@ def test_properties_reach_the_compiled_model_and_the_cache_serves_a_second_build
     assert compiled.get_property("ENABLE_CPU_PINNING") is False
     assert compiled.get_property("CPU_DENORMALS_OPTIMIZATION") is True
     assert str(compiled.get_property("PERFORMANCE_HINT")).endswith("LATENCY")
-    cache = tmp_path / "artifacts" / CACHE
+    cache = tmp_path / "cache" / CACHE  # the user's cache, never the output folder
+    assert not (tmp_path / "artifacts").exists() or not list(
+        (tmp_path / "artifacts").rglob("*.blob"))
     blobs = {p: p.stat().st_mtime_ns for p in cache.glob("*.blob")}
     assert len(blobs) == 1
     again = backend.build(model, settings, tmp_path / "artifacts").handle.model

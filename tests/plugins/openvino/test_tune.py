@@ -58,7 +58,7 @@ def test_a_search_on_openvino_records_ok_trials_with_the_cpus_capabilities(
     assert settings["ov-threads"]["openvino.INFERENCE_NUM_THREADS"] == 1
     assert settings["ov-no-pinning"]["openvino.ENABLE_CPU_PINNING"] == "NO"
     assert settings["base"]["openvino.PERFORMANCE_HINT"] == "LATENCY"
-    assert list((out / "artifacts" / "openvino-cache").glob("*.blob"))
+    assert not list(out.rglob("*.blob"))  # OpenVINO's cache is the user's, not the folder's
     if "BF16" not in facts.capabilities and "FP16" not in facts.capabilities:
         reason = next(r[2] for r in rows if r[0] == "ov-precision")
         assert status["ov-precision"] == "skipped"  # recorded, with why
