@@ -132,11 +132,15 @@ def accurate_table(trials: Sequence[Trial], winner: Trial | None, registry: Regi
 
     A `compact_table` without reasons (accurate routes have none): it fits `width`.
     """
-    accurate = [t for t in trials if t is winner or t.status == "ok"]
-    shown = accurate if top is None else accurate[:top]
+    accurate = [t for t in trials if t.status == "ok"]
+    rows = [t for t in trials if t is winner or t.status == "ok"]
+    shown = rows if top is None else rows[:top]
     title = (f"the {len(shown)} fastest of {len(accurate)} accurate routes, {order}"
-             if len(shown) < len(accurate) else f"{len(accurate)} accurate routes, {order}")
-    return compact_table(shown, winner, title, width, reasons=False)
+             if len(shown) < len(rows) else f"{len(accurate)} accurate routes, {order}")
+    if winner is not None and winner.status != "ok":  # a fallback that is not accurate
+        title += f"; the fallback, '{winner.route}', is {winner.status}"
+    return compact_table(shown, winner, title, width, reasons=winner is not None
+                         and winner.status != "ok")
 
 
 def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, width: int,

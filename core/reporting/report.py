@@ -145,6 +145,9 @@ def trial_row(trial: Trial) -> dict[str, Any]:
 
     ``p50_ms`` is what the search timed (``latency_kind``: device compute or end to
     end); ``other_p50_ms`` the other figure, where the engine has host copies.
+    ``error`` holds the worst tensor metrics over the outputs; ``accuracy`` every metric
+    measured per output, task metrics (``top1``, ``mask_iou@0.3``) included; ``passes``
+    each step's statistics and note (what a fusion fused, what a repair kept).
     """
     lat = trial.latency
     worst = {}
@@ -166,6 +169,9 @@ def trial_row(trial: Trial) -> dict[str, Any]:
         "other_p50_ms": trial.other_latency.p50 if trial.other_latency else None,
         "device_memory_bytes": trial.device_memory_bytes,
         "engine_bytes": trial.engine_bytes, "error": worst,
+        "accuracy": {out: dict(metrics) for out, metrics in trial.accuracy.items()},
+        "passes": [{k: step.get(k) for k in ("step", "modified", "stats", "note")}
+                   for step in trial.passes],
         "steps": [s.name for s in parse_route(trial.route)],
     }
 

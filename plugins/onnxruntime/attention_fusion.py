@@ -88,9 +88,18 @@ class AttentionFusion(Seasoning):
         before=frozenset({"ort-transformer-fusion"}))
 
     def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
-        """Why not: no Softmax in the graph, so no attention block."""
-        if not any(node.op == "Softmax" for node in graph.nodes):
+        """Why not: no Softmax, or none reads scores of two activations (Q·Kᵀ).
+
+        A classifier's final Softmax reads a MatMul or Gemm with a weight: no attention
+        block, and no trial to spend on a route that would change nothing.
+        """
+        softmaxes = [node for node in graph.nodes if node.op == "Softmax"]
+        if not softmaxes:
             return "no Softmax in the model: no attention block"
+        if not any(_reads_scores(node) for node in softmaxes):
+            return (f"no Softmax reads a MatMul of two activations (Q·Kᵀ); the model's "
+                    f"{len(softmaxes)} Softmax read weights or other operators: no "
+                    "attention block")
         return None
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
@@ -230,3 +239,27 @@ def _onnx_type(dtype: np.dtype) -> int:
     from onnx.helper import np_dtype_to_tensor_dtype
 
     return int(np_dtype_to_tensor_dtype(dtype))
+
+
+SCORE_STEPS = frozenset({"Add", "Sub", "Div", "Mul", "Where", "Cast"})
+"""Operators between attention's Q·Kᵀ MatMul and its Softmax: the scale, the mask."""
+
+
+def _reads_scores(softmax: gs.Node, depth: int = 6) -> bool:
+    """Whether `softmax` reads, through `SCORE_STEPS`, a MatMul of two activations."""
+    frontier = [t for t in softmax.inputs[:1] if not _constant(t)]
+    for _ in range(depth):
+        found: list[gs.Tensor] = []
+        for tensor in frontier:
+            for producer in tensor.inputs:
+                if producer.op == "MatMul" and not any(map(_constant, producer.inputs)):
+                    return True
+                if producer.op in SCORE_STEPS:
+                    found += [t for t in producer.inputs if not _constant(t)]
+        frontier = found
+    return False
+
+
+def _constant(tensor: gs.Tensor) -> bool:
+    """An initializer or a ``Constant`` node's output."""
+    return isinstance(tensor, gs.Constant) or any(p.op == "Constant" for p in tensor.inputs)

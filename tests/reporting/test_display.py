@@ -82,3 +82,21 @@ def test_the_compact_table_fits_80_columns_with_its_figures_whole(registry: Regi
     for step in ("fold-constants,", "fuse-bn-into-conv,", "ort-threads{intra_op=2}"):
         assert step in text  # wrapped after a comma, each step whole
     assert "int8-qdq{per_channe…" in text  # a step too long is cut, never wrapped
+
+
+def test_a_fallback_that_fails_the_constraint_is_not_called_accurate(registry: Registry
+                                                                      ) -> None:
+    from rich.console import Console
+
+    from routetune.measure import Latency
+    from routetune.reporting.display import accurate_table
+
+    lat = Latency(n=30, p50=1.0, p90=1.1, p99=1.2, mean=1.0, ci_low=0.9, ci_high=1.1)
+    trials = [Trial("f", "m", r, "onnxruntime", "cpu", "s", "accuracy-failed",
+                    "p: prob_abs 4.02e-06, needs <= 1e-06", latency=lat, base_latency=lat)
+              for r in ("base", "fp16")]
+    console = Console(width=100, record=True, color_system=None)
+    console.print(accurate_table(trials, trials[0], registry, width=100))
+    text = console.export_text()
+    assert "0 accurate routes" in text and "the fallback, 'base', is accuracy-failed" in text
+    assert "prob_abs 4.02e-06" in text and "fp16" not in text  # the base's reason, shown

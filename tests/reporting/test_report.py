@@ -316,3 +316,13 @@ def test_a_gpu_trial_shows_its_other_latency_and_device_memory(outdir: Path) -> 
     line = next(x for x in text.splitlines() if x.startswith("| `base`"))
     assert "| 7.609 | 512 |" in line
     assert "host to host p50 7.609 ms; device memory 512 MiB" in render_html(data)
+
+
+def test_report_json_holds_every_measured_metric_per_output(outdir: Path) -> None:
+    data = build_report(outdir)
+    base = next(r for r in data["trials"] if r["route"] == "base")
+    metrics = base["accuracy"]["y"]
+    assert {"rel_l2", "cos", "l0"} <= set(metrics)
+    assert "top1" in metrics and metrics["top1"] == 1.0  # task metrics measured too
+    fused = next(r for r in data["trials"] if r["route"] == "fuse-bn-into-conv")
+    assert fused["passes"][0]["step"] == "fuse-bn-into-conv" and fused["passes"][0]["modified"]

@@ -248,3 +248,22 @@ def test_a_merge_that_copies_a_head_axis_is_left_with_the_reason() -> None:
     assert result.stats["left: the head-merging Reshape's target may copy (0) an axis after "
                         "the sequence axis"] == 1
     assert "Softmax" in [n.op_type for n in fused.graph.node]
+
+
+def test_a_classifiers_softmax_over_weights_is_no_attention_block() -> None:
+    # a classifier's last Softmax reads a MatMul with a weight, not Q·Kᵀ: the route would
+    # change nothing, so no trial is spent on it (the ppocr-cls example has one such)
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((8, 4), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"]),
+         helper.make_node("Softmax", ["logits"], ["p"], axis=-1)], "classifier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [2, 4])], [weight])
+    why = AttentionFusion().applicable(gs.import_onnx(helper.make_model(graph)),
+                                       OnnxRuntimeBackend())
+    assert why is not None and why.startswith("no Softmax reads a MatMul of two activations")
+    for name in (*MASKED, *UNMASKED):  # every real export has attention blocks
+        model = gs.import_onnx(onnx.load(DATA / f"{name}.onnx"))
+        assert AttentionFusion().applicable(model, OnnxRuntimeBackend()) is None, name
