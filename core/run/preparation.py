@@ -190,8 +190,9 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     measured = [sorted(constraint.tolerance_map([o.name for o in model.outputs]).items()),
                 sorted(registry.metrics), constraint.task_params()]
     measure = asdict(opts.measure)
-    if measure["latency"] == "device":  # the figure timed before --latency existed: a
-        del measure["latency"]  # store written then keeps resuming
+    host = not backend.gpus(backend.full_settings(opts.backend_options))
+    if measure["latency"] == "device" or host:  # device compute is what was timed before
+        del measure["latency"]  # --latency existed, and a host engine has no copies
     settings_hash = sha256(json.dumps(
         [inputs_hash, measured, measure, str(profile), str(base),
          sorted(opts.backend_options.items())], default=str).encode())
