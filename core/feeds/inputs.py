@@ -73,19 +73,23 @@ def resolve_shapes(
             raise UsageError(
                 f"{flag}: the model has no input '{name}'; inputs: {', '.join(names)}"
             )
+    unsized = [s for s in specs if s.name not in given
+               and any(not isinstance(d, int) for d in s.shape)]
+    if unsized:  # every one in the message, so that one retry is enough
+        first = unsized[0]
+        i = next(i for i, d in enumerate(first.shape) if not isinstance(d, int))
+        more = (f" ({len(unsized)} inputs are dynamic)" if len(unsized) > 1 else "")
+        raise UsageError(
+            f"input '{first.name}' ({first}): dimension {i} ('{first.shape[i]}') is "
+            f"dynamic{more}; give {'the sizes' if more else 'its size'} with {flag} "
+            + ",".join(s.name + ":" + "x".join(str(d) if isinstance(d, int) else "1"
+                                               for d in s.shape) for s in unsized)
+            + " (1 stands for the size you want)"
+        )
     shapes: dict[str, tuple[int, ...]] = {}
     for spec in specs:
         shape = given.get(spec.name)
         if shape is None:
-            dynamic = [i for i, d in enumerate(spec.shape) if not isinstance(d, int)]
-            if dynamic:
-                i = dynamic[0]
-                raise UsageError(
-                    f"input '{spec.name}' ({spec}): dimension {i} ('{spec.shape[i]}') is "
-                    f"dynamic; give its size with {flag} {spec.name}:"
-                    + "x".join(str(d) if isinstance(d, int) else "1" for d in spec.shape)
-                    + " (1 stands for the size you want)"
-                )
             shape = tuple(int(d) for d in spec.shape)
         _check_shape(spec, shape, flag)
         itemsize = spec.dtype.itemsize if spec.dtype is not None else 8  # not a tensor: a bound

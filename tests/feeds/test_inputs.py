@@ -30,6 +30,11 @@ def test_resolve_shapes_fills_fixed_inputs_and_checks_dynamic_ones() -> None:
         resolve_shapes([TensorSpec("x", np.dtype(np.float32), (1, 3, "H", 4))], {})
     with pytest.raises(UsageError, match="has no input 'y'"):
         resolve_shapes([X], {"y": (1,)})
+    # every dynamic input in one message: one retry is enough (a BERT export's ids and mask)
+    mask = TensorSpec("mask", np.dtype(np.int64), ("B", "S"))
+    with pytest.raises(UsageError, match=r"\(2 inputs are dynamic\); give the sizes with "
+                                         r"--shapes x:1x3x1x1,mask:1x1 \("):
+        resolve_shapes([X, IDS, mask], {})
 
 
 def test_synthesize_is_seeded_and_typed() -> None:
