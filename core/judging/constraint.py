@@ -203,7 +203,7 @@ def _param(metric: AnyMetric, given: str | None, term: str, text: str, op: str, 
         if given is None:
             return None
         hint = (f"; for the top-k rate write topk@{given}{op}{val}"
-                if metric.name == "top1" else "")
+                if metric.name == "top1" and given else "")
         raise _fail(text, f"{metric.name} takes no parameter, and '{term}' gives "
                     f"@{given}; write {metric.name}{op}{val}{hint}")
     if given is None:
@@ -251,15 +251,22 @@ def check_outputs(constraint: Constraint, registry: Registry,
             if len(shape) < metric.min_rank:
                 fix = (f"scope it to an output it fits, e.g. {fits[0]}:{t}"
                        if t.output is None and fits else "bound another metric (cos>=0.999)")
-                raise _fail(constraint.text, f"'{t}': {t.metric} reads outputs of rank "
+                raise _fail(constraint.text, f"{_which(t, constraint)}{t.metric} reads "
+                            "outputs of rank "
                             f"{metric.min_rank} or more, and '{name}' has shape "
                             f"{tuple(shape)}; {fix}")
             spec, classes = metric.param, shape[-1] if shape else None
             if (spec is not None and spec.classes and isinstance(classes, int)
                     and t.param is not None and t.param >= classes):
-                raise _fail(constraint.text, f"'{t}': {t.metric}'s {spec.name} {t.param:g} is "
+                raise _fail(constraint.text, f"{_which(t, constraint)}{t.metric}'s "
+                            f"{spec.name} {t.param:g} is "
                             f"not below the {classes} classes of '{name}' ({spec.help}); "
                             f"give one below {classes}")
+
+
+def _which(term: object, constraint: Constraint) -> str:
+    """``'term': `` to name the term in a longer expression; empty when it is the whole."""
+    return "" if str(term) == constraint.text.strip() else f"'{term}': "
 
 
 def _check_range(metric: AnyMetric, op: str, value: float, term: str, text: str) -> None:
