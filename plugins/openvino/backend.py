@@ -155,8 +155,6 @@ class OpenVinoBackend(Backend):
             NS + "SCHEDULING_CORE_TYPE": OptionSpec(
                 str, "ANY_CORE", ("ANY_CORE", "PCORE_ONLY", "ECORE_ONLY"),
                 "SCHEDULING_CORE_TYPE"),
-            NS + "CPU_DENORMALS_OPTIMIZATION": OptionSpec(
-                str, UNSET, flag, "CPU_DENORMALS_OPTIMIZATION"),
             NS + "TBB_PARTITIONER": OptionSpec(
                 str, UNSET, (UNSET, "STATIC", "AUTO"), "TBB_PARTITIONER"),
             NS + "INFERENCE_PRECISION_HINT": OptionSpec(

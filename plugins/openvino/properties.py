@@ -40,13 +40,16 @@ SEARCHED: dict[str, str] = {
     "ENABLE_CPU_PINNING": "ov-no-pinning: threads not pinned to cores",
     "ENABLE_HYPER_THREADING": "ov-no-hyper-threading: one thread per physical core",
     "SCHEDULING_CORE_TYPE": "ov-core-type: P-cores or E-cores only, on a hybrid CPU",
-    "CPU_DENORMALS_OPTIMIZATION": "ov-denormals-ftz: denormals flushed to zero",
     "TBB_PARTITIONER": "ov-tbb-partitioner: TBB's static or auto partitioner",
     "INFERENCE_PRECISION_HINT": "ov-precision: a type the CPU computes natively (bf16, f16)",
 }
 """The CPU properties routetune searches, by OpenVINO name, with their seasonings."""
 
 LEFT_OUT: dict[str, str] = {
+    "CPU_DENORMALS_OPTIMIZATION": "YES turns on flush-to-zero in the calling thread for the "
+                                  "rest of the process (OpenVINO 2026.4.1): every later "
+                                  "trial in that worker, and its accuracy check, would "
+                                  "compute with denormals zeroed",
     "EXECUTION_MODE_HINT": "ACCURACY only forces f32 inference precision, which "
                            "ov-precision{type=f32} sets where f32 is not the default",
     "PERFORMANCE_HINT_NUM_REQUESTS": "caps parallel requests for the THROUGHPUT hint; "
@@ -141,15 +144,6 @@ OvNoHyperThreading = option_seasoning("OvNoHyperThreading", SeasoningInfo(
 
     1. Sets ``openvino.ENABLE_HYPER_THREADING`` to ``NO``; it matters only on a CPU with
        SMT, where sibling threads share one core's vector units.
-    """)
-
-OvDenormalsFtz = option_seasoning("OvDenormalsFtz", SeasoningInfo(
-    name="ov-denormals-ftz", stage="build", backends=OV,
-    summary="CPU_DENORMALS_OPTIMIZATION: denormal floats flushed to zero"),
-    {NS + "CPU_DENORMALS_OPTIMIZATION": "YES"},
-    """Flush denormal floats to zero (FTZ/DAZ), avoiding slow denormal arithmetic.
-
-    1. Sets ``openvino.CPU_DENORMALS_OPTIMIZATION`` to ``YES`` (default ``NO``).
     """)
 
 OvTbbPartitioner = option_seasoning("OvTbbPartitioner", SeasoningInfo(
@@ -273,4 +267,4 @@ def make_precision() -> type[OvPrecision]:
 
 
 SEASONINGS = (OvHint, OvStreams, OvThreads, OvNoPinning, OvNoHyperThreading, OvCoreType,
-              OvDenormalsFtz, OvTbbPartitioner)
+              OvTbbPartitioner)
