@@ -57,6 +57,11 @@ class Engine:
         reused: True when `Backend.build` returned that kept file instead of building.
             The search then opens it only if its `sha256` is the one recorded for the
             trial when it was built, and otherwise builds again (SECURITY.md).
+        float_env: The floating-point environment the engine's calls run under
+            (`routetune.float_env.FloatEnv`), or None for the thread's own: set by a
+            backend whose engine expects one (`routetune.float_env.flushing`), else by
+            `routetune.search.artifacts.build_engine` when the build changed how the
+            calling thread treats denormals.
     """
 
     model_path: Path
@@ -66,6 +71,7 @@ class Engine:
     handle: Any = field(default=None, compare=False, repr=False)
     sha256: str = ""
     reused: bool = False
+    float_env: Any = field(default=None, compare=False, repr=False)
 
 
 class Runner:

@@ -178,6 +178,7 @@ def check_backend(registry: Registry, name: str, model: Path | str, workdir: Pat
         ContractError: A rule is broken.
     """
     from routetune.errors import BackendError
+    from routetune.search.artifacts import open_engine
 
     what = f"backend '{name}'"
     candidate = _candidate(registry, Path(model), workdir, name)
@@ -197,7 +198,7 @@ def check_backend(registry: Registry, name: str, model: Path | str, workdir: Pat
         raise ContractError(f"{what}: accepted an unknown option '{name}.no_such_option'")
     path = candidate.save_model(candidate.inputs.base_data)
     engine = candidate.engine(path, settings, "", "")
-    with backend.open(engine) as runner:
+    with open_engine(backend, engine) as runner:
         for feed in candidate.inputs.feeds:
             outputs = runner.infer(feed)
             for spec in candidate.inputs.model.outputs:

@@ -248,3 +248,12 @@ def transformer_mlp(path: Path, batch: int = 2, seq: int = 8, width: int = 16) -
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, width])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, width])], inits)
     return _save(graph, path)
+
+
+def product(path: Path, width: int = 8) -> Path:
+    """a f32[1,width], b f32[1,width] -> Mul -> y: zero for denormal inputs under FTZ/DAZ."""
+    spec = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, width]) for n in "ab"]
+    graph = helper.make_graph([helper.make_node("Mul", ["a", "b"], ["y"], name="mul")],
+                              "product", spec,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])])
+    return _save(graph, path)

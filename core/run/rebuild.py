@@ -32,6 +32,7 @@ from routetune.run.outdir import locked
 from routetune.run.preparation import prepare_run, reference_backend, reference_outputs
 from routetune.run.run_spec import RunSpec
 from routetune.run.winner import WINNER_OUTPUTS, load_outputs
+from routetune.search.artifacts import build_engine, open_engine
 from routetune.search.candidate import with_preflight
 from routetune.search.phases import TrialInputs
 from routetune.weights import copy_model
@@ -118,14 +119,15 @@ def rebuild(opts: RunSpec, route: str | None, registry: Registry) -> Rebuilt:
         except (PostconditionError, SeasoningCrashed) as e:  # the pass broke the model
             return Rebuilt(resolved, None, 0, 0.0, "", None, broken=describe(e), log=log)
         try:
-            engine = run.backend.build(candidate.save_model(data), settings, Path(tmp))
+            engine = build_engine(run.backend, candidate.save_model(data), settings, Path(tmp),
+                                  "", "")
         except BuildError as e:  # the backend's own refusal, in one line
             return Rebuilt(resolved, None, 0, (time.perf_counter_ns() - t0) / 1e6, "", None,
                            failed=describe(e), log=log)
         build_ms = (time.perf_counter_ns() - t0) / 1e6
         engine_file = _write_engine(run.outdir, engine)
         try:
-            runner = run.backend.open(engine)
+            runner = open_engine(run.backend, engine)
         except EngineNotRunnable as e:
             return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, "", None,
                            str(e), log=log)

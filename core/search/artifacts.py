@@ -14,6 +14,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from routetune.backend import Backend, Engine
+from routetune.backend import Backend, Engine, Runner
 from routetune.errors import BuildError
+from routetune.float_env import contained, guarded_runner
 from routetune.model import sha256
 from routetune.registry import Registry
 from routetune.route import Route
@@ -225,13 +227,37 @@ def build_engine(backend: Backend, model: Path, settings: Mapping[str, Any], wor
     Raises:
         BuildError: The backend refused the model, or kept handing back a file.
     """
-    engine = backend.build(model, settings, workdir, key)
+    engine = _contained_build(backend, model, settings, workdir, key)
     if engine.reused and engine.sha256 != recorded:
         logger.info("%s is not the engine recorded for this trial; building it again",
                     engine.path)
         engine.path.unlink(missing_ok=True)
-        engine = backend.build(model, settings, workdir, key)
+        engine = _contained_build(backend, model, settings, workdir, key)
         if engine.reused:
             raise BuildError(f"the {backend.name} backend reused {engine.path} after it was "
                              "deleted; it must build an engine it has no file for")
     return engine
+
+
+def _contained_build(backend: Backend, model: Path, settings: Mapping[str, Any],
+                     workdir: Path, key: str) -> Engine:
+    """`Backend.build` with the thread's floating-point environment kept (`float_env`)."""
+    with contained() as left:
+        engine = backend.build(model, settings, workdir, key)
+    if engine.float_env is None and left.env is not None:
+        engine = replace(engine, float_env=left.env)
+    return engine
+
+
+def open_engine(backend: Backend, engine: Engine) -> Runner:
+    """`Backend.open`, keeping the thread's floating-point environment (`float_env`).
+
+    The engine's calls run under the environment its build or open set up; everything
+    else in the thread keeps its own.
+
+    Raises:
+        BuildError, EngineNotRunnable: As `Backend.open`.
+    """
+    with contained() as left:
+        runner = backend.open(engine)
+    return guarded_runner(runner, engine.float_env or left.env)

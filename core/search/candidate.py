@@ -59,6 +59,7 @@ from routetune.search.application import RouteApplier
 from routetune.search.artifacts import (
     build_engine,
     matches_record,
+    open_engine,
     save_model,
 )
 from routetune.search.pairing import PairedTiming
@@ -156,7 +157,7 @@ class Candidate:
         try:
             engine = self.engine(self.outdir / fields["artifact"], settings, fingerprint,
                                  fields.get("engine_sha256", ""))
-            runner = self.backend.open(engine)
+            runner = open_engine(self.backend, engine)
         except EngineNotRunnable as e:
             built_text = (f"built ({fields['engine_bytes']} bytes in "
                           f"{fields['build_ms'] / 1000:.2f} s)")
@@ -219,7 +220,7 @@ class Candidate:
         try:
             for model, options, key, sha in ((path, settings, fingerprint, recorded.engine),
                                              (base_path, base_settings, "", "")):
-                runners.append(self.backend.open(self.engine(model, options, key, sha)))
+                runners.append(open_engine(self.backend, self.engine(model, options, key, sha)))
 
             def timed() -> tuple[list[Latency], Speedup]:
                 latencies, blocks = measure_blocks(runners, self.inputs.feeds, settings_)
@@ -244,7 +245,7 @@ class Candidate:
         path = self.checked_model(route, artifact, settings, recorded)
         engine = self.engine(path, settings, fingerprint, recorded.engine)
         try:
-            runner = self.backend.open(engine)
+            runner = open_engine(self.backend, engine)
         except EngineNotRunnable:
             return None
         with runner:

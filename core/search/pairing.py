@@ -21,7 +21,7 @@ from routetune.backend import Backend, Runner
 from routetune.conditions import BusyPolicy, measure_watched
 from routetune.measure import MeasureSettings, measure, measure_blocks, paired_speedup
 from routetune.route import Route
-from routetune.search.artifacts import save_model
+from routetune.search.artifacts import build_engine, open_engine, save_model
 from routetune.search.phases import TrialInputs
 
 logger = logging.getLogger(__name__)
@@ -121,8 +121,9 @@ class PairedTiming:
             path = save_model(self.inputs.outdir, self.inputs.base_data)
             try:
                 settings = self.backend.full_settings(self.inputs.base_settings)
-                engine = self.backend.build(path, settings, self.inputs.outdir / "artifacts")
-                self._base = self.backend.open(engine)
+                engine = build_engine(self.backend, path, settings,
+                                      self.inputs.outdir / "artifacts", "", "")
+                self._base = open_engine(self.backend, engine)
             except Exception as e:  # the base trial records the same failure
                 logger.warning("base route cannot be built for paired timing: %s", e)
                 self._base = False

@@ -19,6 +19,7 @@ import onnxruntime as ort
 
 from routetune.backend import Backend, Engine, Feed, OptionSpec, Runner
 from routetune.errors import BuildError
+from routetune.float_env import FloatEnv, flushing
 
 NS = "onnxruntime."
 CONFIG = NS + "config."
@@ -107,7 +108,8 @@ class OnnxRuntimeBackend(Backend):
         except Exception as e:  # ORT raises its own exception types per failure
             raise BuildError(f"ONNX Runtime refused the model: {_one_line(e)}") from e
         size = model_path.stat().st_size
-        return Engine(model_path, dict(settings), model_path, size, handle=session)
+        return Engine(model_path, dict(settings), model_path, size, handle=session,
+                      float_env=engine_float_env(settings))
 
     def open(self, engine: Engine) -> Runner:
         """Wrap the engine's session (built already) in a runner."""
@@ -291,6 +293,19 @@ def session_options(settings: Mapping[str, Any]) -> ort.SessionOptions:
     for key in CONFIG_DEFAULTS:
         so.add_session_config_entry(key, settings[CONFIG + key])
     return so
+
+
+def engine_float_env(settings: Mapping[str, Any]) -> FloatEnv | None:
+    """FTZ and DAZ for a session made with ``session.set_denormal_as_zero``, else None.
+
+    ONNX Runtime sets them in the thread that makes the process's first such session and
+    never again, and runs a session's nodes in the calling thread too; the search keeps
+    them out of the thread (`routetune.float_env`) and turns them on around this
+    engine's calls, as a process that made this one session would have them.
+    """
+    if settings.get(CONFIG + "session.set_denormal_as_zero") != "1":
+        return None
+    return flushing()
 
 
 def _one_line(e: BaseException) -> str:

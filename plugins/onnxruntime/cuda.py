@@ -27,6 +27,7 @@ from routetune.plugins.cuda import cuda_versions, device_memory_used, event_time
 from routetune.plugins.onnxruntime.backend import (
     NS,
     OnnxRuntimeBackend,
+    engine_float_env,
     owned,
     session_options,
 )
@@ -151,7 +152,8 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
             raise BuildError(f"ONNX Runtime (CUDA) refused the model: "
                              f"{' '.join(str(e).split())[:400]}") from e
         size = model_path.stat().st_size
-        return Engine(model_path, dict(settings), model_path, size, handle=(session, stream))
+        return Engine(model_path, dict(settings), model_path, size, handle=(session, stream),
+                      float_env=engine_float_env(settings))
 
     def open(self, engine: Engine) -> Runner:
         """A `CudaRunner` on the engine's session and stream."""

@@ -157,6 +157,8 @@ class OpenVinoBackend(Backend):
                 "SCHEDULING_CORE_TYPE"),
             NS + "TBB_PARTITIONER": OptionSpec(
                 str, UNSET, (UNSET, "STATIC", "AUTO"), "TBB_PARTITIONER"),
+            NS + "CPU_DENORMALS_OPTIMIZATION": OptionSpec(
+                str, UNSET, flag, "CPU_DENORMALS_OPTIMIZATION"),
             NS + "INFERENCE_PRECISION_HINT": OptionSpec(
                 str, UNSET, (UNSET, "f32", "bf16", "f16"),
                 "INFERENCE_PRECISION_HINT; '': OpenVINO's default for this CPU"),

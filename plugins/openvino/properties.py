@@ -41,15 +41,12 @@ SEARCHED: dict[str, str] = {
     "ENABLE_HYPER_THREADING": "ov-no-hyper-threading: one thread per physical core",
     "SCHEDULING_CORE_TYPE": "ov-core-type: P-cores or E-cores only, on a hybrid CPU",
     "TBB_PARTITIONER": "ov-tbb-partitioner: TBB's static or auto partitioner",
+    "CPU_DENORMALS_OPTIMIZATION": "ov-denormals: flush denormals to zero (FTZ/DAZ)",
     "INFERENCE_PRECISION_HINT": "ov-precision: a type the CPU computes natively (bf16, f16)",
 }
 """The CPU properties routetune searches, by OpenVINO name, with their seasonings."""
 
 LEFT_OUT: dict[str, str] = {
-    "CPU_DENORMALS_OPTIMIZATION": "YES turns on flush-to-zero in the calling thread for the "
-                                  "rest of the process (OpenVINO 2026.4.1): every later "
-                                  "trial in that worker, and its accuracy check, would "
-                                  "compute with denormals zeroed",
     "EXECUTION_MODE_HINT": "ACCURACY only forces f32 inference precision, which "
                            "ov-precision{type=f32} sets where f32 is not the default",
     "PERFORMANCE_HINT_NUM_REQUESTS": "caps parallel requests for the THROUGHPUT hint; "
@@ -155,6 +152,20 @@ OvTbbPartitioner = option_seasoning("OvTbbPartitioner", SeasoningInfo(
 
     1. Sets ``openvino.TBB_PARTITIONER`` to ``partitioner``: STATIC splits work evenly
        once, AUTO balances it at run time.
+    """)
+
+OvDenormals = option_seasoning("OvDenormals", SeasoningInfo(
+    name="ov-denormals", stage="build", backends=OV,
+    summary="CPU_DENORMALS_OPTIMIZATION: denormals computed as zero (FTZ/DAZ)"),
+    {NS + "CPU_DENORMALS_OPTIMIZATION": "YES"},
+    """Compute with denormal floats flushed to zero (``CPU_DENORMALS_OPTIMIZATION=YES``).
+
+    1. Sets ``openvino.CPU_DENORMALS_OPTIMIZATION`` to ``YES``: OpenVINO turns on FTZ and
+       DAZ in its inference threads, which avoids slow denormal arithmetic on models
+       whose activations decay towards zero; the accuracy check says whether the zeroed
+       values mattered. Compiling also turns them on in the calling thread, for the rest
+       of the process (OpenVINO 2026.4.1); the search keeps that out of the thread
+       (`routetune.float_env`), so later trials and accuracy checks are unchanged.
     """)
 
 
@@ -267,4 +278,4 @@ def make_precision() -> type[OvPrecision]:
 
 
 SEASONINGS = (OvHint, OvStreams, OvThreads, OvNoPinning, OvNoHyperThreading, OvCoreType,
-              OvTbbPartitioner)
+              OvTbbPartitioner, OvDenormals)

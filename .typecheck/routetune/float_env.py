@@ -1,0 +1,1 @@
+../../core/float_env.py
