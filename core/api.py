@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from routetune.errors import UsageError
 from routetune.plugin_manager import load_registry
 from routetune.run.option_schema import check_keyword, options_of
 from routetune.run.run_spec import RunSpec, merge
 from routetune.run.tuning import TuneResult
+
+if TYPE_CHECKING:
+    from routetune.run.backends import BackendsResult
 from routetune.run.tuning import tune as _tune
 from routetune.search.main_guard import refuse_in_worker
 
 
-def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
+def tune(model: str | Path | None = None, **options: Any) -> TuneResult | BackendsResult:
     """Tune an ONNX model and keep the fastest route that meets the accuracy constraint.
 
     The same run as ``routetune tune``: it writes the winner, the trial store and the
@@ -47,7 +50,9 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
 
     Returns:
         The `TuneResult`: ``winner``, ``trials`` (winner first), ``to_dataframe()``,
-        ``report(path)``.
+        ``report(path)``. With several backends (``backend="onnxruntime,openvino"``), a
+        `routetune.run.backends.BackendsResult`: each backend's `TuneResult` (``runs``),
+        the engines timed side by side (``contenders``) and the ``winner``.
 
     Raises:
         UsageError: Bad input (an unknown option, model, backend, seasoning, accuracy
@@ -66,4 +71,9 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult:
     given = {name: check_keyword(declared[name], value)
              for name, value in {"model": model, **options}.items() if value is not None}
     registry = load_registry()
-    return _tune(merge(given, "api", registry), registry)
+    spec = merge(given, "api", registry)
+    if "," in spec.backend:  # several backends: `routetune.run.backends`
+        from routetune.run.backends import tune_backends
+
+        return tune_backends(spec, registry)
+    return _tune(spec, registry)

@@ -160,7 +160,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         for line in header_lines(run, opts.search, plan):
             err.print(line)
         _confirm_size(run, plan, opts, yes)
-        progress.update(task, total=plan.trials, of=plan.count())
+        progress.reset(task, total=plan.trials, of=plan.count())  # once per backend
         progress.start()
         started = True
 
@@ -177,11 +177,25 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         progress.update(task, advance=1, description=(
             f"{'stored ' if cached else ''}{short_route(trial.route, 50)}{noisy}"))
 
+    several = "," in opts.backend
     try:
-        result = tune(opts, registry, on_start, on_trial, on_status)
+        if several:
+            from routetune.run.backends import tune_backends
+
+            both = tune_backends(opts, registry, on_start, on_trial, on_status)
+        else:
+            result = tune(opts, registry, on_start, on_trial, on_status)
     finally:
         if started:
             progress.stop()
+    if several:
+        from routetune.reporting.display import backends_lines
+
+        for line in backends_lines(both):
+            console.print(line)
+        if both.winner.trial.status in FAILED:
+            raise typer.Exit(1)
+        return
     if verbose:
         console.print(trials_table(list(result.trials), result.winner, registry,
                                    title=f"{len(result.trials)} trials, winner first"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import JustifyMethod
@@ -17,6 +17,7 @@ from routetune.run.option_schema import options_of
 from routetune.trial import Trial
 
 if TYPE_CHECKING:
+    from routetune.run.backends import BackendsResult
     from routetune.run.preparation import Prepared
     from routetune.run.tuning import Plan, TuneResult
 
@@ -360,4 +361,31 @@ def conditions_lines(result: TuneResult) -> list[str]:
     else:
         colour = "dim"
     lines.append(f"[{colour}]{text}[/]")
+    return lines
+
+
+def backends_lines(result: BackendsResult) -> list[Any]:
+    """A multi-backend run for the terminal.
+
+    Each backend's winner, the side-by-side table, the verdict and where the files are.
+    """
+    lines: list[Any] = []
+    for run in result.runs:
+        confirmed = (f"{run.winner_speedup:.2f}x over its own base route, confirmed"
+                     if run.confirmed else "its base route stands")
+        lines.append(f"{run.base.backend}: {len(run.trials)} trials; winner "
+                     f"'{short_route(run.winner.route, 60)}', {confirmed} ({run.outdir})")
+    base = result.contenders[0]
+    table = Table(title=f"side by side, one loop: speed-up over {escape(base.name)}")
+    for column in ("backend", "route", "p50 ms", "speed-up [95%]"):
+        table.add_column(column)
+    for c in result.contenders:
+        figure = (f"{c.paired.value:.2f}x [{c.paired.ci_low:.2f}, {c.paired.ci_high:.2f}]"
+                  if c.paired else f"not timed: {escape(c.failed)}")
+        mark = " (winner)" if c is result.winner else ""
+        table.add_row(c.backend, escape(short_route(c.trial.route, 50)) + mark,
+                      f"{c.latency.p50:.3f}" if c.latency else "-", figure)
+    lines.append(table)
+    lines.append(f"winner: {escape(result.winner.name)}: {escape(result.reason)}")
+    lines.append(f"wrote {', '.join(result.files)} to {result.outdir}")
     return lines

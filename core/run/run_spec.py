@@ -105,7 +105,8 @@ class RunSpec:
         "a dropped one is made again from its route when needed.", recipe="keep",
         choices=KEEP)
     backend: str = option(
-        "onnxruntime", help="Backend that builds and runs engines.", recipe="backend.name",
+        "onnxruntime", help="Backend that builds and runs engines; several, comma-separated, "
+        "are each searched and their winners timed side by side.", recipe="backend.name",
         commands=BOTH)
     seasonings: tuple[str, ...] | None = option(
         None, help="Restrict the space to these seasonings, comma-separated (default: all "

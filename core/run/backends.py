@@ -1,0 +1,339 @@
+"""A search over several backends (``--backend onnxruntime,openvino``).
+
+Each backend gets a whole search of its own (`routetune.run.tuning.tune`), in a folder of
+its own, against the same FP32 reference (the reference backend is the same for all),
+with its own base route and its own confirmed winner. Then the backends' winners and
+base routes are built again and timed **side by side**, in one loop of interleaved
+paired blocks (`routetune.measure.measure_blocks`), in this process, against the first
+backend's base route: the figure every speed-up of such a run is stated against.
+
+The winner is the contender with the highest paired speed-up whose interval clears
+``--min-speedup`` (`routetune.measure.Speedup.clears`) measured while the machine was
+quiet; otherwise the first backend's base route stands. Contenders whose intervals overlap
+the winner's are named as a tie. Nothing here knows a backend by name: any number of
+backends, from any plugin, compete in the same way.
+
+Files: ``OUTDIR/<backend>/`` holds each backend's run (its trial store, reports and
+winner); ``OUTDIR/backends.json`` the side-by-side figures and the verdict;
+``OUTDIR/report.md`` the trials grouped by backend; ``OUTDIR/winner.*`` a copy of the
+overall winner's files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from routetune.measure import Latency, Speedup, measure_blocks, paired_speedup
+from routetune.registry import Registry
+from routetune.run.option_schema import OptionError
+from routetune.run.outdir import locked, make_outdir
+from routetune.run.preparation import Prepared, available_backend, reference_backend
+from routetune.run.run_spec import RunSpec
+from routetune.run.tuning import Plan, TuneResult, tune
+from routetune.run.winner import WINNER_OUTPUTS
+from routetune.search.artifacts import open_engine
+from routetune.search.candidate import CONFIRM_BLOCKS, with_preflight
+from routetune.search.pairing import PairedTiming
+from routetune.search.phases import Recorded, TrialInputs
+from routetune.trial import Status, Trial
+
+SUMMARY = "backends.json"
+"""The side-by-side figures and the verdict of a multi-backend run."""
+
+
+def backend_names(value: str) -> list[str]:
+    """The backends of a ``--backend`` value: ``a,b`` is two; one name is one.
+
+    Raises:
+        UsageError: An empty name or a name given twice.
+    """
+    names = [n.strip() for n in value.split(",")]
+    if any(not n for n in names):
+        raise OptionError("backend", f" '{value}': an empty backend name; give names "
+                          "separated by commas, e.g. onnxruntime,openvino")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise OptionError("backend", f" '{value}': '{twice[0]}' is given twice; name each "
+                          "backend once")
+    return names
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One engine in the side-by-side timing.
+
+    Args:
+        backend: The backend's name.
+        trial: Its trial in that backend's run (its winner or its base route).
+        latency: Its latency in the side-by-side loop (ms); None when it could not be
+            built or run again (`failed`).
+        paired: Its paired speed-up over the first backend's base route in that loop.
+        failed: Why it was not timed, in one line ("" when it was).
+    """
+
+    backend: str
+    trial: Trial
+    latency: Latency | None = None
+    paired: Speedup | None = None
+    failed: str = ""
+
+    @property
+    def name(self) -> str:
+        """``backend: route``."""
+        return f"{self.backend}: {self.trial.route}"
+
+
+@dataclass(frozen=True)
+class BackendsResult:
+    """What a multi-backend run found.
+
+    Args:
+        runs: Each backend's run, in the order given.
+        contenders: The engines timed side by side; the first is the first backend's
+            base route, every speed-up's denominator.
+        winner: The contender that won.
+        reason: Why, in one line.
+        outdir: The output directory (each backend's run is in a folder of it).
+        files: What was written here, by role.
+        conditions: The machine's conditions during the side-by-side timing.
+    """
+
+    runs: tuple[TuneResult, ...]
+    contenders: tuple[Contender, ...]
+    winner: Contender
+    reason: str
+    outdir: Path
+    files: dict[str, Path] = field(default_factory=dict)
+    conditions: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def winner_speedup(self) -> float:
+        """The winner's side-by-side speed-up over the first backend's base route."""
+        return self.winner.paired.value if self.winner.paired else 1.0
+
+
+Callback = Callable[..., None]
+
+
+def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda *a: None,
+                  on_trial: Callback = lambda *a: None,
+                  on_status: Callback = lambda *a: None) -> BackendsResult:
+    """Search each backend of ``opts.backend`` in turn, then time their winners side by side.
+
+    Args:
+        opts: The run; ``backend`` names two or more backends, comma-separated. Build
+            options (``backend_options``) go to the backend whose options they are.
+        registry: The installed plugins.
+        on_start: As `routetune.run.tuning.tune`'s, once per backend.
+        on_trial: As `routetune.run.tuning.tune`'s.
+        on_status: As `routetune.run.tuning.tune`'s.
+
+    Raises:
+        UsageError: Bad input (as `routetune.run.tuning.tune`), or a bad backend list.
+        StorageError: A trial store cannot be opened or written.
+    """
+    names = backend_names(opts.backend)
+    known = {n: set(available_backend(registry, n).options()) for n in names}  # before any
+    top = Path(opts.output) if opts.output else None                          # search
+    if top is not None:
+        make_outdir(top, Path("."))
+    runs: list[TuneResult] = []
+    prepared: list[Prepared] = []
+
+    def started(run: Prepared, plan: Plan) -> None:
+        prepared.append(run)
+        on_start(run, plan)
+
+    for name in names:
+        sub = dataclasses.replace(
+            opts, backend=name, output=top / name if top else None,
+            backend_options={k: v for k, v in opts.backend_options.items()
+                             if k in known[name]})
+        runs.append(tune(sub, registry, started, on_trial, on_status))
+    if top is None:  # beside the backends' default folders: <model>-<sha>-<a>+<b>
+        first = runs[0].outdir
+        top = first.parent / (first.name.removesuffix(names[0]) + "+".join(names))
+        make_outdir(top, Path("."))
+    with locked(top):
+        on_status(f"timing the {len(names)} backends' winners and base routes side by side")
+        contenders, conditions = side_by_side(registry, prepared, runs)
+        winner, reason = pick(contenders, opts.min_speedup, conditions, opts.busy_machine)
+        result = BackendsResult(tuple(runs), tuple(contenders), winner, reason, top,
+                                conditions=conditions)
+        result.files.update(write(result))
+    return result
+
+
+def side_by_side(registry: Registry, prepared: Sequence[Prepared],
+                 runs: Sequence[TuneResult]) -> tuple[list[Contender], dict[str, Any]]:
+    """Build each backend's base route and winner again and time them in one loop.
+
+    The first backend's base route comes first: every paired speed-up is over it. The
+    loop runs `CONFIRM_BLOCKS` blocks at least and three times the search's time.
+
+    Returns:
+        The contenders, in order, and the machine's conditions meanwhile.
+    """
+    entries: list[tuple[str, Trial, Prepared]] = []
+    for run, result in zip(prepared, runs, strict=True):
+        entries.append((run.backend.name, result.base, run))
+        if result.winner is not result.base and result.winner.status == Status.OK:
+            entries.append((run.backend.name, result.winner, run))
+    runners, timed, failed = [], [], {}
+    try:
+        for i, (_, trial, run) in enumerate(entries):
+            try:
+                runners.append(_open(registry, run, trial))
+                timed.append(i)
+            except Exception as e:  # a contender that cannot be rebuilt is not timed
+                failed[i] = " ".join(str(e).split())[:300]
+        first = prepared[0]
+        m = first.spec.measure
+        settings = dataclasses.replace(m, min_blocks=max(CONFIRM_BLOCKS, m.min_blocks),
+                                       min_time_s=3 * m.min_time_s,
+                                       max_time_s=3 * m.max_time_s)
+        watch = PairedTiming(first.backend, _inputs(first))
+        latencies: list[Latency] = []
+        blocks: list[Any] = []
+        conditions: dict[str, Any] = {}
+        quiet = logging.getLogger("routetune.conditions")
+        if runners:  # a wait is recorded in `conditions`, not logged line by line
+            quiet.disabled = True
+            try:
+                (latencies, blocks), conditions = watch.watched(
+                    lambda: measure_blocks(runners, first.feeds, settings))
+            finally:
+                quiet.disabled = False
+    finally:
+        for runner in runners:
+            runner.close()
+    base = timed.index(0) if 0 in timed else None
+    contenders = []
+    for i, (name, trial, _) in enumerate(entries):
+        if i not in timed:
+            contenders.append(Contender(name, trial, failed=failed.get(i, "not built")))
+            continue
+        k = timed.index(i)
+        paired = paired_speedup(blocks, k, base) if base is not None else None
+        contenders.append(Contender(name, trial, latencies[k], paired))
+    return contenders, dict(conditions)
+
+
+def _inputs(run: Prepared) -> TrialInputs:
+    return TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (), {},
+                       run.outdir, run.model.data, run.spec)
+
+
+def _open(registry: Registry, run: Prepared, trial: Trial) -> Any:
+    """The trial's engine, opened: its stored candidate model (checked) and settings."""
+    reference = reference_backend(registry, run.backend)
+    candidate, _ = with_preflight(registry, _inputs(run), run.backend, reference,
+                                  list(run.base))
+    if trial.route == "base" or not trial.artifact:
+        path = candidate.save_model(candidate.inputs.base_data)
+        settings = run.backend.full_settings(candidate.inputs.base_settings)
+        return open_engine(run.backend, candidate.engine(path, settings, "", ""))
+    recorded = Recorded(trial.candidate_sha256 or "", trial.engine_sha256 or "")
+    path = candidate.checked_model(trial.route, trial.artifact, trial.settings, recorded)
+    return open_engine(run.backend, candidate.engine(path, trial.settings, trial.fingerprint,
+                                                     recorded.engine))
+
+
+def pick(contenders: Sequence[Contender], min_speedup: float, conditions: dict[str, Any],
+         busy_machine: str = "wait") -> tuple[Contender, str]:
+    """The winner: the fastest contender whose side-by-side interval clears `min_speedup`.
+
+    Returns:
+        The winner and a one-line reason. The first backend's base route stands when
+        no contender clears, or when the machine was busy (unless `busy_machine` is
+        ``ignore``).
+    """
+    base = contenders[0]
+    busy = conditions.get("busy", "")
+    if busy and busy_machine != "ignore":
+        return base, (f"the machine was busy during the side-by-side timing ({busy}): no "
+                      f"backend is claimed faster; {base.name} stands")
+    clear = [c for c in contenders[1:] if c.paired is not None
+             and c.paired.clears(min_speedup) is None]
+    if not clear:
+        return base, (f"no other contender was faster than {base.name} by more than "
+                      f"{min_speedup:.2f}x with 95% confidence, side by side")
+    best = max(clear, key=lambda c: c.paired.value)  # type: ignore[union-attr]
+    p = best.paired
+    assert p is not None
+    ties = [c.name for c in clear if c is not best and c.paired is not None
+            and c.paired.ci_high >= p.ci_low]
+    tie = (f"; within its interval: {', '.join(ties)} (a tie: either would do)"
+           if ties else "")
+    return best, (f"{p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] over {base.name}, "
+                  f"side by side{tie}")
+
+
+def write(result: BackendsResult) -> dict[str, Path]:
+    """Write ``backends.json``, ``report.md`` and a copy of the winner's files."""
+    top, winner = result.outdir, result.winner
+    source = next(r for r in result.runs if r.base.backend == winner.backend)
+    records = source.files["run"].parent
+    files: dict[str, Path] = {}
+    for path in sorted(records.glob("winner.*")) + [records / WINNER_OUTPUTS]:
+        if path.is_file():
+            shutil.copyfile(path, top / path.name)
+            files[path.name] = top / path.name
+    summary = {
+        "winner": {"backend": winner.backend, "route": winner.trial.route,
+                   "speedup": result.winner_speedup, "reason": result.reason,
+                   "folder": str(source.outdir)},
+        "contenders": [_record(c) for c in result.contenders],
+        "conditions": result.conditions,
+        "backends": [{"backend": r.base.backend, "folder": str(r.outdir),
+                      "winner": r.winner.route, "speedup_over_own_base": r.winner_speedup}
+                     for r in result.runs],
+    }
+    files[SUMMARY] = top / SUMMARY
+    files[SUMMARY].write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    files["report.md"] = top / "report.md"
+    files["report.md"].write_text(report_md(result))
+    return files
+
+
+def _record(c: Contender) -> dict[str, Any]:
+    return {"backend": c.backend, "route": c.trial.route, "failed": c.failed,
+            "p50_ms": c.latency.p50 if c.latency else None,
+            "speedup": c.paired.value if c.paired else None,
+            "ci": [c.paired.ci_low, c.paired.ci_high] if c.paired else None}
+
+
+def report_md(result: BackendsResult) -> str:
+    """The side-by-side table, then each backend's accurate trials, grouped by backend."""
+    base = result.contenders[0]
+    lines = [f"# {len(result.runs)} backends, side by side", "",
+             f"Winner: **{result.winner.name}**: {result.reason}.", "",
+             f"Every speed-up is over {base.name}, timed in the same loop.", "",
+             "| backend | route | p50 (ms) | speed-up [95% interval] |", "|---|---|---|---|"]
+    for c in result.contenders:
+        figure = (f"{c.paired.value:.2f}x [{c.paired.ci_low:.2f}, {c.paired.ci_high:.2f}]"
+                  if c.paired else f"not timed: {c.failed}")
+        p50 = f"{c.latency.p50:.3f}" if c.latency else "-"
+        lines.append(f"| {c.backend} | `{c.trial.route}` | {p50} | {figure} |")
+    for run in result.runs:
+        name = run.base.backend
+        link = os.path.relpath(run.outdir / "report.md", result.outdir)
+        lines += ["", f"## {name}", "",
+                  f"Its own search: winner `{run.winner.route}`, "
+                  f"{run.winner_speedup:.2f}x over its own base route. "
+                  f"Every trial: [{link}]({link}).",
+                  "", "| route | status | p50 (ms) | speed-up over its base |", "|---|---|---|---|"]
+        for t in run.trials:
+            if t.latency is None:
+                continue
+            speedup = f"{t.speedup:.2f}x" if t.speedup else "-"
+            lines.append(f"| `{t.route}` | {t.status} | {t.latency.p50:.3f} | {speedup} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,108 @@
+"""A search over several backends: real ONNX Runtime and OpenVINO, side by side."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from graphs import matmul_chain
+
+import routetune
+from routetune.measure import Latency, Speedup
+from routetune.run.backends import BackendsResult, Contender, backend_names, pick
+from routetune.trial import Trial
+
+LAT = Latency(40, 1.0, 1.1, 1.2, 1.0, 0.95, 1.05)
+
+
+def contender(backend: str, route: str, speedup: float, half: float = 0.02) -> Contender:
+    trial = Trial(route, "m", route, backend, "cpu", "s", "ok", latency=LAT)
+    return Contender(backend, trial, LAT, Speedup(speedup, speedup - half, speedup + half,
+                                                  30, 0.005))
+
+
+def test_the_fastest_clear_contender_wins_and_overlaps_are_named_a_tie() -> None:
+    base = contender("onnxruntime", "base", 1.0)
+    cands = [base, contender("onnxruntime", "ort-threads{intra_op=1}", 1.20),
+             contender("openvino", "base", 1.50, half=0.05),
+             contender("openvino", "ov-threads{threads=1}", 1.52, half=0.05)]
+    winner, why = pick(cands, 1.03, {})
+    assert winner is cands[3]
+    assert "1.52x [1.47, 1.57] over onnxruntime: base" in why
+    assert "openvino: base (a tie" in why and "ort-threads" not in why
+
+
+def test_the_first_backends_base_route_stands_without_clear_evidence() -> None:
+    base = contender("onnxruntime", "base", 1.0)
+    unclear = contender("openvino", "base", 1.04, half=0.05)  # interval reaches 0.99
+    winner, why = pick([base, unclear], 1.03, {})
+    assert winner is base and "with 95% confidence" in why
+    fast = contender("openvino", "base", 1.8)
+    winner, why = pick([base, fast], 1.03, {"busy": "other processes used 1.9 of 2 cores"})
+    assert winner is base and "busy" in why  # a busy machine crowns nothing
+    assert pick([base, fast], 1.03, {"busy": "x"}, busy_machine="ignore")[0] is fast
+
+
+@pytest.mark.parametrize(("value", "fix"), [
+    ("onnxruntime,", "an empty backend name"),
+    ("onnxruntime,onnxruntime", "'onnxruntime' is given twice"),
+])
+def test_a_bad_backend_list_is_one_line(value: str, fix: str) -> None:
+    with pytest.raises(routetune.UsageError, match=fix):
+        backend_names(value)
+
+
+def test_an_unknown_backend_stops_before_any_search(tmp_path: Path) -> None:
+    model = matmul_chain(tmp_path / "m.onnx", depth=2, width=32, batch=4)
+    done = subprocess.run([sys.executable, "-m", "routetune", "tune", str(model), "--backend",
+                           "onnxruntime,no-such", "--output", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "unknown backend 'no-such'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()  # nothing searched, nothing made
+
+
+def test_two_backends_search_against_one_reference_and_meet_side_by_side(
+        tmp_path: Path) -> None:
+    model = matmul_chain(tmp_path / "m.onnx", depth=4, width=128, batch=16)
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "routetune", "tune", str(model), "--backend",
+            "onnxruntime,openvino", "--seasonings", "ort-threads,ov-threads",
+            "--search", "one-at-a-time", "--output", str(out), "--min-time", "0.2",
+            "--busy-machine", "warn"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "side by side, one loop: speed-up over onnxruntime: base" in done.stdout
+    summary = json.loads((out / "backends.json").read_text())
+    contenders = summary["contenders"]
+    assert contenders[0]["backend"] == "onnxruntime" and contenders[0]["route"] == "base"
+    low, high = contenders[0]["ci"]
+    assert low <= 1.0 <= high  # the first base route against itself
+    assert {"onnxruntime", "openvino"} == {c["backend"] for c in contenders}
+    assert all(c["speedup"] is not None for c in contenders), contenders
+    winner = summary["winner"]
+    assert (winner["backend"], winner["route"]) in {(c["backend"], c["route"])
+                                                    for c in contenders}
+    copied = json.loads((out / "winner.json").read_text())
+    assert (copied["backend"], copied["route"]) == (winner["backend"], winner["route"])
+    stored = {}
+    for name in ("onnxruntime", "openvino"):  # each backend's run, in a folder of its own
+        with sqlite3.connect(out / name / "trials.sqlite") as db:
+            backends = {b for (b,) in db.execute("SELECT DISTINCT backend FROM trials")}
+            stored[name] = db.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+        assert backends == {name} and stored[name] >= 2
+        assert f"## {name}" in (out / "report.md").read_text()
+    # the API resumes from the stores and answers with the same shape
+    again = routetune.tune(model, backend="onnxruntime,openvino",
+                           seasonings="ort-threads,ov-threads", search="one-at-a-time",
+                           output=out, min_time_s=0.2, busy_machine="warn")
+    assert isinstance(again, BackendsResult)
+    assert [r.base.backend for r in again.runs] == ["onnxruntime", "openvino"]
+    assert not any(r.fresh for r in again.runs)  # every trial came from the store
+    for name in ("onnxruntime", "openvino"):
+        with sqlite3.connect(out / name / "trials.sqlite") as db:
+            assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == stored[name]
