@@ -258,7 +258,8 @@ class Int8Qdq(_QdqSeasoning):
     """
 
     info = SeasoningInfo(
-        name="int8-qdq", stage="precision", backends=frozenset({"onnxruntime", "tensorrt"}),
+        name="int8-qdq", stage="precision",
+        backends=frozenset({"onnxruntime", "tensorrt", "openvino"}),
         summary="INT8 Q/DQ via onnxruntime.quantization.quantize_static, calibrated on the inputs",
         params=(
             _COMMON_PARAMS[0],

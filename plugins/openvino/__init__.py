@@ -1,7 +1,8 @@
 """OpenVINO integration: the ``openvino`` CPU backend and its properties as seasonings.
 
 The CPU properties routetune searches are build seasonings (`properties`), named
-``ov-...``; ``ov-precision`` is registered lazily, since its choices come from the CPU's
+``ov-...``; ``nncf-int8`` quantizes with NNCF (`nncf_quantize`); ``ov-precision`` is
+registered lazily, since its choices come from the CPU's
 capabilities as OpenVINO reports them. Without the openvino package the backend is
 registered but unavailable, with the install line, and nothing else changes.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from routetune import hookimpl
 from routetune.plugins.openvino import properties
 from routetune.plugins.openvino.backend import OpenVinoBackend
+from routetune.plugins.openvino.nncf_quantize import NncfInt8
 from routetune.registry import Registry
 
 
@@ -22,7 +24,8 @@ def routetune_register_backends(registry: Registry) -> None:
 
 @hookimpl
 def routetune_register_seasonings(registry: Registry) -> None:
-    """Register the CPU property seasonings, and ``ov-precision`` lazily."""
+    """Register the CPU property seasonings, ``nncf-int8``, and ``ov-precision`` lazily."""
     for cls in properties.SEASONINGS:
         registry.add_seasoning(cls)
+    registry.add_seasoning(NncfInt8)
     registry.add_lazy_seasoning("ov-precision", properties.OV, properties.make_precision)

@@ -209,3 +209,23 @@ def test_the_backend_keeps_the_contract(registry: Registry, tmp_path: Path) -> N
     check_backend(registry, "openvino", matmul_chain(tmp_path / "m.onnx", depth=2, width=32,
                                                      batch=4), tmp_path / "work")
 
+
+
+def test_int8_qdq_runs_in_int8_on_openvino(tmp_path: Path) -> None:
+    # ONNX Runtime's quantizer writes Q/DQ pairs; OpenVINO's ONNX frontend reads them as
+    # FakeQuantize, and its CPU plugin runs the quantized layers in INT8
+    import openvino as ov
+
+    import routetune
+
+    model = conv_bn(tmp_path / "m.onnx", batch=4)
+    result = routetune.tune(model, backend="openvino", routes=["int8-qdq"], seasonings=[],
+                            accuracy="rel_l2<=0.2", output=tmp_path / "out", min_time_s=0.1,
+                            busy_machine="ignore", keep="all", in_process=True)
+    trial = next(t for t in result.trials if t.route == "int8-qdq")
+    assert trial.status == "ok", trial.reason
+    assert trial.passes[-1]["stats"]["quantized_nodes"] >= 1, trial.passes
+    compiled = ov.Core().compile_model(str(tmp_path / "out" / trial.artifact), "CPU")
+    precisions = {op.get_rt_info()["runtimePrecision"].astype(str)
+                  for op in compiled.get_runtime_model().get_ops()}
+    assert precisions & {"i8", "u8"}, precisions  # some layers compute in INT8
