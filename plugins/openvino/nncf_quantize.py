@@ -69,6 +69,7 @@ class NncfInt8(Seasoning):
 
     info = SeasoningInfo(
         name="nncf-int8", stage="precision", backends=frozenset({"openvino"}),
+        conflicts=frozenset({"int8-qdq", "fp8-qdq"}),  # one quantizer per route
         summary="INT8 via NNCF post-training quantization (nncf.quantize), calibrated on "
                 "the inputs",
         params=(
