@@ -130,6 +130,7 @@ def _confirm_size(run: Prepared, plan: Plan, opts: RunSpec, yes: bool) -> None:
 def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
                  **values: Any) -> None:
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
+    from routetune.judging.constraint import HEADLINE
     from routetune.reporting.display import (
         accurate_table,
         conditions_lines,
@@ -154,9 +155,11 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
     signals.counting(lambda: stored[0])  # for the line of a second Ctrl-C
 
     started = False
+    headline = HEADLINE
 
     def on_start(run: Prepared, plan: Plan) -> None:
-        nonlocal started
+        nonlocal started, headline
+        headline = run.constraint.headline(registry)
         for line in header_lines(run, opts.search, plan):
             err.print(line)
         _confirm_size(run, plan, opts, yes)
@@ -201,7 +204,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
                                    title=f"{len(result.trials)} trials, winner first"))
     else:
         console.print(accurate_table(result.trials, result.winner, registry,
-                                     width=console.width))
+                                     width=console.width, headline=headline))
     console.print(status_line(result.trials))
     if result.stopped:
         console.print(f"[yellow]stopped early: {result.stopped}; the best so far stands[/]")
@@ -254,6 +257,7 @@ def show_command(
     """Print a run's trials from its store, judged under the run's accuracy constraint."""
     from routetune.reporting.display import accurate_table, compact_table, status_line
     from routetune.reporting.report import store_dir, stored_trials
+    from routetune.reporting.report_text import headline_of
     from routetune.search.strategy import ranked
     from routetune.trial import Status
 
@@ -263,7 +267,8 @@ def show_command(
         raise UsageError(f"--status {status}: give one of "
                          f"{', '.join(s.value for s in Status)}")
     registry = load_registry()
-    _, trials, route = stored_trials(store_dir(outdir), outdir)
+    run, trials, route = stored_trials(store_dir(outdir), outdir)
+    headline = headline_of(run)
     winner = next((t for t in trials if t.route == route), None)
     order = ranked(trials, winner)
     keys = {"speedup": lambda t: -(t.speedup or 0.0),
@@ -276,10 +281,10 @@ def show_command(
     if all_trials or status is not None:
         title = (f"{len(shown)} of {len(trials)} trials" + (f", {status}" if status else "")
                  + f", {by}")
-        console.print(compact_table(shown, winner, title, console.width))
+        console.print(compact_table(shown, winner, title, console.width, headline=headline))
     else:
         console.print(accurate_table(order, winner, registry, top=None, width=console.width,
-                                     order=by))
+                                     order=by, headline=headline))
     console.print(status_line(trials))
 
 

@@ -38,6 +38,11 @@ A bundled example has its own, a task constraint (`routetune.feeds.examples`).""
 DEFAULT_TOL = 1e-5
 """atol and rtol when an expression sets neither (trtexec's defaults)."""
 
+HEADLINE = ("rel_l2", False)
+"""The value tables show beside the speed-up when no task metric is bounded: rel-L2,
+||out - ref|| / ||ref||, the worst over outputs (lower is better; every trial with
+outputs has it)."""
+
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 _TERM = re.compile(
     r"^(?:(?P<out>.+):)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:@(?P<param>[^\s<>=]*))?"
@@ -111,6 +116,18 @@ class Constraint:
             if t.param is not None:
                 found.setdefault(t.metric, set()).add(t.param)
         return {name: tuple(sorted(values)) for name, values in sorted(found.items())}
+
+    def headline(self, registry: Registry) -> tuple[str, bool]:
+        """The value the tables show beside the speed-up, and whether higher is better.
+
+        The first task-metric term's value (``mask_iou@0.3``, ``top1``): what the user
+        judges the task by. Without one, `HEADLINE` (rel-L2, lower is better).
+        """
+        for t in self.thresholds:
+            entry = registry.metrics.get(t.metric)
+            if entry is not None and isinstance(entry.item, TaskMetric):
+                return t.key, t.op in (">=", ">")
+        return HEADLINE
 
     def for_output(self, output: str) -> list[Threshold]:
         """The thresholds that apply to one output (scoped ones replace unscoped ones)."""

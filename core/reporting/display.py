@@ -127,11 +127,12 @@ def status_line(trials: Sequence[Trial]) -> str:
 
 
 def accurate_table(trials: Sequence[Trial], winner: Trial | None, registry: Registry,
-                   top: int | None = TOP, width: int = 100, order: str = "winner first"
-                   ) -> Table:
+                   top: int | None = TOP, width: int = 100, order: str = "winner first",
+                   headline: tuple[str, bool] = (ERROR_METRIC, False)) -> Table:
     """The winner and the fastest accurate routes, in the order given (`ranked`).
 
     A `compact_table` without reasons (accurate routes have none): it fits `width`.
+    `headline` is the accuracy value shown (`compact_table`).
     """
     accurate = [t for t in trials if t.status == "ok"]
     rows = [t for t in trials if t is winner or t.status == "ok"]
@@ -141,12 +142,17 @@ def accurate_table(trials: Sequence[Trial], winner: Trial | None, registry: Regi
     if winner is not None and winner.status != "ok":  # a fallback that is not accurate
         title += f"; the fallback, '{winner.route}', is {winner.status}"
     return compact_table(shown, winner, title, width, reasons=winner is not None
-                         and winner.status != "ok")
+                         and winner.status != "ok", headline=headline)
 
 
 def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, width: int,
-                  reasons: bool = True) -> Table:
+                  reasons: bool = True, headline: tuple[str, bool] = (ERROR_METRIC, False)
+                  ) -> Table:
     """Trials in the given order, in `width` columns: route, speed-up, p50, error, status.
+
+    The error column is `headline`'s value for the worst output: the first task metric
+    the constraint bounds (``mask_iou@0.3``), else rel-L2
+    (`routetune.judging.constraint.Constraint.headline`).
 
     Figures never wrap; the route wraps at its commas (`wrap_route`) to what is left of
     `width`, at least 20 characters; the status and its reason fold in the rest. The full
@@ -159,7 +165,7 @@ def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, wid
     table.add_column("speed-up [95%]", justify="right", no_wrap=True)
     if not reasons:
         table.add_column("p50 ms", justify="right", no_wrap=True)
-    table.add_column(ERROR_METRIC, justify="right", no_wrap=True)
+    table.add_column(headline[0], justify="right", no_wrap=True)
     if reasons:
         table.add_column("status: reason", overflow="fold", min_width=26)
     for i, t in enumerate(trials, 1):
@@ -167,7 +173,7 @@ def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, wid
         speed = f"{t.speedup:.2f}x" if t.speedup else ""
         if t.paired is not None:
             speed += f" [{t.paired.ci_low:.2f}, {t.paired.ci_high:.2f}]"
-        error = worst_error(t)
+        error = worst_error(t, headline)
         cells = [str(i), f"[bold]{route}[/bold]" if t is winner else route, speed]
         if not reasons:
             cells.append(f"{t.latency.p50:.3f}" if t.latency else "")

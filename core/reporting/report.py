@@ -226,10 +226,20 @@ def _range(values: list[float]) -> list[float] | None:
     return [min(values), max(values)] if values else None
 
 
-def worst_error(trial: Trial) -> float | None:
-    """`ERROR_METRIC` of the trial's worst output; None when it was not measured."""
-    values = [m[ERROR_METRIC] for m in trial.accuracy.values() if ERROR_METRIC in m]
-    return max(values) if values else None
+def worst_error(trial: Trial, headline: tuple[str, bool] = (ERROR_METRIC, False)
+                ) -> float | None:
+    """The headline value of the trial's worst output; None when it was not measured.
+
+    Args:
+        trial: The trial.
+        headline: The value's key in the trial's accuracy (``rel_l2``, ``mask_iou@0.3``)
+            and whether higher is better (`routetune.judging.constraint.Constraint.headline`).
+    """
+    key, higher = headline
+    values = [m[key] for m in trial.accuracy.values() if key in m]
+    if not values:
+        return None
+    return min(values) if higher else max(values)
 
 
 def write_reports(outdir: Path, dest: Path | None = None) -> dict[str, Path]:

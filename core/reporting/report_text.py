@@ -6,7 +6,7 @@ Markdown report (`render_markdown`) and the HTML one (`routetune.reporting.repor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,9 @@ def render_markdown(data: dict[str, Any]) -> str:
     extra = (f" {'device' if other['latency_kind'] == 'end-to-end' else 'host-to-host'} "
              "p50 ms | device MiB |") if other else ""
     kind = f"{other['latency_kind']} " if other else ""
+    key, higher = headline_of(data["run"])
     lines.append(f"| route | status | {kind}p50 ms | "
-                 f"base p50 ms (alongside) | speed-up | rel-L2 |{extra} reason |\n"
+                 f"base p50 ms (alongside) | speed-up | {key} |{extra} reason |\n"
                  f"|---|---|---|---|---|---|{'---|---|' if other else ''}---|")
     for r in data["trials"]:
         reason = r["reason"].replace("|", "\\|")
@@ -48,8 +49,23 @@ def render_markdown(data: dict[str, Any]) -> str:
                  if other else "")
         lines.append(f"| `{r['route']}`{mark} | {r['status']} | {_num(r['p50_ms'], '.3f')} | "
                      f"{_num(r['base_p50_ms'], '.3f')} | {speedup_text(r)} | "
-                     f"{_num(r['error'].get('rel_l2'), '.3g')} |{cells} {reason} |")
+                     f"{_num(_worst(r, key, higher), '.3g')} |{cells} {reason} |")
     return "\n".join(lines) + "\n"
+
+
+def headline_of(run: Mapping[str, Any]) -> tuple[str, bool]:
+    """The headline value a run's tables show (``run.json``'s ``headline``), else rel-L2.
+
+    Runs recorded before the field existed show rel-L2.
+    """
+    key, higher = run.get("headline") or ("rel_l2", False)
+    return str(key), bool(higher)
+
+
+def _worst(row: dict[str, Any], key: str, higher: bool) -> float | None:
+    """`key`'s value for the row's worst output (`routetune.reporting.report.worst_error`)."""
+    values = [m[key] for m in row.get("accuracy", {}).values() if key in m]
+    return (min(values) if higher else max(values)) if values else None
 
 
 def environment(run: dict[str, Any]) -> dict[str, str]:

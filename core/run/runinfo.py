@@ -69,6 +69,7 @@ def start_record(run: Prepared, opts: RunSpec, versions: dict[str, str]) -> dict
                     "cpu_flags": cpu_flags(), "python": platform.python_version()},
         "settings_hash": run.settings_hash,
         "accuracy": run.constraint.text,
+        "headline": list(run.constraint.headline(run.registry)),
         "profile": str(run.profile or ""),
         "space": {"size": run.space.size(), "max_depth": run.space.max_depth,
                   "seasonings": {n: [p.name + "=" + "|".join(map(str, p.choices))

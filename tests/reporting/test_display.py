@@ -100,3 +100,30 @@ def test_a_fallback_that_fails_the_constraint_is_not_called_accurate(registry: R
     text = console.export_text()
     assert "0 accurate routes" in text and "the fallback, 'base', is accuracy-failed" in text
     assert "prob_abs 4.02e-06" in text and "fp16" not in text  # the base's reason, shown
+
+
+def test_the_tables_show_the_task_metric_the_constraint_bounds(tmp_path) -> None:  # noqa: ANN001
+    import subprocess
+    import sys
+
+    from graphs import matmul_chain
+
+    model = matmul_chain(tmp_path / "m.onnx", depth=2, width=32, batch=8)
+    out = tmp_path / "out"
+    tune = subprocess.run([sys.executable, "-m", "routetune", "tune", str(model), "--accuracy",
+                           "top1>=0.9,rel_l2<=0.5", "--seasonings", "ort-threads",
+                           "--output", str(out), "--min-time", "0.1", "--busy-machine", "warn"],
+                          capture_output=True, text=True, timeout=300)
+    assert tune.returncode == 0, tune.stderr[-2000:]
+    show = subprocess.run([sys.executable, "-m", "routetune", "show", str(out), "--all"],
+                          capture_output=True, text=True, timeout=120)
+    for text in (tune.stdout, show.stdout):  # the judged value, not rel-L2
+        header = next(line for line in text.splitlines() if "speed-up [95%]" in line)
+        assert "top1" in header and "rel_l2" not in header, header
+        base = next(line for line in text.splitlines() if line.split()[1:2] == ["base"])
+        at = header.index("top1")  # right-justified under its header
+        assert base[at:at + 4].strip() == "1", (header, base)  # every argmax agrees
+    report = (out / "report.md").read_text()
+    assert "| speed-up | top1 |" in report
+    row = next(line for line in report.splitlines() if line.startswith("| `base`"))
+    assert row.split("|")[6].strip() == "1", row
