@@ -80,10 +80,15 @@ class RayPool(Executor):
         backend: The backend's name, for messages.
         gpu: Whether the backend's engines run on GPUs (`Backend.gpus` not empty).
         timeout_s: Seconds each phase may run once handed to the cluster.
+        tasks: What runs on the nodes: `routetune.search.ray_tasks`, or a stand-in with
+            its ``build``, ``Measurer`` and ``clean`` (``benchmarks/ray_scale.py``
+            simulates trials with one).
     """
 
-    def __init__(self, address: str | None, backend: str, gpu: bool, timeout_s: float) -> None:
+    def __init__(self, address: str | None, backend: str, gpu: bool, timeout_s: float,
+                 tasks: Any = ray_tasks) -> None:
         self.address, self.backend, self.gpu, self.timeout_s = address, backend, gpu, timeout_s
+        self.tasks = tasks
         self._connected = False
         self._nodes: list[Node] = []
         self._slots: list[_Slot] = []
@@ -133,7 +138,7 @@ class RayPool(Executor):
 
     def _actor(self, node: Node) -> Any:
         ray = ray_cluster.import_ray()
-        remote = ray.remote(ray_tasks.Measurer).options(
+        remote = ray.remote(self.tasks.Measurer).options(
             num_cpus=0, num_gpus=1 if self.gpu else 0, max_restarts=0,
             scheduling_strategy=on_node(node.id))
         return remote.remote(self._box, self._run, self.timeout_s)
@@ -198,7 +203,7 @@ class RayPool(Executor):
     def _place_builds(self, feed: JobFeed, retry: deque[_Phase], waiting: deque[_Phase]
                       ) -> None:
         ray = ray_cluster.import_ray()
-        task = ray.remote(ray_tasks.build)
+        task = ray.remote(self.tasks.build)
         for node in self._nodes:
             while self._builds_on(node) < node.cpus and not (
                     not self.gpu and any(s.node == node and (s.job or waiting)
@@ -220,7 +225,7 @@ class RayPool(Executor):
                 self._running[meta] = replace(phase, node=node, start=time.time(),
                                               bundle=bundle)
 
-    def _builds_on(self, node: Node) -> int:
+    def _builds_on(self, node: Node) -> int:  # running now
         return sum(p.node == node and p.slot is None for p in self._running.values())
 
     def _bundles(self, job: Job, node: Node) -> list[Any]:
@@ -236,9 +241,8 @@ class RayPool(Executor):
         return max(0.0, min(1.0, first - now))
 
     def _overdue(self, done: list[Any]) -> list[Any]:
-        now = time.time()
         return [r for r, p in self._running.items()
-                if r not in done and now - p.start > self.timeout_s]
+                if r not in done and time.time() - p.start > self.timeout_s]
 
     def _finished(self, ref: Any, phase: _Phase, ready: bool) -> Outcome | None:
         """A phase's outcome; None when its node was lost (recorded in `phase.lost`)."""
@@ -319,25 +323,20 @@ class RayPool(Executor):
         return self._inputs.outdir
 
     def call(self, method: str, *args: Any, fresh: bool = False) -> Any:
-        """Run a `Candidate` method on the first measuring node's actor, or a new actor.
+        """Run a `Candidate` method on the first measuring node's actor, or a new one.
 
-        The trial's candidate model (``args[1]``, relative to the output directory)
-        travels with the call.
+        The trial's candidate model (``args[1]``, under the output directory) goes along.
 
         Raises:
             TimeoutError: It ran past ``--trial-timeout``.
             Exception: Whatever the method raised.
         """
         ray = ray_cluster.import_ray()
-        if fresh:
-            slot = _Slot(self._first())
-            actor = slot.actor = self._actor(slot.node)
-        else:
-            if not self._slots:  # released: one actor, on the first measuring node
-                self._slots = [_Slot(self._first())]
-                self._slots[0].actor = self._actor(self._slots[0].node)
-            slot = self._slots[0]
-            actor = slot.actor
+        if not fresh and not self._slots:  # released: one actor, on the first measuring node
+            self._slots = [_Slot(self._first())]
+            self._slots[0].actor = self._actor(self._slots[0].node)
+        slot = _Slot(self._first()) if fresh else self._slots[0]
+        actor = self._actor(slot.node) if fresh else slot.actor
         model = self._outdir / str(args[1]) if len(args) > 1 and args[1] else None
         bundle = {str(args[1]): model.read_bytes()} if model and model.is_file() else {}
         start = time.time()
@@ -390,7 +389,7 @@ class RayPool(Executor):
         self.cancel()
         if self._run:
             ray = ray_cluster.import_ray()
-            task = ray.remote(ray_tasks.clean)
+            task = ray.remote(self.tasks.clean)
             refs = [task.options(num_cpus=0, max_retries=0, scheduling_strategy=on_node(n.id))
                     .remote(self._run) for n in self._nodes]
             ray.wait(refs, num_returns=len(refs), timeout=10)
