@@ -56,6 +56,7 @@ from routetune.search.scheduling import (
     check_plugins_travel,
     died,
     exit_text,
+    log_tail,
     timed_out,
 )
 from routetune.signals import spawning_quietly
@@ -64,9 +65,6 @@ from routetune.trial import Status
 __all__ = ["TIMELINE", "LocalPool", "exit_text"]
 
 _SPAWN = multiprocessing.get_context("spawn")
-
-TAIL_LINES = 6
-"""Lines of a dead worker's stderr kept in the trial's reason."""
 
 
 class LocalPool(Executor):
@@ -288,27 +286,10 @@ class LocalPool(Executor):
             return None
 
     def _tail(self, job: Job) -> str:
-        """What the worker wrote to the trial's log in its last phase, shortened.
-
-        After a fatal signal, or the stack dump a worker writes just before its timeout,
-        `faulthandler`'s first line and the innermost frames (it prints the most recent
-        call first); otherwise the last `TAIL_LINES` lines.
-        """
+        """What the worker wrote to the trial's log in its last phase (`log_tail`)."""
         log = self._log(job)
         try:
             text = log.read_text(errors="replace")
         except OSError:
             return ""
-        lines = [line.strip() for line in text.rsplit("\n== ", 1)[-1].splitlines()[1:]]
-        lines = [line for line in lines if line]
-        fatal = [i for i, line in enumerate(lines)
-                 if line.startswith(("Fatal Python error", "Timeout ("))]
-        if fatal:
-            frames = [line for line in lines[fatal[-1] + 1:] if line.startswith("File ")]
-            lines = [lines[fatal[-1]], *frames[:2]]
-        lines = lines[-TAIL_LINES:]
-        where = f"log {LOGS / log.name}"
-        if not lines:
-            return f"; stderr empty ({where})"
-        return f"; stderr: {' | '.join(lines)[-500:]} ({where})"
-
+        return log_tail(text, f"log {LOGS / log.name}")

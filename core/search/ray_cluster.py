@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from routetune.errors import UsageError
+from routetune.run.option_schema import OptionError
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +56,13 @@ def import_ray() -> Any:
     """The ``ray`` module.
 
     Raises:
-        UsageError: Ray is not installed.
+        OptionError: Ray is not installed (a `UsageError` naming ``executor``).
     """
     try:
         import ray
     except ImportError as e:
-        raise UsageError("--executor ray: Ray is not installed; pip install "
-                         "'routetune[ray]' on this machine and on every node") from e
+        raise OptionError("executor", " ray: Ray is not installed; pip install "
+                          "'routetune[ray]' on this machine and on every node") from e
     return ray
 
 
@@ -77,13 +77,13 @@ def connect(address: str | None) -> bool:
         Whether a Ray instance was started here (``address`` None).
 
     Raises:
-        UsageError: Ray is not installed, or no cluster answers at `address`.
+        OptionError: Ray is not installed, or no cluster answers at `address` (a
+            `UsageError` naming the option as the user wrote it).
     """
     ray = import_ray()
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    flag = "--ray-address"
     if address not in (None, "auto"):
         _reachable(address)
     kwargs: dict[str, Any] = {"configure_logging": False, "log_to_driver": False}
@@ -94,10 +94,10 @@ def connect(address: str | None) -> bool:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = "a cluster started on this machine" if address == "auto" else address
-        raise UsageError(
-            f"{flag} {address}: no Ray cluster found at {where} "
+        raise OptionError(
+            "ray_address", f" {address}: no Ray cluster found at {where} "
             f"({' '.join(str(e).split())[:200]}); start one with `ray start --head`, or "
-            f"leave out {flag} to start one for this run") from e
+            "leave the address out to start one for this run") from e
     finally:  # Ray's core worker puts its own SIGTERM handler in ours' place (it exits)
         if threading.current_thread() is threading.main_thread():
             for sig, handler in saved.items():
@@ -111,13 +111,13 @@ def _reachable(address: str) -> None:
     hostport = address.split("://", 1)[-1]
     host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit():
-        raise UsageError(f"--ray-address {address}: write HOST:PORT (the head's GCS "
-                         "address, e.g. 10.0.0.1:6379), or auto")
+        raise OptionError("ray_address", f" {address}: write HOST:PORT (the head's GCS "
+                          "address, e.g. 10.0.0.1:6379), or auto")
     try:
         socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S).close()
     except OSError as e:
-        raise UsageError(
-            f"--ray-address {address}: no Ray cluster answers there ({e.strerror or e}); "
+        raise OptionError(
+            "ray_address", f" {address}: no Ray cluster answers there ({e.strerror or e}); "
             "start one with `ray start --head --port "
             f"{port}` on {host}, or check the address `ray start` printed") from e
 
@@ -141,15 +141,16 @@ def check_resources(nodes: list[Node], backend: str, gpu: bool) -> None:
     """Refuse a cluster without CPUs to build on, or without GPUs for a GPU backend.
 
     Raises:
-        UsageError: No node has a ``CPU`` resource; or `gpu` and no node has a ``GPU``.
+        OptionError: No node has a ``CPU`` resource; or `gpu` and no node has a
+            ``GPU`` (a `UsageError` naming ``executor``).
     """
     if not any(n.cpus for n in nodes):
-        raise UsageError(
-            "--executor ray: no node of this Ray cluster has a CPU to build routes on; "
+        raise OptionError(
+            "executor", " ray: no node of this Ray cluster has a CPU to build routes on; "
             "start one with `ray start --num-cpus N` (N of 1 or more)")
     if gpu and not any(n.gpus for n in nodes):
-        raise UsageError(
-            f"--executor ray: the {backend} backend measures on GPUs, and this Ray "
+        raise OptionError(
+            "executor", f" ray: the {backend} backend measures on GPUs, and this Ray "
             f"cluster ({len(nodes)} node{'s' * (len(nodes) != 1)}) has none; start its "
             "GPU nodes with `ray start` (it finds their GPUs), or choose a CPU backend")
 

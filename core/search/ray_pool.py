@@ -16,17 +16,15 @@ Files travel through Ray's object store (`routetune.search.ray_tasks.Bundle`), n
 shared file system. Jobs are fed, and phases logged to ``artifacts/timeline.jsonl``
 (with the node), as in `LocalPool` (`routetune.search.scheduling`).
 
-Faults: a worker that dies gives ``crashed`` with Ray's reason; a phase past
-``--trial-timeout`` is cancelled (``timed-out``). A node lost mid-trial (its raylet
-gone) sends the trial back to the queue once, for another node; each lost attempt is
-in the timeline (status ``node-lost``) and in the trial's ``conditions["lost_attempts"]``.
-Every trial's ``conditions["node"]`` says where it was measured (or built): node IP
-and id, hostname, GPU.
+Faults: a dead worker gives ``crashed``, a phase past ``--trial-timeout`` ``timed-out``
+(the task cancelled or the actor replaced), each with the end of its log from its node.
+A node lost mid-trial sends the trial back to the queue once, for another node; each lost
+attempt is in the timeline (``node-lost``) and in ``conditions["lost_attempts"]``. Every
+trial's ``conditions["node"]`` says where it was measured (or built).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections import deque
@@ -38,11 +36,11 @@ from typing import Any
 from routetune.errors import describe, one_line
 from routetune.logs import LOGS
 from routetune.registry import Registry
-from routetune.search import ray_cluster, ray_tasks
+from routetune.search import ray_cluster, ray_tasks, scheduling
 from routetune.search.executor import AfterBuild, Executor, Job
 from routetune.search.phases import BUILT, Outcome, TrialInputs
 from routetune.search.ray_cluster import Node, on_node
-from routetune.search.scheduling import JobFeed, Timeline, check_plugins_travel, died, timed_out
+from routetune.search.scheduling import JobFeed, Timeline, died, timed_out
 
 ATTEMPTS = 2
 """Attempts per trial when nodes are lost under it: the first and one re-queued."""
@@ -80,9 +78,8 @@ class RayPool(Executor):
         backend: The backend's name, for messages.
         gpu: Whether the backend's engines run on GPUs (`Backend.gpus` not empty).
         timeout_s: Seconds each phase may run once handed to the cluster.
-        tasks: What runs on the nodes: `routetune.search.ray_tasks`, or a stand-in with
-            its ``build``, ``Measurer`` and ``clean`` (``benchmarks/ray_scale.py``
-            simulates trials with one).
+        tasks: What runs on the nodes: `routetune.search.ray_tasks`, or a stand-in
+            (``benchmarks/ray_scale.py`` simulates trials with one).
     """
 
     def __init__(self, address: str | None, backend: str, gpu: bool, timeout_s: float,
@@ -102,8 +99,8 @@ class RayPool(Executor):
         """Connect to the cluster and check that it can run this backend.
 
         Raises:
-            UsageError: Ray is missing, the address does not answer, or a GPU backend
-                meets a cluster without GPUs.
+            UsageError: Ray is missing, the address does not answer, or the cluster
+                lacks CPUs, or GPUs for a GPU backend (`ray_cluster.check_resources`).
         """
         if self._connected:
             return
@@ -115,12 +112,11 @@ class RayPool(Executor):
         except BaseException:
             self.close()
             raise
-        key = f"{outdir.resolve()} {os.getpid()} {time.time_ns()}"
-        self._run = hashlib.sha256(key.encode()).hexdigest()[:16]
+        self._run = os.urandom(8).hex()  # names the run's folder on each node
 
     def start(self, registry: Registry, inputs: TrialInputs) -> None:
         """Put the inputs in the object store and start the measuring actors."""
-        check_plugins_travel(registry)
+        scheduling.check_plugins_travel(registry)
         self.warm_up(inputs.outdir)
         ray = ray_cluster.import_ray()
         self._inputs = inputs
@@ -195,10 +191,11 @@ class RayPool(Executor):
             waiting.remove(phase)
             job, built = phase.job, phase.built
             assert built is not None
+            start = time.time()
             ref = slot.actor.measure.remote(job.route, job.fingerprint, built.fields,
-                                            phase.bundle)
+                                            start + self.timeout_s, phase.bundle)
             slot.job = job
-            self._running[ref] = replace(phase, node=slot.node, start=time.time(), slot=slot)
+            self._running[ref] = replace(phase, node=slot.node, start=start, slot=slot)
 
     def _place_builds(self, feed: JobFeed, retry: deque[_Phase], waiting: deque[_Phase]
                       ) -> None:
@@ -216,14 +213,13 @@ class RayPool(Executor):
                     if job is None:
                         return
                     phase = _Phase(job, node, 0.0)
-                prefixes = self._bundles(phase.job, node)
+                start = time.time()
                 meta, bundle = task.options(
                     num_cpus=1, num_returns=2, max_retries=0,
                     scheduling_strategy=on_node(node.id)).remote(
                     self._box, self._run, phase.job.route, phase.job.fingerprint,
-                    self.timeout_s, *prefixes)
-                self._running[meta] = replace(phase, node=node, start=time.time(),
-                                              bundle=bundle)
+                    start + self.timeout_s, *self._bundles(phase.job, node))
+                self._running[meta] = replace(phase, node=node, start=start, bundle=bundle)
 
     def _builds_on(self, node: Node) -> int:  # running now
         return sum(p.node == node and p.slot is None for p in self._running.values())
@@ -255,7 +251,7 @@ class RayPool(Executor):
             phase.slot.job = None
         if not ready:  # past --trial-timeout
             self._stop(ref, phase)
-            outcome = timed_out(what, self.timeout_s, fields, self._where_log(phase))
+            outcome = timed_out(what, self.timeout_s, fields, self._tail(phase))
         else:
             try:
                 (timed, where, text) = ray.get(ref)
@@ -268,7 +264,7 @@ class RayPool(Executor):
                     self._lose(phase, what, e)
                     return None
                 self._stop(ref, phase)
-                outcome = died(what, one_line(describe(e), 300), fields, self._where_log(phase))
+                outcome = died(what, one_line(describe(e), 300), fields, self._tail(phase))
         self._event(what, phase, outcome.status, start, end, pid, where)
         if outcome.status == BUILT and phase.job.model_steps:
             self._prefixes[phase.job.model_steps.steps] = (phase.bundle, phase.node.id)
@@ -305,10 +301,17 @@ class RayPool(Executor):
             ray.kill(slot.actor, no_restart=True)
             slot.actor = self._actor(slot.node) if slot in self._slots else None
 
-    def _where_log(self, phase: _Phase) -> str:
-        log = (ray_tasks.node_outdir(self._run, phase.node.id) / LOGS
-               / f"{phase.job.fingerprint[:16]}.log")
-        return f" (its log: {log} on node {phase.node.ip})"
+    def _tail(self, phase: _Phase) -> str:
+        """The end of the trial's log on its node (`log_tail`), which is copied here."""
+        ray, name = ray_cluster.import_ray(), f"{phase.job.fingerprint[:16]}.log"
+        task = ray.remote(self.tasks.read_log).options(
+            num_cpus=0, max_retries=0, scheduling_strategy=on_node(phase.node.id))
+        try:
+            text = ray.get(task.remote(self._run, name), timeout=10)
+        except Exception as e:  # the node went away meanwhile: say where the log was
+            return f" (the log on node {phase.node.ip} is out of reach: {describe(e)[:100]})"
+        ray_tasks.append_log(self._outdir, name, text[text.rfind("\n== ") + 1:])
+        return scheduling.log_tail(text, f"log {LOGS / name}, from node {phase.node.ip}")
 
     def _event(self, what: str, phase: _Phase, status: str, start: float, end: float,
                pid: int | None, where: dict[str, Any]) -> None:
@@ -318,9 +321,8 @@ class RayPool(Executor):
             "node_id": where.get("node_id")})
 
     @property
-    def _outdir(self) -> Path:
-        assert self._inputs is not None, "RayPool.start first"
-        return self._inputs.outdir
+    def _outdir(self) -> Path:  # the driver's, where `start` was given it
+        return self._inputs.outdir  # type: ignore[union-attr]
 
     def call(self, method: str, *args: Any, fresh: bool = False) -> Any:
         """Run a `Candidate` method on the first measuring node's actor, or a new one.

@@ -172,7 +172,7 @@ def _logged(outdir: Path, fingerprint: str, phase: Any) -> Done:
     return timed, where(), text
 
 
-def build(box: list[Any], run: str, route: Route, fingerprint: str, timeout_s: float,
+def build(box: list[Any], run: str, route: Route, fingerprint: str, deadline: float,
           *bundles: Bundle) -> tuple[Done, Bundle]:
     """The build phase of one trial, as a Ray task (`Candidate.build`).
 
@@ -181,7 +181,9 @@ def build(box: list[Any], run: str, route: Route, fingerprint: str, timeout_s: f
         run: The run's key (names this node's folder, `node_outdir`).
         route: The route.
         fingerprint: The trial's fingerprint.
-        timeout_s: ``--trial-timeout`` (s); a Python stack dump goes to the log before.
+        deadline: When the driver stops waiting (Unix time, s: handed over plus
+            ``--trial-timeout``); every thread's Python stack goes to the log half a
+            second before.
         *bundles: Files that routes this one extends made on other nodes.
 
     Returns:
@@ -193,10 +195,23 @@ def build(box: list[Any], run: str, route: Route, fingerprint: str, timeout_s: f
         unpack(outdir, bundle)
     before = _files(outdir)
     done = _logged(outdir, fingerprint, lambda log: run_phase(
-        log, f"build {route}", {}, lambda: candidate.build(route, fingerprint), timeout_s,
-        restore=True))
+        log, f"build {route}", {}, lambda: candidate.build(route, fingerprint),
+        _left(deadline), restore=True))
     artifact = done[0][0].fields.get("artifact")
     return done, pack(outdir, before, (artifact,) if artifact else ())
+
+
+def _left(deadline: float) -> float:
+    """Seconds left until `deadline` (Unix time), for the stack dump; at least 1."""
+    return max(1.0, deadline - time.time())
+
+
+def read_log(run: str, name: str) -> str:
+    """This node's log ``artifacts/logs/NAME`` of run `run` (a Ray task), or empty."""
+    import ray
+
+    log = node_outdir(run, ray.get_runtime_context().get_node_id()) / LOGS / name
+    return log.read_text(errors="replace") if log.is_file() else ""
 
 
 def clean(run: str) -> None:
@@ -229,14 +244,17 @@ class Measurer:
         return where()
 
     def measure(self, route: Route, fingerprint: str, built: Mapping[str, Any],
-                *bundles: Bundle) -> Done:
-        """The measure phase of one trial (`Candidate.measure`), its build's files first."""
+                deadline: float, *bundles: Bundle) -> Done:
+        """The measure phase of one trial (`Candidate.measure`), its build's files first.
+
+        `deadline` is as `build`'s.
+        """
         candidate = _live(self.box, self.run)
         for bundle in bundles:
             unpack(candidate.outdir, bundle)
         return _logged(candidate.outdir, fingerprint, lambda log: run_phase(
             log, f"measure {route}", built,
-            lambda: candidate.measure(route, fingerprint, built), self.timeout_s,
+            lambda: candidate.measure(route, fingerprint, built), _left(deadline),
             restore=True))
 
     def call(self, method: str, args: tuple[Any, ...], *bundles: Bundle) -> tuple[Any, str]:

@@ -142,3 +142,43 @@ def check_plugins_travel(registry: Registry) -> None:
             f"plugins registered in this process only ({', '.join(added)}) cannot be "
             "loaded by worker processes; install them as a package with a 'routetune' "
             "entry point, or run trials in this process (--in-process)")
+
+
+TAIL_LINES = 6
+"""Lines of a dead worker's stderr kept in the trial's reason."""
+
+
+def log_tail(text: str, where: str) -> str:
+    """What a worker wrote to a trial's log in its last phase, shortened for a reason.
+
+    After a fatal signal, or the stack dump a worker writes just before its timeout,
+    `faulthandler`'s first line and the innermost frames (it prints the most recent
+    call first) of the thread that faulted, else of the main thread (listed last; a Ray
+    worker has several threads); otherwise the last `TAIL_LINES` lines.
+
+    Args:
+        text: The trial's log (phases start with ``== HH:MM:SS pid N: …`` lines).
+        where: Where the log is, for the reason (``log artifacts/logs/ab12.log``).
+
+    Returns:
+        ``"; stderr: … (WHERE)"``, or ``"; stderr empty (WHERE)"``.
+    """
+    lines = [line.strip() for line in text.rsplit("\n== ", 1)[-1].splitlines()[1:]]
+    lines = [line for line in lines if line]
+    fatal = [i for i, line in enumerate(lines)
+             if line.startswith(("Fatal Python error", "Timeout ("))]
+    if fatal:
+        blocks: list[list[str]] = [[]]
+        for line in lines[fatal[-1] + 1:]:
+            if line.startswith(("Thread 0x", "Current thread 0x")):
+                blocks.append([line])
+            else:
+                blocks[-1].append(line)
+        block = next((b for b in blocks if b and b[0].startswith("Current thread")),
+                     blocks[-1])
+        frames = [line for line in block if line.startswith("File ")]
+        lines = [lines[fatal[-1]], *frames[:2]]
+    lines = lines[-TAIL_LINES:]
+    if not lines:
+        return f"; stderr empty ({where})"
+    return f"; stderr: {' | '.join(lines)[-500:]} ({where})"

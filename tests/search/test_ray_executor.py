@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from graphs import conv_bn
-from plugin_packages import routetune
+from graphs import conv_bn, wasteful
+from plugin_packages import installed, routetune
 
+import routetune as routetune_api
 from routetune.store import TrialStore
 
 ray = pytest.importorskip("ray")
@@ -222,6 +223,29 @@ def test_ray_and_the_local_pool_find_the_same_trials_and_winner(
     assert not list(cluster.node_folders().glob("*/*"))  # the nodes' run folders: deleted
 
 
+def test_a_dead_worker_is_crashed_and_a_hang_timed_out(cluster: Cluster,
+                                                      tmp_path: Path) -> None:
+    with installed("routetune-chaos", tmp_path / "pkg"):  # the nodes load it too
+        out = tmp_path / "out"
+        done = routetune(
+            "tune", str(wasteful(tmp_path / "w.onnx")), "--output", str(out),
+            "--seasonings", "chaos-segfault,chaos-hang,chaos-drop-waste", "--search",
+            "exhaustive", "--max-depth", "1", "--trial-timeout", "6", "--min-runs", "3",
+            "--min-time", "0.05", "--busy-machine", "ignore", "--executor", "ray",
+            "--ray-address", cluster.address, timeout=240, **RAY_ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = stored(out)
+    assert {r: t.status for r, t in trials.items()} == {
+        "base": "ok", "chaos-drop-waste": "ok", "chaos-segfault": "crashed",
+        "chaos-hang": "timed-out"}
+    segfault, hang = trials["chaos-segfault"].reason, trials["chaos-hang"].reason
+    assert segfault.startswith("the build worker died: ") and "Segmentation fault" in segfault
+    assert "--trial-timeout 6 s" in hang and "Timeout (" in hang and "in apply" in hang
+    assert "from node" in hang and "from node" in segfault
+    hung = next(e for e in timeline(out) if e["route"] == "chaos-hang")
+    assert 6 <= hung["end"] - hung["start"] < 16
+
+
 def test_bad_addresses_and_a_gpu_backend_without_gpus_are_one_line(
         cluster: Cluster, model: Path, tmp_path: Path) -> None:
     from routetune.errors import UsageError
@@ -236,8 +260,12 @@ def test_bad_addresses_and_a_gpu_backend_without_gpus_are_one_line(
         in lines[0] and "ray start --head" in lines[0], done.stderr
     done = routetune(*tune_flags(model, tmp_path / "o", "--ray-address", "auto"), timeout=120)
     assert done.returncode == 2 and "only with --executor ray" in done.stderr
+    with pytest.raises(UsageError, match=r"ray_address=\.\.\.\) 127.0.0.1:\d+: no Ray cluster"):
+        routetune_api.tune(model, shapes="x:1x3x32x32", output=tmp_path / "api",
+                           executor="ray", ray_address=f"127.0.0.1:{port}")
     pool = RayPool(cluster.address, "onnxruntime-cuda", gpu=True, timeout_s=60)
-    with pytest.raises(UsageError, match="this Ray cluster .2 nodes. has none"):
+    with pytest.raises(UsageError, match="ray: the onnxruntime-cuda backend measures on GPUs, "
+                       "and this Ray cluster .2 nodes. has none"):
         pool.warm_up(tmp_path)
     assert not ray.is_initialized()
 
