@@ -16,8 +16,11 @@ the logs, and writes each trial to a real trial store (SQLite).
 
 Weak scaling: ``--trials-per-actor`` trials per actor, so a perfect driver takes the
 same wall time at every N. Efficiency is the measuring actors' busy share: the sum of
-the drawn measure times over (N x wall time). Driver CPU is this process's CPU time
-(every thread, Ray's core worker included) during the search.
+the drawn measure times over (N x wall time). ``scheduled_wall_s`` is the same schedule
+played with no overhead at all (`scheduled_s`: the pipeline's fill and the uneven end
+are in it); ``overhead_s``, the rest, is what the driver, Ray and this machine cost.
+Driver CPU is this process's CPU time (every thread, Ray's core worker included) during
+the search; ``machine_busy_cores``, the whole machine's (every process, /proc/stat).
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class SimMeasurer:
     def ready(self) -> dict[str, Any]:
         import ray
 
+        _pause(0)
+
         return {"gpu": ",".join(map(str, ray.get_gpu_ids()))}
 
     def measure(self, route: Any, fingerprint: str, built: Any, deadline: float,
@@ -98,8 +103,46 @@ class SimMeasurer:
         pass
 
 
+def _pause(seconds: float) -> None:
+    """Warm a build worker: its imports, as a real worker's are loaded before trials."""
+    import routetune.search.phases  # noqa: F401
+    import routetune.trial  # noqa: F401
+
+    time.sleep(seconds)
+
+
 def sim_clean(run: str) -> None:
     """Nothing to delete: simulated phases write no files on the nodes."""
+
+
+def scheduled_s(phases: list[tuple[float, float]], n: int) -> float:
+    """The wall time of the same schedule with no overhead at all (s).
+
+    Jobs in order; up to `n` builds at once; each built trial measured by the first
+    actor free, in the order builds finish. What is left between this and the real
+    wall time is the cost of the driver, Ray and this machine.
+    """
+    import heapq
+
+    slots, actors = [0.0] * n, [0.0] * n
+    built = []
+    for build_s, measure_s in phases:
+        start = heapq.heappop(slots)
+        heapq.heappush(slots, start + build_s)
+        built.append((start + build_s, measure_s))
+    end = 0.0
+    for ready, measure_s in sorted(built):
+        free = heapq.heappop(actors)
+        end = max(free, ready) + measure_s
+        heapq.heappush(actors, end)
+    return max(actors)
+
+
+def _busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every process; /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def recorded_phases() -> tuple[list[float], list[float]]:
@@ -135,7 +178,7 @@ def one(n: int, args: argparse.Namespace, builds: list[float], measures: list[fl
     tasks = SimpleNamespace(build=sim_build, Measurer=SimMeasurer, clean=sim_clean,
                             read_log=lambda run, name: "")
     pool = RayPool(None, "sim", gpu=True, timeout_s=600, tasks=tasks)
-    warm = ray.remote(time.sleep).options(num_cpus=1)  # start the build workers first
+    warm = ray.remote(_pause).options(num_cpus=1)  # start the build workers first
     ray.get([warm.remote(0.5) for _ in range(n)])
     t_start = time.time()
     pool.warm_up(out)
@@ -143,7 +186,7 @@ def one(n: int, args: argparse.Namespace, builds: list[float], measures: list[fl
     started_s = time.time() - t_start
     store = TrialStore.open(out / "trials.sqlite")
     jobs = iter([Job(r, f"{i:064x}", r) for i, r in enumerate(routes)])
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, wall0, busy0 = time.process_time(), time.perf_counter(), _busy_s()
     done = 0
     for job, outcome in pool.run(jobs, lambda job, built: None):
         store.add(Trial(job.fingerprint, "sim", str(job.route), "sim", "sim", "sim",
@@ -152,14 +195,19 @@ def one(n: int, args: argparse.Namespace, builds: list[float], measures: list[fl
         done += 1
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
+    busy = _busy_s() - busy0
     store.close()
     pool.close()
     shutil.rmtree(out, ignore_errors=True)
     assert done == trials
     measure_sum = sum(m for _, m in durations.values())
+    scheduled = scheduled_s(list(durations.values()), n)
     result = {"actors": n, "trials": trials, "wall_s": round(wall, 2),
+              "scheduled_wall_s": round(scheduled, 2),
+              "overhead_s": round(wall - scheduled, 2),
               "driver_cpu_s": round(cpu, 2),
               "driver_cpu_ms_per_trial": round(1e3 * cpu / trials, 1),
+              "driver_cores": round(cpu / wall, 2), "machine_busy_cores": round(busy / wall, 2),
               "efficiency": round(measure_sum / (n * wall), 3),
               "ideal_wall_s": round(measure_sum / n, 2), "start_s": round(started_s, 1)}
     print(json.dumps(result), flush=True)
@@ -176,6 +224,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
     a.plot(n, [r["wall_s"] for r in results], "o-", label="wall")
     a.plot(n, [r["ideal_wall_s"] for r in results], "k--", label="measuring alone")
+    a.plot(n, [r["scheduled_wall_s"] for r in results], "k:", label="same schedule, no overhead")
     a.plot(n, [r["driver_cpu_s"] for r in results], "s-", label="driver CPU")
     a.set_xscale("log", base=2)
     a.set_xlabel("measuring actors N")
