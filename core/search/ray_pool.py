@@ -45,6 +45,8 @@ from routetune.search.scheduling import JobFeed, Timeline, died, timed_out
 ATTEMPTS = 2
 """Attempts per trial when nodes are lost under it: the first and one re-queued."""
 
+SETTLE_S = 5.0  # seconds `RayPool.cancel` gives cancelled phases before killing actors
+
 
 @dataclass
 class _Slot:
@@ -230,11 +232,9 @@ class RayPool(Executor):
         found = [self._prefixes.get(steps[:n]) for n in range(1, len(steps) + 1)]
         return [ref for ref, where in filter(None, found) if where != node.id]
 
-    def _wait_s(self) -> float:
-        """Seconds until the next phase runs out of time (at most 1)."""
-        now = time.time()
+    def _wait_s(self) -> float:  # until the next phase runs out of time, at most 1 s
         first = min(p.start for p in self._running.values()) + self.timeout_s
-        return max(0.0, min(1.0, first - now))
+        return max(0.0, min(1.0, first - time.time()))
 
     def _overdue(self, done: list[Any]) -> list[Any]:
         return [r for r, p in self._running.items()
@@ -273,12 +273,10 @@ class RayPool(Executor):
 
     def _lose(self, phase: _Phase, what: str, error: BaseException) -> None:
         """Record a phase lost with its node, and forget the node."""
-        now = time.time()
-        phase.lost.append({"phase": what, "node": phase.node.ip, "node_id": phase.node.id,
-                           "error": one_line(describe(error), 300),
+        now, node = time.time(), {"node": phase.node.ip, "node_id": phase.node.id}
+        phase.lost.append({"phase": what, **node, "error": one_line(describe(error), 300),
                            "start": round(phase.start, 4), "end": round(now, 4)})
-        self._event(what, phase, "node-lost", phase.start, now, None, {
-            "node": phase.node.ip, "node_id": phase.node.id})
+        self._event(what, phase, "node-lost", phase.start, now, None, node)
         self._nodes = [n for n in self._nodes if n.id != phase.node.id]
         self._slots = [s for s in self._slots if s.node.id != phase.node.id]
         self._prefixes = {k: v for k, v in self._prefixes.items() if v[1] != phase.node.id}
@@ -317,8 +315,7 @@ class RayPool(Executor):
                pid: int | None, where: dict[str, Any]) -> None:
         Timeline(self._outdir).add({
             "phase": what, "route": str(phase.job.route), "status": status, "start": start,
-            "end": end, "pid": pid, "gpu": where.get("gpu"), "node": where.get("node"),
-            "node_id": where.get("node_id")})
+            "end": end, "pid": pid, **{k: where.get(k) for k in ("gpu", "node", "node_id")}})
 
     @property
     def _outdir(self) -> Path:  # the driver's, where `start` was given it
@@ -367,13 +364,18 @@ class RayPool(Executor):
         return sorted((p.job for p in self._running.values()), key=lambda j: str(j.route))
 
     def cancel(self) -> None:
-        """Cancel every build task and kill every measuring actor; `call` starts new ones."""
+        """Stop every phase in flight, then the actors; `call` starts new ones.
+
+        Phases get a `KeyboardInterrupt` first and `SETTLE_S` to end: Ray 2.60's driver
+        can abort when a task it killed or force-cancelled answers meanwhile.
+        """
         if not self._connected:
             return
-        ray = ray_cluster.import_ray()
-        for ref, phase in self._running.items():
-            if phase.slot is None:
-                ray.cancel(ref, force=True)
+        ray, refs = ray_cluster.import_ray(), list(self._running)
+        for ref in ray.wait(refs, num_returns=len(refs), timeout=0)[1] if refs else ():
+            ray.cancel(ref)
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=SETTLE_S)
         for slot in self._slots:
             if slot.actor is not None:
                 ray.kill(slot.actor, no_restart=True)
@@ -390,8 +392,7 @@ class RayPool(Executor):
             return
         self.cancel()
         if self._run:
-            ray = ray_cluster.import_ray()
-            task = ray.remote(self.tasks.clean)
+            ray, task = ray_cluster.import_ray(), ray_cluster.import_ray().remote(self.tasks.clean)
             refs = [task.options(num_cpus=0, max_retries=0, scheduling_strategy=on_node(n.id))
                     .remote(self._run) for n in self._nodes]
             ray.wait(refs, num_returns=len(refs), timeout=10)
