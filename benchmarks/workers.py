@@ -4,7 +4,7 @@ Usage:
 
     python benchmarks/workers.py overhead [--out DIR] [--trials 50] [--example ppocr-cls]
     python benchmarks/workers.py build-workers [--out DIR] [--repeats 2] [--trials 24]
-    python benchmarks/workers.py gpus [--out DIR] [--repeats 2]     # 2+ GPUs, onnxruntime-gpu
+    python benchmarks/workers.py gpus [--out DIR] [--repeats 2] [--ray]  # 2+ GPUs, onnxruntime-gpu
 
 Each runs the real ``routetune tune`` command in a subprocess, with a fresh output
 directory per run, and reads back what it wrote: the trial store and the phase timeline
@@ -27,7 +27,9 @@ the worker saw them). Results are printed and written to ``DIR/<command>.json``.
   the 16 routes of {fp16, ort-cuda-nhwc, ort-cuda-graph, ort-cuda-no-tf32}, searched
   exhaustively with ``CUDA_VISIBLE_DEVICES=0`` and with every GPU, in alternation. It
   reports the wall-time ratio, the winners, and how long two measuring workers ran at
-  once (from the timeline).
+  once (from the timeline). With ``--ray``, a third configuration in the alternation:
+  ``--executor ray`` on every GPU, on a one-machine Ray cluster started for it with as
+  many CPUs as the local pool has build workers (``ray start --head --num-cpus 4``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--example", default="ppocr-cls", help="overhead: the model")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--ray", action="store_true", help="gpus: also --executor ray")
     parser.add_argument("--min-time", type=float, default=1.0,
                         help="gpus: seconds of timing per candidate (routetune's default: 1)")
     args = parser.parse_args()
@@ -181,10 +184,21 @@ def gpus(args: argparse.Namespace) -> dict[str, Any]:
              "--max-trials", "16", "--build-workers", "4", "--min-time", str(args.min_time),
              "--accuracy", "cos>=0.9999,rel_l2<=0.01"]
     runs: dict[str, list[dict[str, Any]]] = {"0": [], all_gpus: []}
+    if args.ray:
+        runs["ray"] = []
+        ray = str(Path(sys.executable).parent / "ray")
+        subprocess.run([ray, "start", "--head", "--num-cpus", "4", "--include-dashboard=false",
+                        "--disable-usage-stats"], check=True, capture_output=True,
+                       env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     for i in range(args.repeats):
         for visible in runs:
-            run = tune(args.out / f"gpus-{visible.replace(',', '')}-{args.min_time:g}s-{i}", *flags,
-                       env={"CUDA_VISIBLE_DEVICES": visible})
+            extra, env = [], {"CUDA_VISIBLE_DEVICES": visible}
+            if visible == "ray":  # every GPU; builds: the cluster's 4 CPUs
+                extra = ["--executor", "ray", "--ray-address", "auto"]
+                env = {"RAY_AUTH_MODE": "disabled"}
+            run = tune(args.out / f"gpus-{visible.replace(',', '')}-{args.min_time:g}s-{i}",
+                       *[f for f in flags if visible != "ray" or f not in ("--build-workers", "4")],
+                       *extra, env=env)
             runs[visible].append(run)
             by_gpu = {}
             for e in run["timeline"]:
@@ -194,10 +208,14 @@ def gpus(args: argparse.Namespace) -> dict[str, Any]:
                   f"{len(run['trials'])} trials, winner {run['winner']}, measure phases "
                   f"per GPU {by_gpu}, two measuring at once "
                   f"{overlap_s(run['timeline'], 'measure'):.1f} s")
+    if args.ray:
+        subprocess.run([str(Path(sys.executable).parent / "ray"), "stop"], capture_output=True)
     one, many = runs["0"], runs[all_gpus]
     pairs = [many[i]["wall_s"] / one[i]["wall_s"] for i in range(args.repeats)]
     result = {
         "gpus": count, "min_time_s": args.min_time,
+        "ray_over_local": [round(runs["ray"][i]["wall_s"] / many[i]["wall_s"], 3)
+                           for i in range(args.repeats)] if args.ray else None,
         "wall_s": {k: [round(r["wall_s"], 2) for r in v] for k, v in runs.items()},
         "ratio_many_over_one": [round(p, 3) for p in pairs],
         "winners": {k: [r["winner"] for r in v] for k, v in runs.items()},

@@ -44,7 +44,8 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult | Backen
             ``fresh``, ``max_trials``, ``time_budget_s`` (s), ``min_runs``,
             ``min_time_s`` (s), ``latency`` (``device``, ``end-to-end``),
             ``build_workers``, ``trial_timeout_s`` (s), ``worker_memory_mb`` (MiB),
-            ``in_process``, ``min_speedup``,
+            ``in_process``, ``executor`` (``local``, ``ray``), ``ray_address``,
+            ``min_speedup``,
             ``busy_machine`` (``wait``, ``warn``, ``ignore``),
             ``allow_external_data_outside``.
 

@@ -72,6 +72,19 @@ def test_import_routetune_loads_no_tuner_and_tune_is_the_function() -> None:
     assert done.stdout.split() == ["[]", "routetune.api", "True"]
 
 
+def test_ray_is_imported_only_for_the_ray_executor() -> None:
+    # The CLI, a tuning run's modules and even the Ray executor's own modules import no
+    # Ray: only connecting to a cluster (`ray_cluster.connect`, --executor ray) does.
+    code = ("import sys\n"
+            "import routetune.cli, routetune.run.tuning, routetune.search.local_pool\n"
+            "import routetune.search.ray_pool, routetune.search.ray_tasks\n"
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[]"]
+
+
 ROOT = Path(__file__).parents[1]
 PACKAGES = {"core": "routetune", "passes": "routetune.passes", "plugins": "routetune.plugins"}
 MAX_LINES = 400

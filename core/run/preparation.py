@@ -255,6 +255,17 @@ def check_workers(opts: RunSpec) -> None:
     if opts.in_process and changed:
         raise OptionError("in_process", f" with {', '.join(changed)}: trials in this process "
                           "have no workers, timeouts or memory limits; drop one or the other")
+    if opts.in_process and opts.executor != "local":
+        raise OptionError("in_process", f" with {opts.spelled('executor')} {opts.executor}: "
+                          "trials run in this process or on the cluster; drop one or the other")
+    if opts.executor == "ray" and (opts.build_workers != 1 or memory is not None):
+        raise OptionError("executor", f" ray with {opts.spelled('build_workers')} or "
+                          f"{opts.spelled('worker_memory_mb')}: on a Ray cluster each node "
+                          "builds as many routes at once as it has CPUs (`ray start --num-cpus`)"
+                          "; drop them")
+    if opts.executor != "ray" and opts.ray_address is not None:
+        raise OptionError("ray_address", f" {opts.ray_address}: only with "
+                          f"{opts.spelled('executor')} ray; add it, or drop the address")
 
 
 def reference_backend(registry: Registry, backend: Backend) -> Backend:

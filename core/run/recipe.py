@@ -20,6 +20,8 @@ Schema version 2 (``schema_version = 2``); ``routetune schema`` prints it as JSO
   an expression per output name.
 - ``[measure]``: ``min_runs``, ``min_time_s``, ``latency``, ``min_speedup``,
   ``busy_machine``.
+- ``[executor]``: ``name`` (``local`` or ``ray``) and ``ray_address``: where trials run
+  (`routetune.search.ray_pool`).
 
 The tables other than ``[model]``'s validator, ``[[seasonings]]`` and ``[accuracy]
 outputs`` are made from the option declarations (`routetune.run.run_spec.RunSpec`).
@@ -144,6 +146,7 @@ SearchSpec = _table("search")
 AccuracySpec = _table("accuracy", _AccuracyTable)
 MeasureSpec = _table("measure")
 InputsSpec = _table("inputs")
+ExecutorSpec = _table("executor")
 _TOP: dict[str, Any] = {info.meta.recipe: _field(info) for info in options_of(RunSpec)
         if info.meta.recipe in ("base", "routes", "output", "keep")}
 
@@ -159,6 +162,7 @@ class _Recipe(_Table):
     accuracy: AccuracySpec = Field(default_factory=AccuracySpec)  # type: ignore[valid-type]
     measure: MeasureSpec = Field(default_factory=MeasureSpec)  # type: ignore[valid-type]
     inputs: InputsSpec = Field(default_factory=InputsSpec)  # type: ignore[valid-type]
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)  # type: ignore[valid-type]
     result: dict[str, Any] | None = Field(None, description="written by winner recipes")
 
 

@@ -41,6 +41,10 @@ BOTH = ("tune", "build")
 KEEP = ("all", "front", "winner")
 """``--keep`` choices (`routetune.run.pruning`)."""
 
+EXECUTORS = ("local", "ray")
+"""``--executor`` choices: `routetune.search.local_pool.LocalPool`,
+`routetune.search.ray_pool.RayPool`."""
+
 DEFAULT_TIMEOUT_S = 1800.0
 """Default per-phase timeout in seconds: a large TensorRT build at optimisation level 5
 can take many minutes; a hang still ends."""
@@ -184,6 +188,14 @@ class RunSpec:
     in_process: bool = option(
         False, help="Run trials in this process, one at a time, without isolation or "
         "timeouts (for debugging plugins).", flag="--in-process")
+    executor: str = option(
+        "local", help="Where trials run: local (worker processes on this machine) or ray "
+        "(the nodes of a Ray cluster, see --ray-address; needs the ray extra).",
+        recipe="executor.name", choices=EXECUTORS)
+    ray_address: str | None = option(
+        None, help="The Ray cluster of --executor ray: its head's HOST:PORT, or auto (the "
+        "cluster `ray start` started on this machine); default: start Ray here for the run.",
+        recipe="executor.ray_address")
     min_speedup: float = option(
         DEFAULT_MIN_SPEEDUP, help="A route wins only if the lower end of its confirmed "
         "speed-up's 95% interval is above this.", recipe="measure.min_speedup", minimum=1.0)

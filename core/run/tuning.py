@@ -300,11 +300,16 @@ def make_executor(run: Prepared, opts: RunSpec) -> Executor:
     """The executor `opts` asks for: worker processes (`LocalPool`) unless in-process.
 
     Measuring workers: one per GPU that runs this backend's engines
-    (`Backend.gpus`), or one for the host CPU.
+    (`Backend.gpus`), or one for the host CPU. With ``--executor ray``, a
+    `routetune.search.ray_pool.RayPool` (Ray is imported only then).
     """
     if opts.in_process:
         return InlineExecutor()
     gpus = run.backend.gpus(run.backend.full_settings(run.backend_options))
+    if opts.executor == "ray":
+        from routetune.search.ray_pool import RayPool
+
+        return RayPool(opts.ray_address, run.backend.name, bool(gpus), opts.trial_timeout_s)
     return LocalPool(opts.build_workers, gpus, opts.trial_timeout_s, opts.worker_memory_mb)
 
 

@@ -30,9 +30,7 @@ killed worker and for final calls, as the search's process saw them), ``pid`` an
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import multiprocessing
-import signal
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,7 +40,7 @@ from typing import Any
 import pebble
 
 from routetune.conditions import STATUS_GLOB, read_statuses
-from routetune.errors import UsageError, describe
+from routetune.errors import describe
 from routetune.logs import LOGS
 from routetune.registry import Registry
 from routetune.run.run_spec import DEFAULT_TIMEOUT_S
@@ -51,19 +49,22 @@ from routetune.search.executor import AfterBuild, Executor, Job
 from routetune.search.handoff import Handoff
 from routetune.search.main_guard import check_main_script
 from routetune.search.phases import BUILT, Outcome, TrialInputs
+from routetune.search.scheduling import (
+    TIMELINE,
+    JobFeed,
+    Timeline,
+    check_plugins_travel,
+    died,
+    exit_text,
+    log_tail,
+    timed_out,
+)
 from routetune.signals import spawning_quietly
 from routetune.trial import Status
 
-TIMELINE = "timeline.jsonl"
-"""The phase log under ``OUTDIR/artifacts/`` (see the module docstring)."""
-
-LOOKAHEAD = 16
-"""Jobs pulled ahead at most, to find one that does not wait for a running build."""
+__all__ = ["TIMELINE", "LocalPool", "exit_text"]
 
 _SPAWN = multiprocessing.get_context("spawn")
-
-TAIL_LINES = 6
-"""Lines of a dead worker's stderr kept in the trial's reason."""
 
 
 class LocalPool(Executor):
@@ -106,12 +107,7 @@ class LocalPool(Executor):
 
     def start(self, registry: Registry, inputs: TrialInputs) -> None:
         """Hand the workers their inputs (starting them, unless `warm_up` did)."""
-        added = registry.added()
-        if added:
-            raise UsageError(
-                f"plugins registered in this process only ({', '.join(added)}) cannot be "
-                "loaded by worker processes; install them as a package with a 'routetune' "
-                "entry point, or run trials in this process (--in-process)")
+        check_plugins_travel(registry)
         self._inputs = inputs
         if self._handoff is None:
             self.warm_up(inputs.outdir)
@@ -144,8 +140,7 @@ class LocalPool(Executor):
         measuring: dict[concurrent.futures.Future[Any], tuple[Job, Outcome, int]] = {}
         waiting: deque[tuple[Job, Outcome]] = deque()
         free = list(range(len(self._measurers)))
-        pending: list[Job] = []  # pulled, held while a running build makes their model
-        more = True
+        feed = JobFeed(jobs)
         while True:
             while waiting and free and not (self.exclusive and builds):
                 job, built = waiting.popleft()
@@ -156,20 +151,11 @@ class LocalPool(Executor):
                 measuring[future] = (job, built, slot)
                 self._running[future] = job
                 self._scheduled[future] = time.time()
-            while (more or pending) and len(builds) < self.build_workers and not (
+            while not feed.exhausted() and len(builds) < self.build_workers and not (
                     self.exclusive and (measuring or waiting)):
-                ready = next((j for j in pending
-                              if not any(j.extends(b) for b in builds.values())), None)
+                ready = feed.next_ready(builds.values())
                 if ready is None:
-                    if not more or len(pending) >= LOOKAHEAD:
-                        break
-                    pulled = next(jobs, None)
-                    if pulled is None:
-                        more = False
-                    else:
-                        pending.append(pulled)
-                    continue
-                pending.remove(ready)
+                    break
                 assert self._builders is not None
                 future = self._builders.schedule(
                     worker.build, (ready.route, ready.fingerprint, self._log(ready)),
@@ -178,7 +164,7 @@ class LocalPool(Executor):
                 self._running[future] = ready
                 self._scheduled[future] = time.time()
             if not builds and not measuring:
-                if waiting or pending:
+                if waiting or feed.pending:
                     continue
                 return
             done, _ = concurrent.futures.wait([*builds, *measuring], timeout=1.0,
@@ -277,13 +263,10 @@ class LocalPool(Executor):
             outcome, start, end, pid = future.result()
         except concurrent.futures.TimeoutError:
             pid = self._pid(job)
-            outcome = Outcome(Status.TIMED_OUT, f"{phase} ran past --trial-timeout "
-                              f"{self.timeout_s:g} s; the worker was killed{self._tail(job)}",
-                              fields)
+            outcome = timed_out(phase, self.timeout_s, fields, self._tail(job))
         except pebble.ProcessExpired as e:
             pid = e.pid or self._pid(job)
-            outcome = Outcome(Status.CRASHED, f"the {phase} worker died: {exit_text(e.exitcode)}"
-                              f"{self._tail(job)}", fields)
+            outcome = died(phase, exit_text(e.exitcode), fields, self._tail(job))
         except Exception as e:  # the task itself raised (the worker could not start)
             outcome = Outcome(Status.CRASHED, f"{phase}: {describe(e)}", fields)
         self._event({"phase": phase, "route": str(job.route), "status": outcome.status,
@@ -292,9 +275,7 @@ class LocalPool(Executor):
 
     def _event(self, event: dict[str, Any]) -> None:
         """Append one phase to the timeline."""
-        event.update(start=round(event["start"], 4), end=round(event["end"], 4))
-        with open(self._outdir / "artifacts" / TIMELINE, "a") as f:
-            f.write(json.dumps(event) + "\n")
+        Timeline(self._outdir).add(event)
 
     def _pid(self, job: Job) -> int | None:
         """The pid in the trial log's last header line (``== 12:00:00 pid 123: …``)."""
@@ -305,36 +286,10 @@ class LocalPool(Executor):
             return None
 
     def _tail(self, job: Job) -> str:
-        """What the worker wrote to the trial's log in its last phase, shortened.
-
-        After a fatal signal, or the stack dump a worker writes just before its timeout,
-        `faulthandler`'s first line and the innermost frames (it prints the most recent
-        call first); otherwise the last `TAIL_LINES` lines.
-        """
+        """What the worker wrote to the trial's log in its last phase (`log_tail`)."""
         log = self._log(job)
         try:
             text = log.read_text(errors="replace")
         except OSError:
             return ""
-        lines = [line.strip() for line in text.rsplit("\n== ", 1)[-1].splitlines()[1:]]
-        lines = [line for line in lines if line]
-        fatal = [i for i, line in enumerate(lines)
-                 if line.startswith(("Fatal Python error", "Timeout ("))]
-        if fatal:
-            frames = [line for line in lines[fatal[-1] + 1:] if line.startswith("File ")]
-            lines = [lines[fatal[-1]], *frames[:2]]
-        lines = lines[-TAIL_LINES:]
-        where = f"log {LOGS / log.name}"
-        if not lines:
-            return f"; stderr empty ({where})"
-        return f"; stderr: {' | '.join(lines)[-500:]} ({where})"
-
-
-def exit_text(code: int | None) -> str:
-    """A worker's exit: ``signal SIGSEGV (exit code -11)`` or ``exit code 3``."""
-    if code is not None and code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name} (exit code {code})"
-        except ValueError:
-            pass
-    return f"exit code {code}"
+        return log_tail(text, f"log {LOGS / log.name}")

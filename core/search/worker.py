@@ -92,35 +92,49 @@ def ping() -> None:
 
 def build(route: Route, fingerprint: str, log: Path) -> Timed:
     """The build phase of one trial (`Candidate.build`)."""
-    return _phase(log, f"build {route}", {}, lambda: _live().build(route, fingerprint))
+    return run_phase(log, f"build {route}", {}, lambda: _live().build(route, fingerprint),
+                     _timeout_s, _memory_mb)
 
 
 def measure(route: Route, fingerprint: str, built: Mapping[str, Any], log: Path) -> Timed:
     """The measure phase of one trial (`Candidate.measure`)."""
-    return _phase(log, f"measure {route}", built,
-                  lambda: _live().measure(route, fingerprint, built))
+    return run_phase(log, f"measure {route}", built,
+                     lambda: _live().measure(route, fingerprint, built), _timeout_s, _memory_mb)
 
 
-def _phase(log: Path, what: str, fields: Mapping[str, Any], run: Callable[[], Outcome]
-           ) -> Timed:
+def run_phase(log: Path, what: str, fields: Mapping[str, Any], run: Callable[[], Outcome],
+              timeout_s: float | None = None, memory_mb: int | None = None,
+              restore: bool = False) -> Timed:
     """Run a phase with its output in `log`; a Python stack dump there before a timeout.
 
     Whatever the phase raises, even `SystemExit` or `KeyboardInterrupt` from plugin
     code (this worker ignores Ctrl-C), becomes a ``crashed`` outcome.
+
+    Args:
+        log: The trial's log (appended).
+        what: The log's header for this phase (``build fp16``).
+        fields: The trial's fields so far, kept in a ``crashed`` outcome.
+        run: The phase.
+        timeout_s: The executor's per-phase timeout (s): half a second before it, every
+            thread's Python stack is written to `log`; None for none.
+        memory_mb: The worker's ``--worker-memory`` (MiB), named in an out-of-memory
+            reason; None for none.
+        restore: Give the process its stdout and stderr back after the phase
+            (`routetune.logs.captured`).
     """
-    with captured(log, what, restore=False):
+    with captured(log, what, restore=restore):
         t0 = time.time()
-        if _timeout_s is not None and _timeout_s > 1:  # where it hung, for the reason
-            faulthandler.dump_traceback_later(_timeout_s - 0.5)
+        if timeout_s is not None and timeout_s > 1:  # where it hung, for the reason
+            faulthandler.dump_traceback_later(timeout_s - 0.5)
         try:
             outcome = run()
         except BaseException as e:
             outcome = Outcome(Status.CRASHED, describe(e, where=True), fields)
         finally:
             faulthandler.cancel_dump_traceback_later()
-        if _memory_mb is not None and "out of memory" in outcome.reason:
+        if memory_mb is not None and "out of memory" in outcome.reason:
             outcome = replace(outcome, reason=f"{outcome.reason} (limit: --worker-memory "
-                                              f"{_memory_mb} MiB; raise it)")
+                                              f"{memory_mb} MiB; raise it)")
         return outcome, t0, time.time(), os.getpid()
 
 
