@@ -1,0 +1,141 @@
+"""The CPU benchmark (issue 17): ONNX Runtime and OpenVINO in one search, against Olive.
+
+Usage: python benchmarks/cpu.py [--out DIR] [--models ppocr-cls,ppocr-rec,ppocr-det]
+                                [--backend onnxruntime,openvino] [--seasonings a,b]
+                                [--min-time 0.5]
+
+For each PP-OCR example, in one process:
+
+1. ``routetune tune --example NAME --backend onnxruntime,openvino --fresh``: each backend
+   searched with its defaults (every applicable seasoning, beam search) under the
+   example's task constraint, then both backends' winners timed side by side
+   (`routetune.run.backends`). Its wall time is the tuning time.
+2. One interleaved timing loop (`routetune.measure.measure_blocks`, paired blocks in
+   ABBA order) on **held-out** inputs (the example's generator at seed 1; the search
+   calibrated and validated on seed 0) of: ONNX Runtime's defaults, Olive's best
+   setting (``intra_op_num_threads=1``: what Olive 0.13 found for these models, issue
+   17), OpenVINO's defaults, and routetune's winner. Every ratio is over ONNX Runtime's
+   defaults, from that one loop.
+3. The winner's outputs on the held-out inputs against the FP32 reference (ONNX
+   Runtime's CPU provider, optimisations off), under the example's task constraint.
+
+It prints one table and writes ``cpu.json`` (with the CPU, its flags and the load
+average before and after) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+OLIVE = {"onnxruntime.intra_op_num_threads": 1}
+"""Olive 0.13's best setting for the PP-OCR models (issue 17: cls 1.278 -> 0.908 ms)."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("routetune-out/cpu-bench"))
+    parser.add_argument("--models", default="ppocr-cls,ppocr-rec,ppocr-det")
+    parser.add_argument("--backend", default="onnxruntime,openvino")
+    parser.add_argument("--seasonings", default="",
+                        help="restrict the space (comma-separated); every one by default")
+    parser.add_argument("--min-time", type=float, default=0.5,
+                        help="seconds per engine in the side-by-side loop, at least")
+    args = parser.parse_args()
+    import onnxruntime as ort
+    import openvino as ov
+
+    import routetune
+    from routetune.plugin_manager import load_registry
+    from routetune.run.runinfo import cpu_flags
+
+    registry = load_registry()
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "machine": {"cpu": registry.backend("onnxruntime")(None).device(),
+                    "cores": os.cpu_count(), "flags": cpu_flags(),
+                    "python": platform.python_version(), "routetune": routetune.__version__,
+                    "onnxruntime": ort.__version__, "openvino": ov.__version__,
+                    "load_before": os.getloadavg()},
+        "models": {}}
+    for name in args.models.split(","):
+        row = bench(name, args, registry)
+        report["models"][name] = row
+        (args.out / "cpu.json").write_text(json.dumps(report, indent=2, default=str))
+        print(name, json.dumps({k: v for k, v in row.items() if k != "rows"}), flush=True)
+        for label, figure in row["rows"].items():
+            print(f"  {label:40s} {figure}", flush=True)
+    report["machine"]["load_after"] = os.getloadavg()
+    (args.out / "cpu.json").write_text(json.dumps(report, indent=2, default=str))
+
+
+def bench(name: str, args: argparse.Namespace, registry: Any) -> dict[str, Any]:
+    """Tune one example on both backends, then time the four engines side by side."""
+    from routetune.feeds.examples import fetch, get_example, load_inputs
+    from routetune.judging.accuracy import check_accuracy, parse_accuracy
+    from routetune.measure import MeasureSettings, measure_blocks, paired_speedup
+    from routetune.run.backends import tune_backends
+    from routetune.run.run_spec import RunSpec
+
+    example = get_example(name)
+    model = fetch(name)
+    started = time.perf_counter()
+    seasonings = tuple(args.seasonings.split(",")) if args.seasonings else None
+    result = tune_backends(RunSpec(example=name, backend=args.backend, fresh=True,
+                                   seasonings=seasonings, output=args.out / name), registry)
+    tuning_s = time.perf_counter() - started
+    held_out = load_inputs(name, seed=1)
+    winner_json = json.loads((result.outdir / "winner.json").read_text())
+    engines = {
+        "onnxruntime defaults": ("onnxruntime", model, {}),
+        "Olive's best (intra_op_num_threads=1)": ("onnxruntime", model, OLIVE),
+        "openvino defaults": ("openvino", model, {}),
+        f"routetune: {result.winner.name}": (winner_json["backend"],
+                                             result.outdir / "winner.onnx",
+                                             winner_json["settings"]),
+    }
+    runners = {}
+    for label, (backend_name, path, options) in engines.items():
+        backend = registry.backend(backend_name)(None)
+        settings = backend.full_settings(options)
+        runners[label] = backend.open(backend.build(Path(path), settings, args.out / name))
+    settings = MeasureSettings(warmup=5, min_runs=30, min_time_s=args.min_time,
+                               min_blocks=30)
+    labels = list(runners)
+    latencies, blocks = measure_blocks([runners[k] for k in labels], held_out, settings)
+    rows = {}
+    for i, label in enumerate(labels):
+        p = paired_speedup(blocks, i, 0)
+        rows[label] = (f"p50 {latencies[i].p50:.3f} ms, {p.value:.2f}x "
+                       f"[{p.ci_low:.2f}, {p.ci_high:.2f}]")
+    reference_backend = registry.backend("onnxruntime")(None)
+    with reference_backend.reference(model) as ref:
+        references = [ref.infer(feed) for feed in held_out]
+    outputs = [runners[labels[-1]].infer(feed) for feed in held_out]
+    for runner in runners.values():
+        runner.close()
+    constraint = parse_accuracy(example.accuracy or "", registry, list(references[0]))
+    verdict = check_accuracy(constraint, registry, outputs, references)
+    winner_p = paired_speedup(blocks, len(labels) - 1, 0)
+    olive_p = paired_speedup(blocks, len(labels) - 1, 1)
+    return {
+        "tuning_s": round(tuning_s, 1),
+        "trials": {r.base.backend: len(r.trials) for r in result.runs},
+        "winner": result.winner.name, "reason": result.reason,
+        "speedup_over_ort": round(winner_p.value, 3),
+        "speedup_ci": [round(winner_p.ci_low, 3), round(winner_p.ci_high, 3)],
+        "over_olive": round(olive_p.value, 3),
+        "over_olive_ci": [round(olive_p.ci_low, 3), round(olive_p.ci_high, 3)],
+        "held_out": {"sets": len(held_out), "constraint": constraint.text,
+                     "passed": verdict.passed, "reason": verdict.reason},
+        "rows": rows,
+    }
+
+
+if __name__ == "__main__":
+    main()
