@@ -269,7 +269,7 @@ def test_not_applicable_without_ops_or_on_other_backends() -> None:
         name = "other"
 
     assert Int8Qdq().why_not(gs.import_onnx(conv_matmul()), Other()) == (
-        "applies only to backends onnxruntime, tensorrt")
+        "applies only to backends onnxruntime, openvino, tensorrt")
 
 
 def test_fp8_is_not_applicable_on_the_cpu_provider() -> None:
