@@ -75,7 +75,8 @@ def sim_build(box: list[Any], run: str, route: Any, fingerprint: str, deadline: 
 class SimMeasurer:
     """A measuring actor: takes the build's files, sleeps for the drawn measure time."""
 
-    def __init__(self, box: list[Any], run: str, timeout_s: float) -> None:
+    def __init__(self, box: list[Any], run: str, timeout_s: float,
+                 driver: tuple[str, int] | None = None) -> None:
         self.box = box
 
     def ready(self) -> dict[str, Any]:

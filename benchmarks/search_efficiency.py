@@ -3,7 +3,7 @@
 Usage, on a machine with a CUDA GPU, onnxruntime-gpu, CuPy and torch (+ torchvision):
 
     python benchmarks/search_efficiency.py [--models resnet50,bert]
-        [--strategies exhaustive,beam,mixed] [--out DIR] [--plan] [--min-time 0.2]
+        [--strategies exhaustive,beam,mixed] [--out DIR] [--plan] [--min-time 0.2] [--resume]
 
 For each model (built as in ``benchmarks/gpu.py``), one route space (`SPACES`: the
 seasonings that matter on it, every parameter value, routes up to `MAX_DEPTH` steps) is
@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--strategies", default="exhaustive,beam,mixed")
     parser.add_argument("--min-time", type=float, default=0.2)
     parser.add_argument("--plan", action="store_true", help="print planned trials, build nothing")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue each strategy's stored trials (its wall_s then counts "
+                             "only this part, and the row says resumed)")
     args = parser.parse_args()
     from routetune.measure import MeasureSettings
     from routetune.plugin_manager import load_registry
@@ -90,7 +93,7 @@ def run(registry: Any, name: str, model: Path | None, inputs: Path | None, strat
                    search=strategy, max_depth=MAX_DEPTH,
                    **({"beam_width": BEAM_WIDTH} if strategy == "beam" else {}),
                    seasonings=SPACES[name], accuracy=ACCURACY, inputs=inputs,
-                   measure=settings, in_process=True, fresh=True)
+                   measure=settings, in_process=True, fresh=not args.resume)
     if args.plan:
         prepared = prepare_run(opts, registry)
         strat = registry.strategy(strategy)(prepared.space, prepared.strategy_options)
@@ -105,6 +108,7 @@ def run(registry: Any, name: str, model: Path | None, inputs: Path | None, strat
                  for t in result.trials)
     confirmed = result.confirmed
     return {"space": result.space_size, "builds": builds, "wall_s": round(wall, 1),
+            "resumed": args.resume,
             "winner": result.winner.route,
             "confirmed": confirmed.paired.value if confirmed else 1.0,
             "trials": trials}

@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 GPU_SEASONINGS = "fp16,ort-cuda-nhwc,ort-cuda-graph,ort-cuda-no-tf32"
+RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
+"""Ray's command line, also where Ray is installed with ``pip --target`` (no ``ray`` script)."""
 
 
 def main() -> None:
@@ -181,24 +183,25 @@ def gpus(args: argparse.Namespace) -> dict[str, Any]:
     all_gpus = ",".join(str(i) for i in range(count))
     flags = [str(model), "--inputs", str(inputs), "--backend", "onnxruntime-cuda",
              "--seasonings", GPU_SEASONINGS, "--search", "exhaustive", "--max-depth", "4",
-             "--max-trials", "16", "--build-workers", "4", "--min-time", str(args.min_time),
+             "--max-trials", "16", "--min-time", str(args.min_time),
              "--accuracy", "cos>=0.9999,rel_l2<=0.01"]
     runs: dict[str, list[dict[str, Any]]] = {"0": [], all_gpus: []}
     if args.ray:
         runs["ray"] = []
-        ray = str(Path(sys.executable).parent / "ray")
-        subprocess.run([ray, "start", "--head", "--num-cpus", "4", "--include-dashboard=false",
-                        "--disable-usage-stats"], check=True, capture_output=True,
-                       env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        started = subprocess.run([*RAY_CLI, "start", "--head", "--num-cpus", "4",
+                                  "--include-dashboard=false", "--disable-usage-stats"],
+                                 capture_output=True, text=True,
+                                 env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        if started.returncode:
+            raise SystemExit(f"ray start failed: {started.stderr[-2000:]}")
     for i in range(args.repeats):
         for visible in runs:
-            extra, env = [], {"CUDA_VISIBLE_DEVICES": visible}
+            extra, env = ["--build-workers", "4"], {"CUDA_VISIBLE_DEVICES": visible}
             if visible == "ray":  # every GPU; builds: the cluster's 4 CPUs
                 extra = ["--executor", "ray", "--ray-address", "auto"]
                 env = {"RAY_AUTH_MODE": "disabled"}
             run = tune(args.out / f"gpus-{visible.replace(',', '')}-{args.min_time:g}s-{i}",
-                       *[f for f in flags if visible != "ray" or f not in ("--build-workers", "4")],
-                       *extra, env=env)
+                       *flags, *extra, env=env)
             runs[visible].append(run)
             by_gpu = {}
             for e in run["timeline"]:
@@ -209,7 +212,7 @@ def gpus(args: argparse.Namespace) -> dict[str, Any]:
                   f"per GPU {by_gpu}, two measuring at once "
                   f"{overlap_s(run['timeline'], 'measure'):.1f} s")
     if args.ray:
-        subprocess.run([str(Path(sys.executable).parent / "ray"), "stop"], capture_output=True)
+        subprocess.run([*RAY_CLI, "stop"], capture_output=True)
     one, many = runs["0"], runs[all_gpus]
     pairs = [many[i]["wall_s"] / one[i]["wall_s"] for i in range(args.repeats)]
     result = {

@@ -77,11 +77,16 @@ class BusyPolicy:
         max_wait_s: Seconds ``wait`` waits per measure phase at most.
         gpu: The measuring GPU's ``CUDA_VISIBLE_DEVICES`` value (an index or UUID), or
             None when engines run on the host CPU.
+        tuner: Process ids whose process trees are the tuner's own: their CPU time and
+            GPU contexts are not foreign. Empty: `tuner_pid`'s tree. An executor whose
+            workers are not the tuner's children names them (Ray: the node's raylet,
+            whose children are the run's workers, and the driver on its node).
     """
 
     mode: str = "wait"
     max_wait_s: float = 60.0
     gpu: str | None = None
+    tuner: tuple[int, ...] = ()
 
     def measurer_cores(self) -> int:
         """Cores the measurer may use: all on the CPU, one (the launching thread) on a GPU."""
@@ -121,8 +126,8 @@ def _cpu_line() -> tuple[int, int, int]:
     return 0, 0, 0
 
 
-def _tree(root: int) -> dict[int, tuple[int, str]]:
-    """The processes of `root`'s tree: pid to (utime + stime jiffies, state)."""
+def _tree(roots: tuple[int, ...]) -> dict[int, tuple[int, str]]:
+    """The processes of the trees of `roots`: pid to (utime + stime jiffies, state)."""
     parent: dict[int, int] = {}
     stats: dict[int, tuple[int, str]] = {}
     try:
@@ -136,7 +141,7 @@ def _tree(root: int) -> dict[int, tuple[int, str]]:
         fields = text.rsplit(")", 1)[-1].split()  # the name may hold spaces
         parent[pid] = int(fields[1])
         stats[pid] = (int(fields[11]) + int(fields[12]), fields[0])
-    members, frontier = {root}, [root]
+    members, frontier = set(roots), list(roots)
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
@@ -186,9 +191,9 @@ class _Sample:
     tree: dict[int, tuple[int, str]]
 
 
-def _sample(root: int) -> _Sample:
+def _sample(roots: tuple[int, ...]) -> _Sample:
     busy, steal, total = _cpu_line()
-    return _Sample(time.monotonic(), busy, steal, total, _tree(root))
+    return _Sample(time.monotonic(), busy, steal, total, _tree(roots))
 
 
 def cpu_conditions(a: _Sample, b: _Sample, policy: BusyPolicy) -> dict[str, Any]:
@@ -287,21 +292,21 @@ class Watch:
     def __init__(self, policy: BusyPolicy, status: Path | None = None) -> None:
         self.policy = policy
         self.status = status
-        self.root = tuner_pid()
+        self.roots = policy.tuner or (tuner_pid(),)
         self._start: _Sample | None = None
         self._gpu_before: dict[str, Any] | None = None
 
     def start(self) -> None:
         """Begin a measurement window."""
         if self.policy.gpu is not None:
-            self._gpu_before = gpu_conditions(self.policy.gpu, set(_tree(self.root)))
-        self._start = _sample(self.root)
+            self._gpu_before = gpu_conditions(self.policy.gpu, set(_tree(self.roots)))
+        self._start = _sample(self.roots)
 
     def stop(self) -> dict[str, Any]:
         """End the window; the conditions, ``busy`` saying why it was busy (or "")."""
         if self._start is None:
             raise RuntimeError("Watch.stop before Watch.start")
-        out = cpu_conditions(self._start, _sample(self.root), self.policy)
+        out = cpu_conditions(self._start, _sample(self.roots), self.policy)
         if self._gpu_before is not None:
             out["gpu"] = self._gpu_before
             if self._gpu_before.get("busy"):
@@ -310,11 +315,11 @@ class Watch:
 
     def quick_busy(self) -> str:
         """A cheap look before measuring: why the machine looks busy now, or ""."""
-        a = _sample(self.root)
+        a = _sample(self.roots)
         time.sleep(0.1)
-        reason = cpu_conditions(a, _sample(self.root), self.policy)["busy"]
+        reason = cpu_conditions(a, _sample(self.roots), self.policy)["busy"]
         if not reason and self.policy.gpu is not None:
-            reason = gpu_conditions(self.policy.gpu, set(_tree(self.root)))["busy"]
+            reason = gpu_conditions(self.policy.gpu, set(_tree(self.roots)))["busy"]
         return reason
 
     def wait_quiet(self, budget_s: float, why: str) -> float:
@@ -331,11 +336,11 @@ class Watch:
             while (waited := time.monotonic() - t0) < budget_s:
                 self._say(f"waiting for a quiet machine ({why}); {waited:.0f} s of at most "
                           f"{budget_s:.0f} s")
-                a = _sample(self.root)
+                a = _sample(self.roots)
                 time.sleep(WINDOW_S)
-                reason = cpu_conditions(a, _sample(self.root), self.policy)["busy"]
+                reason = cpu_conditions(a, _sample(self.roots), self.policy)["busy"]
                 if not reason and self.policy.gpu is not None:
-                    reason = gpu_conditions(self.policy.gpu, set(_tree(self.root)))["busy"]
+                    reason = gpu_conditions(self.policy.gpu, set(_tree(self.roots)))["busy"]
                 if reason:
                     why, quiet_since = reason, None
                 elif quiet_since is None:

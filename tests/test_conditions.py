@@ -41,6 +41,21 @@ def test_foreign_load_is_seen_and_named() -> None:
     assert quick.startswith("other processes used")
 
 
+def test_processes_named_as_the_tuners_are_not_foreign() -> None:
+    """A Ray measuring actor is not the parent of the run's other workers, nor of the
+    driver; it names them (`BusyPolicy.tuner`), and their CPU time is then its own."""
+    with foreign_load(cores=1) as pids:
+        named = Watch(BusyPolicy(tuner=(os.getpid(), *pids)))
+        unnamed = Watch(BusyPolicy(tuner=(os.getpid(),)))
+        named.start()
+        unnamed.start()
+        time.sleep(0.6)
+        own, foreign = named.stop(), unnamed.stop()
+    assert foreign["foreign_cores"] > 0.7 and foreign["busy"], foreign
+    assert own["foreign_cores"] < 0.3 and own["busy"] == "", own
+    assert own["foreign_runnable"] <= foreign["foreign_runnable"]
+
+
 def test_wait_measures_again_once_the_load_is_gone(tmp_path: Path) -> None:
     status = tmp_path / "busy-1.json"
     calls: list[float] = []

@@ -55,6 +55,8 @@ class TrialInputs:
             models in FP32 on the reference backend (the FP32 reference role).
         task_params: Per task metric, the ``@`` values to measure besides its default
             (`routetune.judging.constraint.Constraint.task_params`).
+        tuner_pids: `BusyPolicy.tuner`: processes whose trees are the tuner's, set where
+            the worker is not the tuner's child (a Ray worker); empty otherwise.
     """
 
     model: PreparedModel
@@ -69,6 +71,7 @@ class TrialInputs:
     base_passes: tuple[Mapping[str, Any], ...] = ()
     reference: bool = True
     task_params: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    tuner_pids: tuple[int, ...] = ()
 
     @property
     def measure(self) -> MeasureSettings:
@@ -83,7 +86,7 @@ class TrialInputs:
     @property
     def busy(self) -> BusyPolicy:
         """What a measurement does on a busy machine (its ``gpu`` is set by the worker)."""
-        return BusyPolicy(self.spec.busy_machine)
+        return BusyPolicy(self.spec.busy_machine, tuner=self.tuner_pids)
 
 
 @dataclass(frozen=True)

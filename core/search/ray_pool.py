@@ -86,8 +86,8 @@ class RayPool(Executor):
 
     def __init__(self, address: str | None, backend: str, gpu: bool, timeout_s: float,
                  tasks: Any = ray_tasks) -> None:
-        self.address, self.backend, self.gpu, self.timeout_s = address, backend, gpu, timeout_s
-        self.tasks = tasks
+        self.address, self.backend, self.gpu, self.timeout_s, self.tasks = (
+            address, backend, gpu, timeout_s, tasks)
         self._connected = False
         self._nodes: list[Node] = []
         self._slots: list[_Slot] = []
@@ -139,7 +139,7 @@ class RayPool(Executor):
         remote = ray.remote(self.tasks.Measurer).options(
             num_cpus=0, num_gpus=1 if self.gpu else 0, max_restarts=0,
             scheduling_strategy=on_node(node.id))
-        return remote.remote(self._box, self._run, self.timeout_s)
+        return remote.remote(self._box, self._run, self.timeout_s, ray_tasks.driver())
 
     def _first(self) -> Node:
         """The first node that measures: this one, where it can."""

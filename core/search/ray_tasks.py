@@ -84,11 +84,14 @@ def _setup() -> None:
                             format="%(levelname)s %(name)s: %(message)s")
 
 
-def _live(box: list[Any], run: str) -> Candidate:
+def _live(box: list[Any], run: str, driver: tuple[str, int] | None = None) -> Candidate:
     """This process's candidate for the run whose inputs `box` holds (an ObjectRef).
 
     The inputs come from the object store once per process (the ref is boxed so that
     Ray does not fetch it with every task); their output directory is this node's.
+    The tuner's own processes, for the busy check, are the node's raylet (whose
+    children are the run's Ray workers: builds, this actor) and `driver` (Ray node id,
+    pid) where it runs on this node.
     """
     global _current
     import ray
@@ -103,7 +106,8 @@ def _live(box: list[Any], run: str) -> Candidate:
             _current = None
         inputs: TrialInputs = ray.get(box[0])
         node = ray.get_runtime_context().get_node_id()
-        inputs = replace(inputs, outdir=node_outdir(run, node))
+        tuner = (os.getppid(),) + ((driver[1],) if driver and driver[0] == node else ())
+        inputs = replace(inputs, outdir=node_outdir(run, node), tuner_pids=tuner)
         _current = _Process(key, Candidate(load_registry(), inputs))
     return _current.candidate
 
@@ -117,6 +121,13 @@ def where() -> Where:
             "node_id": ray.get_runtime_context().get_node_id(),
             "hostname": socket.gethostname(),
             "gpu": ",".join(str(g) for g in gpus) if gpus else None, "pid": os.getpid()}
+
+
+def driver() -> tuple[str, int]:
+    """The driver's Ray node id and pid, for the measuring actors (`Measurer`)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), os.getpid()
 
 
 def _files(outdir: Path) -> dict[str, tuple[int, int]]:
@@ -233,14 +244,16 @@ class Measurer:
         box: The run's `TrialInputs`, as a one-item list holding their ObjectRef.
         run: The run's key.
         timeout_s: ``--trial-timeout`` (s).
+        driver: The driver's Ray node id and pid: its processes are the tuner's own.
     """
 
-    def __init__(self, box: list[Any], run: str, timeout_s: float) -> None:
-        self.box, self.run, self.timeout_s = box, run, timeout_s
+    def __init__(self, box: list[Any], run: str, timeout_s: float,
+                 driver: tuple[str, int] | None = None) -> None:
+        self.box, self.run, self.timeout_s, self.driver = box, run, timeout_s, driver
 
     def ready(self) -> Where:
         """Load plugins, inputs and model now; where this actor runs."""
-        _live(self.box, self.run)
+        _live(self.box, self.run, self.driver)
         return where()
 
     def measure(self, route: Route, fingerprint: str, built: Mapping[str, Any],
@@ -249,7 +262,7 @@ class Measurer:
 
         `deadline` is as `build`'s.
         """
-        candidate = _live(self.box, self.run)
+        candidate = _live(self.box, self.run, self.driver)
         for bundle in bundles:
             unpack(candidate.outdir, bundle)
         return _logged(candidate.outdir, fingerprint, lambda log: run_phase(
@@ -263,7 +276,7 @@ class Measurer:
         Raises:
             Exception: Whatever the method raised.
         """
-        candidate = _live(self.box, self.run)
+        candidate = _live(self.box, self.run, self.driver)
         for bundle in bundles:
             unpack(candidate.outdir, bundle)
         log = candidate.outdir / LOGS / f"{method}.log"
