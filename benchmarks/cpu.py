@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/cpu.py [--out DIR] [--models ppocr-cls,ppocr-rec,ppocr-det]
                                 [--backend onnxruntime,openvino] [--seasonings a,b]
-                                [--min-time 0.5]
+                                [--min-time 0.5] [--time-budget S]
 
 For each PP-OCR example, in one process:
 
@@ -44,6 +44,8 @@ def main() -> None:
     parser.add_argument("--backend", default="onnxruntime,openvino")
     parser.add_argument("--seasonings", default="",
                         help="restrict the space (comma-separated); every one by default")
+    parser.add_argument("--time-budget", type=float, default=None,
+                        help="routetune's --time-budget (s), for each backend's search")
     parser.add_argument("--min-time", type=float, default=0.5,
                         help="seconds per engine in the side-by-side loop, at least")
     args = parser.parse_args()
@@ -87,7 +89,8 @@ def bench(name: str, args: argparse.Namespace, registry: Any) -> dict[str, Any]:
     started = time.perf_counter()
     seasonings = tuple(args.seasonings.split(",")) if args.seasonings else None
     result = tune_backends(RunSpec(example=name, backend=args.backend, fresh=True,
-                                   seasonings=seasonings, output=args.out / name), registry)
+                                   seasonings=seasonings, output=args.out / name,
+                                   time_budget_s=args.time_budget), registry)
     tuning_s = time.perf_counter() - started
     held_out = load_inputs(name, seed=1)
     winner_json = json.loads((result.outdir / "winner.json").read_text())
@@ -124,7 +127,7 @@ def bench(name: str, args: argparse.Namespace, registry: Any) -> dict[str, Any]:
     winner_p = paired_speedup(blocks, len(labels) - 1, 0)
     olive_p = paired_speedup(blocks, len(labels) - 1, 1)
     return {
-        "tuning_s": round(tuning_s, 1),
+        "tuning_s": round(tuning_s, 1), "time_budget_s": args.time_budget,
         "trials": {r.base.backend: len(r.trials) for r in result.runs},
         "winner": result.winner.name, "reason": result.reason,
         "speedup_over_ort": round(winner_p.value, 3),

@@ -75,8 +75,7 @@ def sim_build(box: list[Any], run: str, route: Any, fingerprint: str, deadline: 
 class SimMeasurer:
     """A measuring actor: takes the build's files, sleeps for the drawn measure time."""
 
-    def __init__(self, box: list[Any], run: str, timeout_s: float,
-                 driver: tuple[str, int] | None = None) -> None:
+    def __init__(self, box: list[Any], run: str, timeout_s: float) -> None:
         self.box = box
 
     def ready(self) -> dict[str, Any]:
@@ -172,7 +171,7 @@ def one(n: int, args: argparse.Namespace, builds: list[float], measures: list[fl
     durations = {str(r): (rng.choice(builds) * args.scale, rng.choice(measures) * args.scale)
                  for r in routes}
     out = Path(tempfile.mkdtemp(prefix=f"ray-scale-{n}-"))
-    inputs = SimpleNamespace(outdir=out, durations=durations,
+    inputs = SimpleNamespace(outdir=out, durations=durations, model=SimpleNamespace(weights=None),
                              bundle_bytes=int(args.bundle_mb * 2**20))
     ray.init(num_cpus=n, num_gpus=n, object_store_memory=max(200, 40 * n) * 2**20,
              include_dashboard=False, configure_logging=False, log_to_driver=False)

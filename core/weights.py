@@ -68,6 +68,11 @@ def has_external_data(model: onnx.ModelProto) -> bool:
     return any(is_external(t) for t in tensors(model))
 
 
+def locations(model: onnx.ModelProto) -> set[str]:
+    """The external data files the model names, relative to the folder it is read from."""
+    return {_entry(t)[0] for t in tensors(model) if is_external(t)}
+
+
 def _entry(tensor: TensorProto) -> tuple[str, int, int | None]:
     """A tensor's external ``location``, ``offset`` (bytes) and ``length`` (None: to the end)."""
     info = {e.key: e.value for e in tensor.external_data}

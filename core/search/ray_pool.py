@@ -122,7 +122,7 @@ class RayPool(Executor):
         self.warm_up(inputs.outdir)
         ray = ray_cluster.import_ray()
         self._inputs = inputs
-        self._box = [ray.put(inputs)]
+        self._box = [ray.put(inputs), ray_tasks.put_weights(inputs), ray_tasks.driver()]
         self._spawn()
 
     def _spawn(self) -> None:
@@ -139,7 +139,7 @@ class RayPool(Executor):
         remote = ray.remote(self.tasks.Measurer).options(
             num_cpus=0, num_gpus=1 if self.gpu else 0, max_restarts=0,
             scheduling_strategy=on_node(node.id))
-        return remote.remote(self._box, self._run, self.timeout_s, ray_tasks.driver())
+        return remote.remote(self._box, self._run, self.timeout_s)
 
     def _first(self) -> Node:
         """The first node that measures: this one, where it can."""
@@ -324,7 +324,8 @@ class RayPool(Executor):
     def call(self, method: str, *args: Any, fresh: bool = False) -> Any:
         """Run a `Candidate` method on the first measuring node's actor, or a new one.
 
-        The trial's candidate model (``args[1]``, under the output directory) goes along.
+        The trial's candidate model (``args[1]``, under the output directory) goes along,
+        with the external data files it names.
 
         Raises:
             TimeoutError: It ran past ``--trial-timeout``.
@@ -336,8 +337,7 @@ class RayPool(Executor):
             self._slots[0].actor = self._actor(self._slots[0].node)
         slot = _Slot(self._first()) if fresh else self._slots[0]
         actor = self._actor(slot.node) if fresh else slot.actor
-        model = self._outdir / str(args[1]) if len(args) > 1 and args[1] else None
-        bundle = {str(args[1]): model.read_bytes()} if model and model.is_file() else {}
+        bundle = ray_tasks.model_bundle(self._outdir, str(args[1]) if len(args) > 1 else "")
         start = time.time()
         try:
             ref = actor.call.remote(method, args, bundle)

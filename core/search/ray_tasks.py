@@ -11,12 +11,19 @@ own (`node_outdir`, under the node's temporary directory). What a build wrote un
 engine) comes back as a `Bundle`, through Ray's object store; it is written
 (`unpack`) where the trial is measured, on nodes that build routes extending it, and
 in the driver's output directory. Each phase's log comes back as text, which the
-driver appends to the trial's log there.
+driver appends to the trial's log there. A model with external data (over 2 GiB) sends
+its data files once per run (`put_weights`); each node other than the driver's writes
+them into its folder once (`_with_weights`).
+
+Every task and actor gets the run as a ``box``: ``[inputs, weights, driver]``, the
+ObjectRef of the `TrialInputs`, that of the base model's external data files (or None),
+and the driver's (Ray node id, pid). Refs inside a list are not fetched with each task.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import fcntl
 import logging
 import os
 import shutil
@@ -29,6 +36,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
+import onnx
+
+from routetune import weights
 from routetune.logs import LOGS, captured
 from routetune.route import Route
 from routetune.search.candidate import Candidate
@@ -84,14 +95,14 @@ def _setup() -> None:
                             format="%(levelname)s %(name)s: %(message)s")
 
 
-def _live(box: list[Any], run: str, driver: tuple[str, int] | None = None) -> Candidate:
-    """This process's candidate for the run whose inputs `box` holds (an ObjectRef).
+def _live(box: list[Any], run: str) -> Candidate:
+    """This process's candidate for the run that `box` holds (see the module docstring).
 
-    The inputs come from the object store once per process (the ref is boxed so that
-    Ray does not fetch it with every task); their output directory is this node's.
-    The tuner's own processes, for the busy check, are the node's raylet (whose
-    children are the run's Ray workers: builds, this actor) and `driver` (Ray node id,
-    pid) where it runs on this node.
+    The inputs come from the object store once per process; their output directory is
+    this node's, and so are the base model's external data files, on nodes other than
+    the driver's. The tuner's own processes, for the busy check, are the node's raylet
+    (whose children are the run's Ray workers: builds, the measuring actor) and the
+    driver where it runs on this node.
     """
     global _current
     import ray
@@ -105,11 +116,80 @@ def _live(box: list[Any], run: str, driver: tuple[str, int] | None = None) -> Ca
             _current.candidate.close()
             _current = None
         inputs: TrialInputs = ray.get(box[0])
-        node = ray.get_runtime_context().get_node_id()
-        tuner = (os.getppid(),) + ((driver[1],) if driver and driver[0] == node else ())
-        inputs = replace(inputs, outdir=node_outdir(run, node), tuner_pids=tuner)
+        node, (driver_node, driver_pid) = ray.get_runtime_context().get_node_id(), box[2]
+        here = node == driver_node
+        inputs = replace(inputs, outdir=node_outdir(run, node), tuner_pids=(
+            os.getppid(), *((driver_pid,) if here else ())))
+        if box[1] is not None:
+            inputs = _with_weights(inputs, None if here else ray.get(box[1]))
         _current = _Process(key, Candidate(load_registry(), inputs))
     return _current.candidate
+
+
+def put_weights(inputs: TrialInputs) -> Any:
+    """The base model's external data files in the object store, or None without any.
+
+    Returns:
+        An ObjectRef of ``{location: uint8 array}``, locations relative to
+        ``inputs.model.weights`` (Ray keeps numpy arrays in its store without pickling).
+    """
+    import ray
+
+    model = inputs.model
+    if model.weights is None:
+        return None
+    return ray.put({name: np.fromfile(model.weights / name, dtype=np.uint8)
+                    for name in sorted(weights.locations(model.proto))})
+
+
+def _with_weights(inputs: TrialInputs, files: Mapping[str, np.ndarray] | None) -> TrialInputs:
+    """`inputs` with the base model's external data in this node's folder, and read there.
+
+    Candidate models are written to the node's folder and name their data files relative
+    to it, so the base model's must be there too. Each is written once per node (under a
+    lock: a node's build tasks and measuring actor start together): from `files` (the
+    object store's), or on the driver's node (`files` None) copied from the driver's
+    folder.
+    """
+    store = inputs.outdir / "artifacts" / "models"
+    source = inputs.model.weights
+    store.mkdir(parents=True, exist_ok=True)
+    with open(inputs.outdir / "weights.lock", "w") as lock:  # outside artifacts/: not shipped
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in sorted(weights.locations(inputs.model.proto)):
+            dest = store / name
+            if dest.is_file():
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")
+            if files is not None:
+                files[name].tofile(tmp)
+            elif source is not None:  # a copy: the ONNX checker refuses hard-linked data
+                shutil.copyfile(source / name, tmp)
+            os.replace(tmp, dest)
+    return replace(inputs, model=replace(inputs.model, weights=store))
+
+
+def model_bundle(outdir: Path, artifact: str) -> Bundle:
+    """A stored candidate model and its external data files, for a ``confirm`` or ``outputs``.
+
+    Args:
+        outdir: The driver's output directory.
+        artifact: The model's path relative to it (`Trial.artifact`), or "".
+
+    Returns:
+        The files by path relative to `outdir`; empty without a model.
+    """
+    path = outdir / artifact
+    if not artifact or not path.is_file():
+        return {}
+    bundle = {artifact: path.read_bytes()}
+    proto = onnx.load_model_from_string(bundle[artifact])  # names its data, reads none
+    for name in sorted(weights.locations(proto)):
+        data = path.parent / name
+        if data.is_file():
+            bundle[(PurePosixPath(artifact).parent / name).as_posix()] = data.read_bytes()
+    return bundle
 
 
 def where() -> Where:
@@ -124,7 +204,7 @@ def where() -> Where:
 
 
 def driver() -> tuple[str, int]:
-    """The driver's Ray node id and pid, for the measuring actors (`Measurer`)."""
+    """This process's Ray node id and pid: the driver's, in the run's ``box``."""
     import ray
 
     return ray.get_runtime_context().get_node_id(), os.getpid()
@@ -188,7 +268,7 @@ def build(box: list[Any], run: str, route: Route, fingerprint: str, deadline: fl
     """The build phase of one trial, as a Ray task (`Candidate.build`).
 
     Args:
-        box: The run's `TrialInputs`, as a one-item list holding their ObjectRef.
+        box: The run (the module docstring says what it holds).
         run: The run's key (names this node's folder, `node_outdir`).
         route: The route.
         fingerprint: The trial's fingerprint.
@@ -241,19 +321,17 @@ class Measurer:
     """A measuring actor: measures trials on one node (and one GPU) for a whole run.
 
     Args:
-        box: The run's `TrialInputs`, as a one-item list holding their ObjectRef.
+        box: The run (the module docstring says what it holds).
         run: The run's key.
         timeout_s: ``--trial-timeout`` (s).
-        driver: The driver's Ray node id and pid: its processes are the tuner's own.
     """
 
-    def __init__(self, box: list[Any], run: str, timeout_s: float,
-                 driver: tuple[str, int] | None = None) -> None:
-        self.box, self.run, self.timeout_s, self.driver = box, run, timeout_s, driver
+    def __init__(self, box: list[Any], run: str, timeout_s: float) -> None:
+        self.box, self.run, self.timeout_s = box, run, timeout_s
 
     def ready(self) -> Where:
         """Load plugins, inputs and model now; where this actor runs."""
-        _live(self.box, self.run, self.driver)
+        _live(self.box, self.run)
         return where()
 
     def measure(self, route: Route, fingerprint: str, built: Mapping[str, Any],
@@ -262,7 +340,7 @@ class Measurer:
 
         `deadline` is as `build`'s.
         """
-        candidate = _live(self.box, self.run, self.driver)
+        candidate = _live(self.box, self.run)
         for bundle in bundles:
             unpack(candidate.outdir, bundle)
         return _logged(candidate.outdir, fingerprint, lambda log: run_phase(
@@ -276,7 +354,7 @@ class Measurer:
         Raises:
             Exception: Whatever the method raised.
         """
-        candidate = _live(self.box, self.run, self.driver)
+        candidate = _live(self.box, self.run)
         for bundle in bundles:
             unpack(candidate.outdir, bundle)
         log = candidate.outdir / LOGS / f"{method}.log"

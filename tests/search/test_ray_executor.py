@@ -24,11 +24,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
 import pytest
 from graphs import conv_bn, wasteful
 from plugin_packages import installed, routetune
+from test_weights import external_model
 
 import routetune as routetune_api
+from routetune import weights
 from routetune.store import TrialStore
 
 ray = pytest.importorskip("ray")
@@ -221,6 +224,33 @@ def test_ray_and_the_local_pool_find_the_same_trials_and_winner(
         if t.artifact:
             assert (tmp_path / "ray" / t.artifact).is_file(), t.route
     assert not list(cluster.node_folders().glob("*/*"))  # the nodes' run folders: deleted
+
+
+def test_a_model_with_external_data_is_searched_on_both_nodes(cluster: Cluster,
+                                                              tmp_path: Path) -> None:
+    # The base model's data file travels once through the object store; the second node
+    # writes it into its own folder, and new weights (fp16) come back with the candidate.
+    model = external_model(tmp_path / "in" / "m.onnx")
+    out = tmp_path / "out"
+    done = routetune("tune", str(model), "--shapes", "x:2x64", "--output", str(out),
+                     "--seasonings", "fold-constants,fp16", "--search", "exhaustive",
+                     "--max-depth", "2", "--min-runs", "3", "--min-time", "0.05",
+                     "--busy-machine", "ignore", "--accuracy", "l2<=0.05", "--keep", "all",
+                     "--executor", "ray", "--ray-address", cluster.address,
+                     timeout=240, **RAY_ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = stored(out)
+    assert {r: t.status for r, t in trials.items()} == {
+        "base": "ok", "fold-constants": "ok", "fp16": "ok", "fold-constants,fp16": "ok"}, {
+        r: t.reason for r, t in trials.items()}
+    events = [e for e in timeline(out) if e["phase"] in ("build", "measure")]
+    assert {e["node_id"] for e in events} == {cluster.head_id, cluster.second_id}
+    fp16 = [t for r, t in trials.items() if "fp16" in r]
+    for t in fp16:  # the driver has each candidate and the weights it names
+        candidate = onnx.load(str(out / t.artifact), load_external_data=False)
+        for name in weights.locations(candidate):
+            assert (out / t.artifact).parent.joinpath(name).is_file(), (t.route, name)
+    assert not list(cluster.node_folders().glob("*/*"))
 
 
 def test_a_dead_worker_is_crashed_and_a_hang_timed_out(cluster: Cluster,

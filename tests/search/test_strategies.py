@@ -7,7 +7,7 @@ from routetune.measure import Latency
 from routetune.route import Route
 from routetune.search.beam import Beam, BeamOptions
 from routetune.search.exhaustive import Exhaustive
-from routetune.search.mixed import Mixed
+from routetune.search.mixed import Mixed, MixedOptions
 from routetune.search.one_at_a_time import OneAtATime
 from routetune.seasoning import Param, SeasoningInfo
 from routetune.trial import Status, Trial
@@ -108,7 +108,7 @@ def test_mixed_combines_only_the_changes_that_beat_the_base_beyond_noise() -> No
     """a: 20% faster, c{k=3}: 30% faster, b: 0.5% faster (inside the ±1% noise),
     d: fast but inaccurate, c{k=2}: slower. Phase 2 is a × c{k∈{1,3}} only."""
     times = {"a": 8.0, "b": 9.95, "c": 10.2, "c{k=2}": 11.0, "c{k=3}": 7.0, "d": 5.0}
-    strategy = Mixed(space())
+    strategy = Mixed(space(), MixedOptions(ascent=False))  # trtexec's mixed
     strategy.tell(Route(), paired(Route(), 10.0))
     first = strategy.ask()
     assert [str(r) for r in first] == ["a", "b", "c", "c{k=2}", "c{k=3}", "d"]
@@ -121,8 +121,32 @@ def test_mixed_combines_only_the_changes_that_beat_the_base_beyond_noise() -> No
     assert strategy.ask() == []
 
 
-def test_mixed_stops_after_one_at_a_time_when_fewer_than_two_changes_help() -> None:
+def test_mixed_ascends_from_the_best_route_to_a_knob_that_helps_only_with_others() -> None:
+    """b is slower than the base route alone, so phase 2 leaves it out; with a and c{k=3}
+    it halves the time (as fuse_conv_bias does with FP16 and NHWC on ResNet-50)."""
+    def ms(route: Route) -> float:
+        names = set(route.names)
+        if names >= {"a", "b"}:
+            return 3.0
+        return {"a": 8.0, "b": 10.5, "c{k=3}": 7.0, "a,c{k=3}": 5.0, "a,c": 6.0}.get(
+            str(route), 10.2)
+
     strategy = Mixed(space())
+    strategy.tell(Route(), paired(Route(), 10.0))
+    batches = []
+    while batch := strategy.ask():
+        batches.append(sorted(str(r) for r in batch))
+        for r in batch:
+            strategy.tell(r, paired(r, ms(r), "accuracy-failed" if "d" in r.names else "ok"))
+    assert batches[:2] == [["a", "b", "c", "c{k=2}", "c{k=3}", "d"], ["a,c", "a,c{k=3}"]]
+    assert batches[2] == ["a,b,c{k=3}", "a,c{k=3},d"]  # the extensions of a,c{k=3}
+    assert batches[3:] == [["a,b,c{k=3},d"]]  # then of a,b,c{k=3}, the new fastest
+    asked = [r for b in batches for r in b]
+    assert len(asked) == len(set(asked)) == 11 < space().size() - 1
+
+
+def test_mixed_stops_after_one_at_a_time_when_fewer_than_two_changes_help() -> None:
+    strategy = Mixed(space(), MixedOptions(ascent=False))
     strategy.tell(Route(), paired(Route(), 10.0))
     for r in strategy.ask():
         strategy.tell(r, paired(r, 8.0 if str(r) == "a" else 10.5))
