@@ -31,6 +31,12 @@ InputSet = dict[str, np.ndarray]
 
 _RAPIDOCR = ("rapidocr-onnxruntime", "1.4.4")
 
+EXAMPLE_BUDGET_S = 300.0
+"""An example's search budget (s) when ``--time-budget`` is not given. The examples are
+the README's first ten minutes: ``routetune tune --example ppocr-det``'s beam search took
+10 min 39 s unbounded on a 2-vCPU machine (docs/benchmarks.md), and 300 s of search plus
+preparation, confirmation and reports keeps it within 10 minutes."""
+
 VAD_ACCURACY = "speech_probs:prob_abs<=0.01,hn:rel_l2<=0.01,cn:rel_l2<=0.01"
 """Silero VAD's task constraint: each frame's speech probability within 0.01, and the
 LSTM state handed to the next chunk within 1% (rel-L2). Not an unscoped ``prob_abs``:
@@ -58,6 +64,8 @@ class Example:
             default.
         count: How many input sets a run validates and times on: enough samples for a
             task metric's rate to mean something.
+        time_budget_s: The search's ``--time-budget`` (s) when none is given
+            (`EXAMPLE_BUDGET_S`).
     """
 
     name: str
@@ -70,6 +78,7 @@ class Example:
     make_inputs: Callable[[Mapping[str, tuple[int, ...]], int, int], list[InputSet]]
     accuracy: str | None = None
     count: int = 4
+    time_budget_s: float | None = EXAMPLE_BUDGET_S
 
     @property
     def filename(self) -> str:

@@ -26,7 +26,6 @@ STATUS_STYLE = {
     "crashed": "red", "timed-out": "magenta", "skipped": "dim", "build-only": "cyan",
 }
 
-
 SHOWN_PARAMS = 12
 """Parameters listed per seasoning by ``routetune seasonings`` (TensorRT has ~200 knobs)."""
 
@@ -92,8 +91,8 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
     """What ``routetune tune`` is about to do, in short lines that do not wrap at 80 columns.
 
     The model's name and hash, the backend and its device, the base pipeline's preflight
-    (one line per step), the route space with the trials planned, and the accuracy
-    constraint (an example's own says so).
+    (one line per step), the route space with the trials planned, the time budget and
+    the accuracy constraint (an example's own say so).
     """
     size, offered = run.space.size(), len(run.space.infos)
     lines = [f"model    {escape(run.model.source.name)} · sha256 "
@@ -105,6 +104,10 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
         lines.append(f"preflight {escape(p['step'])}" + (f": {escape(stats)}" if stats else ""))
     lines.append(f"space    {size:,} route{'s' * (size != 1)} from {offered} "
                  f"seasoning{'s' * (offered != 1)} · search {escape(search)} · {plan}")
+    if run.time_budget_s is not None:
+        whose = run.source.get("time_budget")
+        lines.append(f"budget   {run.time_budget_s:g} s of search"
+                     + (f" · {escape(whose)} (--time-budget to change)" if whose else ""))
     whose = run.source.get("accuracy")
     lines.append(f"accuracy {escape(run.constraint.text)}"
                  + (f" · {escape(whose)} task constraint" if whose else ""))

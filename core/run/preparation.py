@@ -71,6 +71,9 @@ class Prepared:
     base_passes: list[dict[str, Any]] = field(default_factory=list)
     """The backend's preflight and the pinned prefix as applied (set once the search loop
     has started)."""
+    time_budget_s: float | None = None
+    """The search's time budget (s): ``--time-budget``, or the example's when none is
+    given (`routetune.feeds.examples.Example.time_budget_s`, named in ``source``)."""
 
     @property
     def backend_options(self) -> Mapping[str, Any]:
@@ -116,9 +119,13 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     if opts.example and opts.model is not None:
         raise UsageError("give either MODEL.onnx or --example NAME, not both")
     example = examples.get_example(opts.example) if opts.example else None
+    budget_s = opts.time_budget_s
     if example is not None:
         path = examples.fetch_example(example)
         source["example"] = example.name
+        if "time_budget_s" not in opts.sources and example.time_budget_s is not None:
+            budget_s = example.time_budget_s
+            source["time_budget"] = f"the {example.name} example's"
         given_shapes = {**example.shapes, **given_shapes}
     elif opts.model is not None:
         path = opts.model
@@ -201,7 +208,7 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     return Prepared(registry, model, backend, feeds, constraint, space, not_applicable,
                     outdir, settings_hash, source, refinements, profile, base=base,
                     pinned=pinned, spec=opts,
-                    strategy_options=strategy_options)
+                    strategy_options=strategy_options, time_budget_s=budget_s)
 
 
 def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:

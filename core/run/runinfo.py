@@ -76,7 +76,7 @@ def start_record(run: Prepared, opts: RunSpec, versions: dict[str, str]) -> dict
                                      for p in i.params] for n, i in run.space.infos.items()},
                   "not_applicable": dict(run.not_applicable)},
         "search": {"strategy": opts.search, "options": values_of(run.strategy_options),
-                   "max_trials": opts.max_trials, "time_budget_s": opts.time_budget_s},
+                   "max_trials": opts.max_trials, "time_budget_s": run.time_budget_s},
         "measure": asdict(opts.measure),
         "verdict": {"min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine},
         "conditions_at_start": machine_now(),

@@ -255,7 +255,7 @@ def _tune_locked(
                 fresh.add(trial.fingerprint)
             on_trial(trial, cached)
 
-        trials = loop.run(strategy, Budget(opts.max_trials, opts.time_budget_s), on_each,
+        trials = loop.run(strategy, Budget(opts.max_trials, run.time_budget_s), on_each,
                           pinned=run.pinned)
         trials.extend(skipped)
         executor.release()  # confirmation runs alone, not beside the search's sessions

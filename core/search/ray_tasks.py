@@ -120,23 +120,26 @@ def _live(box: list[Any], run: str) -> Candidate:
         here = node == driver_node
         inputs = replace(inputs, outdir=node_outdir(run, node), tuner_pids=(
             os.getppid(), *((driver_pid,) if here else ())))
-        if box[1] is not None:
+        if inputs.model.weights is not None:
             inputs = _with_weights(inputs, None if here else ray.get(box[1]))
         _current = _Process(key, Candidate(load_registry(), inputs))
     return _current.candidate
 
 
 def put_weights(inputs: TrialInputs) -> Any:
-    """The base model's external data files in the object store, or None without any.
+    """The base model's external data files in the object store, for the other machines.
 
     Returns:
         An ObjectRef of ``{location: uint8 array}``, locations relative to
-        ``inputs.model.weights`` (Ray keeps numpy arrays in its store without pickling).
+        ``inputs.model.weights`` (Ray keeps numpy arrays in its store without pickling);
+        None for a model without external data, or when every node of the cluster is
+        the driver's (they copy the files from its folder).
     """
     import ray
 
     model = inputs.model
-    if model.weights is None:
+    here = ray.get_runtime_context().get_node_id()
+    if model.weights is None or all(n["NodeID"] == here for n in ray.nodes() if n["Alive"]):
         return None
     return ray.put({name: np.fromfile(model.weights / name, dtype=np.uint8)
                     for name in sorted(weights.locations(model.proto))})

@@ -97,7 +97,11 @@ def test_an_example_is_judged_by_its_task_constraint_which_tune_prints(
     assert done.returncode == 0, done.stderr
     header = done.stderr.splitlines()
     assert "accuracy top1>=0.99 · the ppocr-cls example's task constraint" in header
-    assert json.loads((out / "run.json").read_text())["accuracy"] == "top1>=0.99"
+    # the first ten minutes: an example's search is bounded unless --time-budget says
+    assert ("budget   300 s of search · the ppocr-cls example's (--time-budget to change)"
+            in header)
+    record = json.loads((out / "run.json").read_text())
+    assert record["search"]["time_budget_s"] == 300 and record["accuracy"] == "top1>=0.99"
     assert "top1>=0.99 (the ppocr-cls example's task constraint)" in (
         out / "report.md").read_text()
     rows = dict(sqlite3_rows(out, "SELECT route, status FROM trials"))
@@ -106,9 +110,12 @@ def test_an_example_is_judged_by_its_task_constraint_which_tune_prints(
     again = subprocess.run(
         [sys.executable, "-m", "routetune", "tune", "--example", "ppocr-cls", "--output",
          str(out), "--seasonings", "fp16", "--max-depth", "1", "--min-runs", "3",
-         "--min-time", "0.02", "--accuracy", "cos>=0.9999"], capture_output=True, text=True,
-        timeout=600)
+         "--min-time", "0.02", "--accuracy", "cos>=0.9999", "--time-budget", "90"],
+        capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "accuracy cos>=0.9999\n" in again.stderr + "\n"
+    assert "budget   90 s of search" in again.stderr.splitlines()  # given: not the example's
+    records = [out, *sorted((out / "runs").glob("*"))]  # another constraint: its own folder
+    assert json.loads((records[-1] / "run.json").read_text())["search"]["time_budget_s"] == 90
 
 
 def sqlite3_rows(out: Path, query: str) -> list[tuple[str, str]]:
