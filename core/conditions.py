@@ -77,10 +77,8 @@ class BusyPolicy:
         max_wait_s: Seconds ``wait`` waits per measure phase at most.
         gpu: The measuring GPU's ``CUDA_VISIBLE_DEVICES`` value (an index or UUID), or
             None when engines run on the host CPU.
-        tuner: Process ids whose process trees are the tuner's own: their CPU time and
-            GPU contexts are not foreign. Empty: `tuner_pid`'s tree. An executor whose
-            workers are not the tuner's children names them (Ray: the node's raylet,
-            whose children are the run's workers, and the driver on its node).
+        tuner: Processes whose trees are the tuner's own (not foreign); empty: `tuner_pid`'s.
+            Set where workers are not the tuner's children (`routetune.search.ray_tasks`).
     """
 
     mode: str = "wait"
@@ -290,9 +288,7 @@ class Watch:
     """
 
     def __init__(self, policy: BusyPolicy, status: Path | None = None) -> None:
-        self.policy = policy
-        self.status = status
-        self.roots = policy.tuner or (tuner_pid(),)
+        self.policy, self.status, self.roots = policy, status, policy.tuner or (tuner_pid(),)
         self._start: _Sample | None = None
         self._gpu_before: dict[str, Any] | None = None
 
@@ -313,10 +309,10 @@ class Watch:
                 out["busy"] = "; ".join(filter(None, (out["busy"], self._gpu_before["busy"])))
         return out
 
-    def quick_busy(self) -> str:
-        """A cheap look before measuring: why the machine looks busy now, or ""."""
+    def quick_busy(self, window_s: float = 0.1) -> str:
+        """Why the machine was busy over the next `window_s` seconds (a quick look), or ""."""
         a = _sample(self.roots)
-        time.sleep(0.1)
+        time.sleep(window_s)
         reason = cpu_conditions(a, _sample(self.roots), self.policy)["busy"]
         if not reason and self.policy.gpu is not None:
             reason = gpu_conditions(self.policy.gpu, set(_tree(self.roots)))["busy"]
@@ -336,11 +332,7 @@ class Watch:
             while (waited := time.monotonic() - t0) < budget_s:
                 self._say(f"waiting for a quiet machine ({why}); {waited:.0f} s of at most "
                           f"{budget_s:.0f} s")
-                a = _sample(self.roots)
-                time.sleep(WINDOW_S)
-                reason = cpu_conditions(a, _sample(self.roots), self.policy)["busy"]
-                if not reason and self.policy.gpu is not None:
-                    reason = gpu_conditions(self.policy.gpu, set(_tree(self.roots)))["busy"]
+                reason = self.quick_busy(WINDOW_S)
                 if reason:
                     why, quiet_since = reason, None
                 elif quiet_since is None:
