@@ -28,6 +28,7 @@ from routetune.judging.accuracy import Verdict, check_accuracy
 from routetune.logs import LOGS, captured, keep, quietly
 from routetune.registry import Registry
 from routetune.route import Route
+from routetune.run.option_schema import OptionError
 from routetune.run.outdir import locked
 from routetune.run.preparation import prepare_run, reference_backend, reference_outputs
 from routetune.run.run_spec import RunSpec
@@ -85,8 +86,14 @@ def rebuild(opts: RunSpec, route: str | None, registry: Registry) -> Rebuilt:
         registry: The installed plugins.
 
     Raises:
-        UsageError: No route, several pinned routes, or any bad input of `prepare_run`.
+        UsageError: No route, several pinned routes, several backends, or any bad input
+            of `prepare_run`.
     """
+    if "," in opts.backend:  # a multi-backend search's folder holds one run per backend
+        raise OptionError("backend", f" {opts.backend}: build rebuilds a route on one "
+                          "backend; name one, with that backend's folder of the search, e.g. "
+                          f"--backend {opts.backend.split(',')[-1].strip()} --output "
+                          f"OUTDIR/{opts.backend.split(',')[-1].strip()}")
     if route is None:
         if len(opts.routes) != 1:
             raise UsageError(f"the recipe pins {len(opts.routes)} routes ("

@@ -75,3 +75,16 @@ def test_a_declined_pass_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert len(lines) == 1, lines
     assert lines[0].startswith("not built: int8-qdq: seasoning 'int8-qdq' failed after 'base'")
     assert "computes in float16 already" in lines[0]
+
+
+def test_several_backends_are_one_line_naming_the_folder_to_build_from(tmp_path: Path) -> None:
+    # a multi-backend search keeps each backend's run in OUTDIR/<backend>; build takes one
+    done = subprocess.run([sys.executable, "-m", "routetune", "build", "--example", "ppocr-cls",
+                           "--backend", "onnxruntime,openvino", "--route", "base", "--output",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert lines[0] == ("routetune: error: --backend onnxruntime,openvino: build rebuilds a "
+                        "route on one backend; name one, with that backend's folder of the "
+                        "search, e.g. --backend openvino --output OUTDIR/openvino")
+    assert not (tmp_path / "out").exists()  # nothing written
