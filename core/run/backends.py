@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from routetune.measure import Latency, Speedup, measure_blocks, paired_speedup
 from routetune.registry import Registry
 from routetune.run.option_schema import OptionError
@@ -38,7 +40,7 @@ from routetune.run.outdir import locked, make_outdir
 from routetune.run.preparation import Prepared, available_backend, reference_backend
 from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import Plan, TuneResult, tune
-from routetune.run.winner import WINNER_OUTPUTS
+from routetune.run.winner import WINNER_OUTPUTS, save_outputs, write_winner
 from routetune.search.artifacts import open_engine
 from routetune.search.candidate import CONFIRM_BLOCKS, with_preflight
 from routetune.search.pairing import PairedTiming
@@ -77,6 +79,8 @@ class Contender:
             built or run again (`failed`).
         paired: Its paired speed-up over the first backend's base route in that loop.
         failed: Why it was not timed, in one line ("" when it was).
+        outputs: Its outputs on each validation input set, by output name, from the
+            engine that was timed (None when it was not).
     """
 
     backend: str
@@ -84,6 +88,8 @@ class Contender:
     latency: Latency | None = None
     paired: Speedup | None = None
     failed: str = ""
+    outputs: list[dict[str, np.ndarray]] | None = field(default=None, repr=False,
+                                                        compare=False)
 
     @property
     def name(self) -> str:
@@ -168,7 +174,7 @@ def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda
         winner, reason = pick(contenders, opts.min_speedup, conditions, opts.busy_machine)
         result = BackendsResult(tuple(runs), tuple(contenders), winner, reason, top,
                                 conditions=conditions)
-        result.files.update(write(result))
+        result.files.update(write(result, prepared, opts))
     return result
 
 
@@ -212,6 +218,7 @@ def side_by_side(registry: Registry, prepared: Sequence[Prepared],
                     lambda: measure_blocks(runners, first.feeds, settings))
             finally:
                 quiet.disabled = False
+        outputs = [[runner.infer(feed) for feed in first.feeds] for runner in runners]
     finally:
         for runner in runners:
             runner.close()
@@ -223,7 +230,7 @@ def side_by_side(registry: Registry, prepared: Sequence[Prepared],
             continue
         k = timed.index(i)
         paired = paired_speedup(blocks, k, base) if base is not None else None
-        contenders.append(Contender(name, trial, latencies[k], paired))
+        contenders.append(Contender(name, trial, latencies[k], paired, outputs=outputs[k]))
     return contenders, dict(conditions)
 
 
@@ -277,16 +284,34 @@ def pick(contenders: Sequence[Contender], min_speedup: float, conditions: dict[s
                   f"side by side{tie}")
 
 
-def write(result: BackendsResult) -> dict[str, Path]:
-    """Write ``backends.json``, ``report.md`` and a copy of the winner's files."""
+def write(result: BackendsResult, prepared: Sequence[Prepared], opts: RunSpec
+          ) -> dict[str, Path]:
+    """Write ``backends.json``, ``report.md`` and the winner's files.
+
+    The winner's files are a copy of its backend's when it is that backend's own
+    winner. A backend's base route can win side by side although its own search
+    crowned another route; its files are then written here afresh.
+    """
     top, winner = result.outdir, result.winner
-    source = next(r for r in result.runs if r.base.backend == winner.backend)
-    records = source.files["run"].parent
+    k = next(i for i, r in enumerate(result.runs) if r.base.backend == winner.backend)
+    source = result.runs[k]
     files: dict[str, Path] = {}
-    for path in sorted(records.glob("winner.*")) + [records / WINNER_OUTPUTS]:
-        if path.is_file():
-            shutil.copyfile(path, top / path.name)
-            files[path.name] = top / path.name
+    for stale in [*top.glob("winner.*"), top / WINNER_OUTPUTS]:
+        stale.unlink(missing_ok=True)  # an earlier run's winner in this folder
+    if winner.trial is source.winner:
+        records = source.files["run"].parent
+        for path in sorted(records.glob("winner.*")) + [records / WINNER_OUTPUTS]:
+            if path.is_file():
+                shutil.copyfile(path, top / path.name)
+                files[path.name] = top / path.name
+    else:
+        own = dataclasses.replace(source, winner=winner.trial, winner_reason=result.reason,
+                                  confirmations=())
+        written = write_winner(prepared[k], own, opts, top)
+        files.update({path.name: path for path in written.values()})
+        if winner.outputs is not None:
+            save_outputs(top / WINNER_OUTPUTS, winner.outputs)
+            files[WINNER_OUTPUTS] = top / WINNER_OUTPUTS
     summary = {
         "winner": {"backend": winner.backend, "route": winner.trial.route,
                    "speedup": result.winner_speedup, "reason": result.reason,

@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import pytest
 from graphs import matmul_chain
 
 import routetune
 from routetune.measure import Latency, Speedup
-from routetune.run.backends import BackendsResult, Contender, backend_names, pick
+from routetune.plugin_manager import load_registry
+from routetune.run.backends import (
+    BackendsResult,
+    Contender,
+    backend_names,
+    pick,
+    tune_backends,
+    write,
+)
+from routetune.run.option_schema import check_keyword, options_of
+from routetune.run.preparation import Prepared
+from routetune.run.run_spec import RunSpec, merge
+from routetune.run.winner import WINNER_OUTPUTS, load_outputs
 from routetune.trial import Trial
 
 LAT = Latency(40, 1.0, 1.1, 1.2, 1.0, 0.95, 1.05)
@@ -106,3 +120,42 @@ def test_two_backends_search_against_one_reference_and_meet_side_by_side(
     for name in ("onnxruntime", "openvino"):
         with sqlite3.connect(out / name / "trials.sqlite") as db:
             assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == stored[name]
+
+
+def test_a_base_route_that_wins_side_by_side_gets_its_own_winner_files(
+        tmp_path: Path) -> None:
+    """Its backend's search crowned another route: the base route's files are written.
+
+    The side-by-side loop can find a backend's base route faster than the route its own
+    search crowned (CI run 31: onnxruntime's ``ort-threads`` won its search, the base
+    route won side by side, and winner.json named ``ort-threads``).
+    """
+    model = matmul_chain(tmp_path / "m.onnx", depth=2, width=64, batch=8)
+    registry = load_registry()
+    declared = {o.name: o for o in options_of(RunSpec)}
+    given = {"model": model, "backend": "onnxruntime,openvino", "search": "exhaustive",
+             "seasonings": "ort-threads,ov-threads", "output": tmp_path / "out",
+             "min_time_s": 0.1, "busy_machine": "warn"}
+    spec = merge({k: check_keyword(declared[k], v) for k, v in given.items()}, "api",
+                 registry)
+    prepared: list[Prepared] = []
+    result = tune_backends(spec, registry, on_start=lambda run, plan: prepared.append(run))
+    ort = result.runs[0]
+    other = next(t for t in ort.trials if t.route != "base" and t.status == "ok")
+    base = result.contenders[0]
+    assert base.trial is ort.base and base.outputs is not None
+    crowned = dataclasses.replace(ort, winner=other)  # its own search crowned `other`
+    staged = dataclasses.replace(result, runs=(crowned, *result.runs[1:]), winner=base,
+                                 reason="the base route was fastest side by side")
+    files = write(staged, prepared, spec)
+    top = tmp_path / "out"
+    written = json.loads((top / "winner.json").read_text())
+    assert (written["backend"], written["route"]) == ("onnxruntime", "base")
+    assert written["reason"] == "the base route was fastest side by side"
+    assert onnx.load(top / "winner.onnx").graph.node  # the base model, standalone
+    assert "base" in (top / "winner.toml").read_text()
+    stored = load_outputs(files[WINNER_OUTPUTS])
+    assert [set(o) for o in stored] == [set(o) for o in base.outputs]
+    summary = json.loads(files["backends.json"].read_text())
+    assert (summary["winner"]["backend"], summary["winner"]["route"]) == ("onnxruntime",
+                                                                          "base")
