@@ -281,6 +281,36 @@ def paired_speedup(blocks: Sequence[Block], candidate: int = 0, base: int = 1,
                    float((q90 - q10) / 2 / q50) if q50 > 0 else 0.0)
 
 
+def across_repeats(speedups: Sequence[Speedup]) -> Speedup:
+    """One speed-up from independent repeats of a paired comparison.
+
+    Paired blocks cancel what the machine does to both engines at once, but not what
+    it does to one more than the other, and that changes over seconds: on a 2-vCPU VM,
+    with no other process running, four consecutive loops of ONNX Runtime against
+    OpenVINO in one process measured 2.16x [2.08, 2.23], 1.43x [1.32, 1.51], 1.98x
+    [1.75, 2.12] and 1.14x [1.11, 1.16] (docs/benchmarks.md, "One loop is not
+    enough"). A single loop's interval, over its blocks, cannot see that. So a verdict
+    rests on several loops, each in a fresh process and at another time, as pyperf
+    runs a benchmark in several processes because each has its own variance
+    (https://pyperf.readthedocs.io/en/latest/run_benchmark.html).
+
+    Returns:
+        The median of the repeats' estimates; its interval runs from the lowest lower end
+        to the highest upper end of theirs (so it clears ``--min-speedup`` only when
+        every repeat does); the pairs summed and the largest drift.
+
+    Raises:
+        ValueError: No repeats.
+    """
+    if not speedups:
+        raise ValueError("no repeats to combine")
+    if len(speedups) == 1:
+        return speedups[0]
+    return Speedup(float(np.median([s.value for s in speedups])),
+                   min(s.ci_low for s in speedups), max(s.ci_high for s in speedups),
+                   sum(s.pairs for s in speedups), max(s.drift for s in speedups))
+
+
 def measure(runner: Runner, feeds: Sequence[Feed], settings: MeasureSettings) -> Latency:
     """Time `runner` on `feeds`, rotating over them, in blocks.
 

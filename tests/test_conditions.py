@@ -18,13 +18,23 @@ from routetune.store import TrialStore
 
 
 def test_a_quiet_machine_is_not_busy_and_the_tuners_own_work_is_not_foreign() -> None:
-    watch = Watch(BusyPolicy())
-    watch.start()
-    t = time.time()
-    while time.time() - t < 0.5:  # this process's own work
-        pass
-    c = watch.stop()
-    assert c["busy"] == "" and c["foreign_cores"] < 0.25
+    def window() -> dict:
+        watch = Watch(BusyPolicy())
+        watch.start()
+        t = time.time()
+        while time.time() - t < 0.5:  # this process's own work: a whole core
+            pass
+        return watch.stop()
+
+    # The quietest of a few windows: another test's processes (a Ray cluster stopping)
+    # may still run for a moment; counting our own core as foreign would fail them all.
+    c = window()
+    for _ in range(5):
+        if c["busy"] == "":
+            break
+        time.sleep(1.0)
+        c = min(c, window(), key=lambda w: w["foreign_cores"])
+    assert c["busy"] == "" and c["foreign_cores"] < 0.25, c
     assert c["cores"] == len(os.sched_getaffinity(0)) and c["load1"] is not None
     assert 0.4 < c["window_s"] < 1.5 and c["steal_pct"] >= 0
 

@@ -96,7 +96,7 @@ def test_measure_stops_at_max_runs() -> None:
 
 # --- paired blocks: synthetic block streams with a known truth -----------------------
 
-from routetune.measure import Block, paired_speedup  # noqa: E402
+from routetune.measure import Block, Speedup, across_repeats, paired_speedup  # noqa: E402,I001
 
 
 def abba(base_ms: list[float], cand_ms: list[float]) -> list[Block]:
@@ -165,6 +165,31 @@ def test_drift_larger_than_the_effect_is_a_tie() -> None:
     paired = paired_speedup(abba(base, cand))
     assert paired.ci_low > 1.03
     assert "drifted" in paired.clears(1.03)
+
+
+def test_a_slow_differential_drift_needs_several_loops() -> None:
+    """What 2-vCPU VM showed (docs/benchmarks.md, "One loop is not enough"): one engine
+    slows more than the other when the host is busy, and that changes over seconds,
+    longer than a loop. Each loop's interval is narrow and misses the others' figures;
+    combined (`across_repeats`), the interval spans them and still shows the win."""
+    rng = np.random.default_rng(3)
+    loops = []
+    for state in (1.0, 1.6, 1.2):  # how much the host's state slows the base engine
+        base = list(10.0 * state * (1 + 0.004 * rng.standard_normal(30)))
+        cand = list(10.0 / 1.4 * (1 + 0.004 * rng.standard_normal(30)))
+        loops.append(paired_speedup(abba(base, cand)))
+    assert all(a.ci_high < b.ci_low or b.ci_high < a.ci_low  # disjoint, one by one
+               for i, a in enumerate(loops) for b in loops[i + 1:])
+    combined = across_repeats(loops)
+    assert combined.ci_low == min(p.ci_low for p in loops) < 1.45
+    assert combined.ci_high == max(p.ci_high for p in loops) > 2.2
+    assert combined.value == sorted(p.value for p in loops)[1]
+    assert combined.clears(1.03) is None and combined.pairs == 90  # a win, held in each
+    tie = across_repeats([*loops, Speedup(1.0, 0.97, 1.03, 30, 0.01)])
+    assert tie.clears(1.03) is not None  # one repeat without the win: no win
+    assert across_repeats(loops[:1]) is loops[0]
+    with pytest.raises(ValueError, match="no repeats"):
+        across_repeats([])
 
 
 def test_blocks_run_in_abba_order_and_the_interval_is_over_blocks() -> None:

@@ -8,11 +8,13 @@ The rules are the README's "What the speed-up means, and how a winner is decided
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from routetune.errors import one_line
+from routetune.measure import across_repeats
 from routetune.search.strategy import rank_key
 from routetune.trial import Status, Trial
 
@@ -33,6 +35,10 @@ def _short(reason: str) -> str:
 
 CONFIRM_TRIES = 3
 """Routes re-measured at most after the search before the base route is kept."""
+
+CONFIRM_REPEATS = 3
+"""Fresh processes a route is confirmed in (``--confirm-repeats``): it holds only if it
+clears in each (`routetune.measure.across_repeats` says why one loop is not enough)."""
 
 
 def _none_accurate(trials: Sequence[Trial], base: Trial) -> str:
@@ -98,12 +104,14 @@ def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDU
 
 def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmation],
                    min_speedup: float = DEFAULT_MIN_SPEEDUP, busy_machine: str = "wait",
-                   ) -> tuple[Trial, str, list[Confirmation]]:
+                   repeats: int = CONFIRM_REPEATS) -> tuple[Trial, str, list[Confirmation]]:
     """Pick the winner: the best route (`pick_winner`) that holds when measured again.
 
     Each route worth confirming, best first and `CONFIRM_TRIES` at most, is re-measured
-    against the base route (`confirm`: a fresh process, engines built anew, paired
-    blocks). It holds when its confirmed speed-up clears `min_speedup`
+    against the base route `repeats` times (`confirm`: each a fresh process, engines
+    built anew, paired blocks), stopping at the first repeat that does not clear. It
+    holds when the repeats' combined speed-up (`routetune.measure.across_repeats`: every
+    repeat's interval above) clears `min_speedup`
     (`routetune.measure.Speedup.clears`) and the confirmation was not noisy (unless
     `busy_machine` is ``ignore``); otherwise the next one is tried, and after the last
     the base route stands. Once one holds, a later route is confirmed only if its
@@ -141,14 +149,16 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
             continue
         tried += 1
         try:
-            c = confirm(trial)
+            c = _repeated(confirm, trial, repeats, min_speedup, busy_machine)
         except Exception as e:  # an engine that cannot be rebuilt: the next one
             failed.append(f"'{trial.route}' could not be rebuilt ({one_line(e, 200)})")
             continue
         done.append(c)
         p = c.paired
-        figure = (f"{p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] confirmed in a fresh "
-                  f"process (search: {trial.speedup:.2f}x)")
+        n = len(c.repeats) or 1
+        where = "a fresh process" if n == 1 else f"{n} fresh processes"
+        figure = (f"{p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] confirmed in {where} "
+                  f"(search: {trial.speedup:.2f}x)")
         busy = c.conditions.get("busy", "")
         why_not = p.clears(min_speedup) or (
             f"the machine was busy ({busy})" if busy and busy_machine != "ignore" else None)
@@ -169,6 +179,30 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
     trial, _, figure = held
     first = "fastest accurate route" if trial is order[0] else "fastest accurate route that held"
     return trial, "; ".join([f"{first}: {figure}", *failed, *beaten]), done
+
+
+def _repeated(confirm: Callable[[Trial], Confirmation], trial: Trial, repeats: int,
+              min_speedup: float, busy_machine: str) -> Confirmation:
+    """`confirm` `trial` up to `repeats` times, until a repeat does not hold.
+
+    Returns:
+        The median repeat's confirmation, with the repeats' combined speed-up, each
+        repeat's in ``repeats``, the first busy condition seen and the waits summed.
+    """
+    done: list[Confirmation] = []
+    for _ in range(repeats):
+        c = confirm(trial)
+        done.append(c)
+        busy = c.conditions.get("busy", "") if busy_machine != "ignore" else ""
+        if c.paired.clears(min_speedup) is not None or busy:
+            break
+    middle = sorted(done, key=lambda c: c.paired.value)[(len(done) - 1) // 2]
+    conditions = {**middle.conditions,
+                  "busy": next((c.conditions["busy"] for c in done
+                                if c.conditions.get("busy")), ""),
+                  "waited_s": sum(float(c.conditions.get("waited_s", 0.0)) for c in done)}
+    return dataclasses.replace(middle, paired=across_repeats([c.paired for c in done]),
+                               conditions=conditions, repeats=tuple(c.paired for c in done))
 
 
 def _challenges(trial: Trial, held: Confirmation) -> bool:

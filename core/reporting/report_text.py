@@ -120,10 +120,17 @@ def winner_text(winner: dict[str, Any]) -> str:
     confirmed, search = winner.get("confirmed"), winner.get("search")
     if confirmed:
         lo, hi = confirmed["speedup_ci"]
+        repeats = confirmed.get("repeats") or []
+        how = (f"{len(repeats)} fresh processes, paired blocks; the median of their "
+               "estimates, and from the lowest to the highest end of their 95% intervals, "
+               f"{confirmed['pairs']} block pairs in all" if len(repeats) > 1 else
+               "fresh process, paired blocks; median and 95% interval over "
+               f"{confirmed['pairs']} block pairs")
+        each = ("; each: " + ", ".join(f"{v:.2f}x [{a:.2f}, {b:.2f}]" for v, a, b in repeats)
+                if len(repeats) > 1 else "")
         parts.append(
-            f"Confirmed (fresh process, paired blocks; median and 95% interval over "
-            f"{confirmed['pairs']} block pairs): {confirmed['speedup']:.2f}x [{lo:.2f}, "
-            f"{hi:.2f}]; p50 {confirmed['p50_ms']:.3f} ms against the base route's "
+            f"Confirmed ({how}): {confirmed['speedup']:.2f}x [{lo:.2f}, {hi:.2f}]{each}; "
+            f"p50 {confirmed['p50_ms']:.3f} ms against the base route's "
             f"{confirmed['base_p50_ms']:.3f} ms.")
     if search and winner["route"] != "base" and search.get("speedup"):
         ci = search.get("speedup_ci")

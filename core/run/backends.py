@@ -3,9 +3,10 @@
 Each backend gets a whole search of its own (`routetune.run.tuning.tune`), in a folder of
 its own, against the same FP32 reference (the reference backend is the same for all),
 with its own base route and its own confirmed winner. Then the backends' winners and
-base routes are built again and timed **side by side**, in one loop of interleaved
-paired blocks (`routetune.measure.measure_blocks`), in this process, against the first
-backend's base route: the figure every speed-up of such a run is stated against.
+base routes are built again and timed **side by side**, in loops of interleaved paired
+blocks (`routetune.measure.measure_blocks`; ``--confirm-repeats`` loops, one after
+another, combined by `routetune.measure.across_repeats`), in this process, against the
+first backend's base route: the figure every speed-up of such a run is stated against.
 
 The winner is the contender with the highest paired speed-up whose interval clears
 ``--min-speedup`` (`routetune.measure.Speedup.clears`) measured while the machine was
@@ -33,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from routetune.measure import Latency, Speedup, measure_blocks, paired_speedup
+from routetune.judging.verdict import CONFIRM_REPEATS
+from routetune.measure import Latency, Speedup, across_repeats, measure_blocks, paired_speedup
 from routetune.registry import Registry
 from routetune.run.option_schema import OptionError
 from routetune.run.outdir import locked, make_outdir
@@ -170,7 +172,8 @@ def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda
         make_outdir(top, Path("."))
     with locked(top):
         on_status(f"timing the {len(names)} backends' winners and base routes side by side")
-        contenders, conditions = side_by_side(registry, prepared, runs)
+        contenders, conditions = side_by_side(registry, prepared, runs,
+                                              opts.confirm_repeats)
         winner, reason = pick(contenders, opts.min_speedup, conditions, opts.busy_machine)
         result = BackendsResult(tuple(runs), tuple(contenders), winner, reason, top,
                                 conditions=conditions)
@@ -179,11 +182,14 @@ def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda
 
 
 def side_by_side(registry: Registry, prepared: Sequence[Prepared],
-                 runs: Sequence[TuneResult]) -> tuple[list[Contender], dict[str, Any]]:
-    """Build each backend's base route and winner again and time them in one loop.
+                 runs: Sequence[TuneResult], repeats: int = CONFIRM_REPEATS
+                 ) -> tuple[list[Contender], dict[str, Any]]:
+    """Build each backend's base route and winner again and time them in `repeats` loops.
 
-    The first backend's base route comes first: every paired speed-up is over it. The
-    loop runs `CONFIRM_BLOCKS` blocks at least and three times the search's time.
+    The first backend's base route comes first: every paired speed-up is over it. Each
+    loop runs `CONFIRM_BLOCKS` blocks at least and three times the search's time; the
+    loops' speed-ups are combined (`routetune.measure.across_repeats`: one loop's
+    interval does not cover how the engines' relative speed moves over seconds).
 
     Returns:
         The contenders, in order, and the machine's conditions meanwhile.
@@ -207,15 +213,15 @@ def side_by_side(registry: Registry, prepared: Sequence[Prepared],
                                        min_time_s=3 * m.min_time_s,
                                        max_time_s=3 * m.max_time_s)
         watch = PairedTiming(first.backend, _inputs(first))
-        latencies: list[Latency] = []
-        blocks: list[Any] = []
+        loops: list[tuple[list[Latency], list[Any]]] = []
         conditions: dict[str, Any] = {}
         quiet = logging.getLogger("routetune.conditions")
         if runners:  # a wait is recorded in `conditions`, not logged line by line
             quiet.disabled = True
             try:
-                (latencies, blocks), conditions = watch.watched(
-                    lambda: measure_blocks(runners, first.feeds, settings))
+                loops, conditions = watch.watched(
+                    lambda: [measure_blocks(runners, first.feeds, settings)
+                             for _ in range(repeats)])
             finally:
                 quiet.disabled = False
         outputs = [[runner.infer(feed) for feed in first.feeds] for runner in runners]
@@ -229,9 +235,23 @@ def side_by_side(registry: Registry, prepared: Sequence[Prepared],
             contenders.append(Contender(name, trial, failed=failed.get(i, "not built")))
             continue
         k = timed.index(i)
-        paired = paired_speedup(blocks, k, base) if base is not None else None
-        contenders.append(Contender(name, trial, latencies[k], paired, outputs=outputs[k]))
+        latency, paired = _over_loops(loops, k, base)
+        contenders.append(Contender(name, trial, latency, paired, outputs=outputs[k]))
     return contenders, dict(conditions)
+
+
+def _over_loops(loops: Sequence[tuple[list[Latency], list[Any]]], k: int, base: int | None
+                ) -> tuple[Latency, Speedup | None]:
+    """Runner `k`'s latency and paired speed-up over `base` from several loops.
+
+    The speed-up combines the loops' (`routetune.measure.across_repeats`); the latency
+    is that of the loop with the median speed-up (of the first loop without a base).
+    """
+    if base is None:
+        return loops[0][0][k], None
+    each = [paired_speedup(blocks, k, base) for _, blocks in loops]
+    middle = sorted(range(len(each)), key=lambda j: each[j].value)[(len(each) - 1) // 2]
+    return loops[middle][0][k], across_repeats(each)
 
 
 def _inputs(run: Prepared) -> TrialInputs:

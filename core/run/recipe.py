@@ -19,7 +19,7 @@ Schema version 2 (``schema_version = 2``); ``routetune schema`` prints it as JSO
 - ``[accuracy]``: ``expr`` (the ``--accuracy`` expression) and ``[accuracy.outputs]``,
   an expression per output name.
 - ``[measure]``: ``min_runs``, ``min_time_s``, ``latency``, ``min_speedup``,
-  ``busy_machine``.
+  ``confirm_repeats``, ``busy_machine``.
 - ``[executor]``: ``name`` (``local`` or ``ray``) and ``ray_address``: where trials run
   (`routetune.search.ray_pool`).
 
@@ -329,7 +329,8 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
         "accuracy": {"expr": run.constraint.text},
         "measure": {"min_runs": opts.measure.min_runs, "min_time_s": opts.measure.min_time_s,
                     "latency": opts.measure.latency,
-                    "min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine},
+                    "min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine,
+                    "confirm_repeats": opts.confirm_repeats},
         "inputs": inputs,
         "output": os.path.relpath(run.outdir, path.parent),
         "result": measured,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from routetune.conditions import MODES
 from routetune.errors import UsageError
 from routetune.judging.accuracy import DEFAULT_ACCURACY
-from routetune.judging.verdict import DEFAULT_MIN_SPEEDUP
+from routetune.judging.verdict import CONFIRM_REPEATS, DEFAULT_MIN_SPEEDUP
 from routetune.measure import MeasureSettings
 from routetune.route import parse_value
 from routetune.run.option_schema import (
@@ -199,6 +199,10 @@ class RunSpec:
     min_speedup: float = option(
         DEFAULT_MIN_SPEEDUP, help="A route wins only if the lower end of its confirmed "
         "speed-up's 95% interval is above this.", recipe="measure.min_speedup", minimum=1.0)
+    confirm_repeats: int = option(
+        CONFIRM_REPEATS, help="Fresh processes a winner is confirmed in, one after "
+        "another; it wins only if it clears --min-speedup in each.",
+        recipe="measure.confirm_repeats", minimum=1)
     busy_machine: str = option(
         "wait", help="While other processes load the machine: wait (for quiet, then "
         "measure), warn (measure, mark noisy) or ignore (noisy trials may win).",

@@ -78,7 +78,8 @@ def start_record(run: Prepared, opts: RunSpec, versions: dict[str, str]) -> dict
         "search": {"strategy": opts.search, "options": values_of(run.strategy_options),
                    "max_trials": opts.max_trials, "time_budget_s": run.time_budget_s},
         "measure": asdict(opts.measure),
-        "verdict": {"min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine},
+        "verdict": {"min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine,
+                    "confirm_repeats": opts.confirm_repeats},
         "conditions_at_start": machine_now(),
         "base_pipeline": [p["step"] for p in run.base_passes],
     }
@@ -99,6 +100,7 @@ def finish_record(record: dict[str, Any], result: TuneResult) -> dict[str, Any]:
                              (t.speedup for t in result.trials if t.route == c.route), None),
                           "latency_ms": asdict(c.latency), "base_latency_ms": asdict(
                               c.base_latency), "paired": asdict(c.paired),
+                          "repeats": [asdict(r) for r in c.repeats],
                           "conditions": dict(c.conditions)} for c in result.confirmations]}
     out["conditions"] = {
         "busy_machine": result.busy_machine, "measured": len(measured),

@@ -260,7 +260,8 @@ def _tune_locked(
         trials.extend(skipped)
         executor.release()  # confirmation runs alone, not beside the search's sessions
         winner, reason, confirmations = confirm_winner(
-            trials, loop.confirm, opts.min_speedup, opts.busy_machine)
+            trials, loop.confirm, opts.min_speedup, opts.busy_machine,
+            opts.confirm_repeats)
         if winner.status == Status.OK:
             outputs = loop.outputs(winner)
             if outputs is not None:  # the winner file is checked again, not trusted
@@ -283,7 +284,11 @@ def _tune_locked(
 
 
 def plan(strategy: Strategy, run: Prepared, opts: RunSpec) -> Plan:
-    """The trials the search will record: the base route, the pinned, the strategy's."""
+    """The trials the search will record: the base route, the pinned, the strategy's.
+
+    An upper bound (``up to``) when the strategy may stop sooner (a beam) or a time
+    budget may stop it; an estimate (``about``) when refinements add trials.
+    """
     planned = strategy.planned()
     if planned is None:
         return Plan(None)
@@ -292,8 +297,8 @@ def plan(strategy: Strategy, run: Prepared, opts: RunSpec) -> Plan:
     if capped:
         total = opts.max_trials  # type: ignore[assignment]
     refined = bool(run.refinements) and not capped
-    return Plan(total, exact=not (refined or strategy.PLANNED_IS_BOUND),
-                bound=strategy.PLANNED_IS_BOUND and not refined)
+    bounded = strategy.PLANNED_IS_BOUND or run.time_budget_s is not None  # may stop sooner
+    return Plan(total, exact=not (refined or bounded), bound=bounded and not refined)
 
 
 def make_executor(run: Prepared, opts: RunSpec) -> Executor:

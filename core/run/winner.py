@@ -82,8 +82,9 @@ def write_winner(run: Prepared, result: TuneResult, opts: RunSpec, records: Path
 def verdict_figures(result: TuneResult) -> dict[str, Any]:
     """The winner's figures, each labelled by where it was measured.
 
-    ``speedup`` and ``confirmed`` come from the confirmation (a fresh process, paired
-    blocks); ``search`` from the search's own trial. They are never mixed: a p50 of
+    ``speedup`` and ``confirmed`` come from the confirmation (fresh processes, paired
+    blocks; ``repeats``: each process's estimate and interval); ``search`` from the
+    search's own trial. They are never mixed: a p50 of
     one with the speed-up of the other would describe no single measurement.
     """
     winner, confirmed = result.winner, result.confirmed
@@ -102,5 +103,7 @@ def verdict_figures(result: TuneResult) -> dict[str, Any]:
                             "base_p50_ms": confirmed.base_latency.p50,
                             "speedup": p.value, "speedup_ci": [p.ci_low, p.ci_high],
                             "pairs": p.pairs, "drift": p.drift,
+                            "repeats": [[r.value, r.ci_low, r.ci_high]
+                                        for r in confirmed.repeats],
                             "busy": confirmed.conditions.get("busy", "")}
     return out

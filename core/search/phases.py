@@ -112,8 +112,11 @@ class Confirmation:
         route: The route's text.
         latency: Its latency in this measurement (ms).
         base_latency: The base route's, in the same loop (ms).
-        paired: The paired speed-up.
+        paired: The paired speed-up; over several repeats, their combination
+            (`routetune.measure.across_repeats`).
         conditions: The machine's conditions meanwhile (`routetune.conditions`).
+        repeats: Each repeat's paired speed-up, one per fresh process, in the order
+            run; empty for a single measurement.
     """
 
     route: str
@@ -121,6 +124,7 @@ class Confirmation:
     base_latency: Latency
     paired: Speedup
     conditions: Mapping[str, Any]
+    repeats: tuple[Speedup, ...] = ()
 
 @dataclass(frozen=True)
 class Outcome:

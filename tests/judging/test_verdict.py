@@ -20,14 +20,16 @@ def trial(route: str, speedup: float | None, half: float = 0.02, noisy: str = ""
                  base_latency=LAT, paired=paired, noisy=noisy, artifact=f"{route}.onnx")
 
 
-def confirmer(figures: dict[str, float], busy: str = ""):  # noqa: ANN201
+def confirmer(figures: dict[str, float | list[float]], busy: str = ""):  # noqa: ANN201
+    """A confirm call per route; a list gives each repeat's figure in turn."""
     asked: list[str] = []
 
     def confirm(t: Trial) -> Confirmation:
+        figure = figures[t.route]
+        v = figure[asked.count(t.route)] if isinstance(figure, list) else figure
         asked.append(t.route)
-        v = figures[t.route]
         return Confirmation(t.route, LAT, LAT, Speedup(v, v - 0.01, v + 0.01, 30, 0.004),
-                            {"busy": busy})
+                            {"busy": busy, "waited_s": 1.0})
     return confirm, asked
 
 
@@ -35,9 +37,27 @@ def test_the_runner_up_is_confirmed_before_the_base_route_is_kept() -> None:
     trials = [trial("base", None), trial("a", 1.30), trial("b", 1.20), trial("c", 1.01)]
     confirm, asked = confirmer({"a": 0.98, "b": 1.18})
     winner, reason, done = confirm_winner(trials, confirm)
-    assert winner.route == "b" and asked == ["a", "b"]
-    assert "'a' did not hold: 0.98x" in reason and "1.18x [1.17, 1.19] confirmed" in reason
+    assert winner.route == "b" and asked == ["a", "b", "b", "b"]  # a fails at its first
+    assert "'a' did not hold: 0.98x" in reason and "a fresh process" in reason
+    assert "1.18x [1.17, 1.19] confirmed in 3 fresh processes" in reason
     assert [c.route for c in done] == ["a", "b"]
+    assert len(done[1].repeats) == 3 and done[1].conditions["waited_s"] == 3.0
+
+
+def test_a_route_holds_only_if_it_clears_in_every_fresh_process() -> None:
+    """One loop's interval misses how the engines' relative speed moves over seconds
+    (`routetune.measure.across_repeats`): a win must hold in each repeat."""
+    trials = [trial("base", None), trial("a", 1.40), trial("b", 1.30)]
+    confirm, asked = confirmer({"a": [1.45, 1.02, 1.50], "b": [1.30, 1.20, 1.25]})
+    winner, reason, done = confirm_winner(trials, confirm)
+    assert asked == ["a", "a", "b", "b", "b"]  # a's second repeat fails: no third
+    assert "'a' did not hold: 1.23x [1.01, 1.46] confirmed in 2 fresh processes" in reason
+    assert winner.route == "b"
+    assert "1.25x [1.19, 1.31] confirmed in 3 fresh processes" in reason
+    assert [r.value for r in done[1].repeats] == [1.30, 1.20, 1.25]
+    confirm, asked = confirmer({"a": 1.45, "b": 1.3})
+    winner, _, done = confirm_winner(trials, confirm, repeats=1)
+    assert winner.route == "a" and asked == ["a"] and len(done[0].repeats) == 1
 
 
 def test_nothing_holds_so_the_base_route_stands_and_says_why() -> None:
@@ -116,13 +136,13 @@ def test_a_route_the_search_measured_faster_than_the_held_one_is_confirmed_too()
     trials = [trial("base", None), trial(two, 2.10, half=1.0), trial(four, 2.15, half=0.04),
               trial("fp16", 1.5, half=0.02)]
     confirm, asked = confirmer({two: 1.59, four: 2.12, "fp16": 1.6})
-    winner, reason, done = confirm_winner(trials, confirm)
+    winner, reason, done = confirm_winner(trials, confirm, repeats=1)
     assert asked == [two, four]  # fp16's [1.48, 1.52] cannot beat 1.59x: not confirmed
     assert winner.route == four and len(done) == 2
     assert reason.startswith("fastest accurate route that held: 2.12x")
     assert f"'{two}' held at 1.59x but is slower" in reason
     # a challenger that holds at no more than the first keeps the first
     confirm, asked = confirmer({two: 1.59, four: 1.60})
-    winner, reason, _ = confirm_winner(trials, confirm)
+    winner, reason, _ = confirm_winner(trials, confirm, repeats=1)
     assert winner.route == two and asked == [two, four]
     assert f"'{four}' held at 1.60x, not faster than that" in reason

@@ -97,6 +97,8 @@ def test_an_example_is_judged_by_its_task_constraint_which_tune_prints(
     assert done.returncode == 0, done.stderr
     header = done.stderr.splitlines()
     assert "accuracy top1>=0.99 · the ppocr-cls example's task constraint" in header
+    space = next(line for line in header if line.startswith("space"))
+    assert space.endswith("· up to 2 trials"), space  # the budget may stop it sooner
     # the first ten minutes: an example's search is bounded unless --time-budget says
     assert ("budget   300 s of search · the ppocr-cls example's (--time-budget to change)"
             in header)
