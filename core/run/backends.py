@@ -4,9 +4,9 @@ Each backend gets a whole search of its own (`routetune.run.tuning.tune`), in a 
 its own, against the same FP32 reference (the reference backend is the same for all),
 with its own base route and its own confirmed winner. Then the backends' winners and
 base routes are built again and timed **side by side**, in loops of interleaved paired
-blocks (`routetune.measure.measure_blocks`; ``--confirm-repeats`` loops, one after
-another, combined by `routetune.measure.across_repeats`), in this process, against the
-first backend's base route: the figure every speed-up of such a run is stated against.
+blocks (`routetune.run.side_by_side`: ``--confirm-repeats`` loops, one after another,
+each in a fresh process), against the first backend's base route: the figure every
+speed-up of such a run is stated against.
 
 The winner is the contender with the highest paired speed-up whose interval clears
 ``--min-speedup`` (`routetune.measure.Speedup.clears`) measured while the machine was
@@ -16,15 +16,14 @@ backends, from any plugin, compete in the same way.
 
 Files: ``OUTDIR/<backend>/`` holds each backend's run (its trial store, reports and
 winner); ``OUTDIR/backends.json`` the side-by-side figures and the verdict;
-``OUTDIR/report.md`` the trials grouped by backend; ``OUTDIR/winner.*`` a copy of the
-overall winner's files.
+``OUTDIR/report.md`` the trials grouped by backend; ``OUTDIR/winner.*`` the overall
+winner's files (a copy of its backend's, or its base route's written afresh).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -32,22 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from routetune.judging.verdict import CONFIRM_REPEATS
-from routetune.measure import Latency, Speedup, across_repeats, measure_blocks, paired_speedup
 from routetune.registry import Registry
 from routetune.run.option_schema import OptionError
 from routetune.run.outdir import locked, make_outdir
-from routetune.run.preparation import Prepared, available_backend, reference_backend
+from routetune.run.preparation import Prepared, available_backend
 from routetune.run.run_spec import RunSpec
+from routetune.run.side_by_side import Contender, side_by_side
 from routetune.run.tuning import Plan, TuneResult, tune
 from routetune.run.winner import WINNER_OUTPUTS, save_outputs, write_winner
-from routetune.search.artifacts import open_engine
-from routetune.search.candidate import CONFIRM_BLOCKS, with_preflight
-from routetune.search.pairing import PairedTiming
-from routetune.search.phases import Recorded, TrialInputs
-from routetune.trial import Status, Trial
 
 SUMMARY = "backends.json"
 """The side-by-side figures and the verdict of a multi-backend run."""
@@ -68,35 +59,6 @@ def backend_names(value: str) -> list[str]:
         raise OptionError("backend", f" '{value}': '{twice[0]}' is given twice; name each "
                           "backend once")
     return names
-
-
-@dataclass(frozen=True)
-class Contender:
-    """One engine in the side-by-side timing.
-
-    Args:
-        backend: The backend's name.
-        trial: Its trial in that backend's run (its winner or its base route).
-        latency: Its latency in the side-by-side loop (ms); None when it could not be
-            built or run again (`failed`).
-        paired: Its paired speed-up over the first backend's base route in that loop.
-        failed: Why it was not timed, in one line ("" when it was).
-        outputs: Its outputs on each validation input set, by output name, from the
-            engine that was timed (None when it was not).
-    """
-
-    backend: str
-    trial: Trial
-    latency: Latency | None = None
-    paired: Speedup | None = None
-    failed: str = ""
-    outputs: list[dict[str, np.ndarray]] | None = field(default=None, repr=False,
-                                                        compare=False)
-
-    @property
-    def name(self) -> str:
-        """``backend: route``."""
-        return f"{self.backend}: {self.trial.route}"
 
 
 @dataclass(frozen=True)
@@ -129,6 +91,7 @@ class BackendsResult:
 
 
 Callback = Callable[..., None]
+
 
 
 def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda *a: None,
@@ -172,106 +135,13 @@ def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda
         make_outdir(top, Path("."))
     with locked(top):
         on_status(f"timing the {len(names)} backends' winners and base routes side by side")
-        contenders, conditions = side_by_side(registry, prepared, runs,
-                                              opts.confirm_repeats)
+        contenders, conditions = side_by_side(prepared, runs, opts.confirm_repeats,
+                                              opts.in_process)
         winner, reason = pick(contenders, opts.min_speedup, conditions, opts.busy_machine)
         result = BackendsResult(tuple(runs), tuple(contenders), winner, reason, top,
                                 conditions=conditions)
         result.files.update(write(result, prepared, opts))
     return result
-
-
-def side_by_side(registry: Registry, prepared: Sequence[Prepared],
-                 runs: Sequence[TuneResult], repeats: int = CONFIRM_REPEATS
-                 ) -> tuple[list[Contender], dict[str, Any]]:
-    """Build each backend's base route and winner again and time them in `repeats` loops.
-
-    The first backend's base route comes first: every paired speed-up is over it. Each
-    loop runs `CONFIRM_BLOCKS` blocks at least and three times the search's time; the
-    loops' speed-ups are combined (`routetune.measure.across_repeats`: one loop's
-    interval does not cover how the engines' relative speed moves over seconds).
-
-    Returns:
-        The contenders, in order, and the machine's conditions meanwhile.
-    """
-    entries: list[tuple[str, Trial, Prepared]] = []
-    for run, result in zip(prepared, runs, strict=True):
-        entries.append((run.backend.name, result.base, run))
-        if result.winner is not result.base and result.winner.status == Status.OK:
-            entries.append((run.backend.name, result.winner, run))
-    runners, timed, failed = [], [], {}
-    try:
-        for i, (_, trial, run) in enumerate(entries):
-            try:
-                runners.append(_open(registry, run, trial))
-                timed.append(i)
-            except Exception as e:  # a contender that cannot be rebuilt is not timed
-                failed[i] = " ".join(str(e).split())[:300]
-        first = prepared[0]
-        m = first.spec.measure
-        settings = dataclasses.replace(m, min_blocks=max(CONFIRM_BLOCKS, m.min_blocks),
-                                       min_time_s=3 * m.min_time_s,
-                                       max_time_s=3 * m.max_time_s)
-        watch = PairedTiming(first.backend, _inputs(first))
-        loops: list[tuple[list[Latency], list[Any]]] = []
-        conditions: dict[str, Any] = {}
-        quiet = logging.getLogger("routetune.conditions")
-        if runners:  # a wait is recorded in `conditions`, not logged line by line
-            quiet.disabled = True
-            try:
-                loops, conditions = watch.watched(
-                    lambda: [measure_blocks(runners, first.feeds, settings)
-                             for _ in range(repeats)])
-            finally:
-                quiet.disabled = False
-        outputs = [[runner.infer(feed) for feed in first.feeds] for runner in runners]
-    finally:
-        for runner in runners:
-            runner.close()
-    base = timed.index(0) if 0 in timed else None
-    contenders = []
-    for i, (name, trial, _) in enumerate(entries):
-        if i not in timed:
-            contenders.append(Contender(name, trial, failed=failed.get(i, "not built")))
-            continue
-        k = timed.index(i)
-        latency, paired = _over_loops(loops, k, base)
-        contenders.append(Contender(name, trial, latency, paired, outputs=outputs[k]))
-    return contenders, dict(conditions)
-
-
-def _over_loops(loops: Sequence[tuple[list[Latency], list[Any]]], k: int, base: int | None
-                ) -> tuple[Latency, Speedup | None]:
-    """Runner `k`'s latency and paired speed-up over `base` from several loops.
-
-    The speed-up combines the loops' (`routetune.measure.across_repeats`); the latency
-    is that of the loop with the median speed-up (of the first loop without a base).
-    """
-    if base is None:
-        return loops[0][0][k], None
-    each = [paired_speedup(blocks, k, base) for _, blocks in loops]
-    middle = sorted(range(len(each)), key=lambda j: each[j].value)[(len(each) - 1) // 2]
-    return loops[middle][0][k], across_repeats(each)
-
-
-def _inputs(run: Prepared) -> TrialInputs:
-    return TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (), {},
-                       run.outdir, run.model.data, run.spec)
-
-
-def _open(registry: Registry, run: Prepared, trial: Trial) -> Any:
-    """The trial's engine, opened: its stored candidate model (checked) and settings."""
-    reference = reference_backend(registry, run.backend)
-    candidate, _ = with_preflight(registry, _inputs(run), run.backend, reference,
-                                  list(run.base))
-    if trial.route == "base" or not trial.artifact:
-        path = candidate.save_model(candidate.inputs.base_data)
-        settings = run.backend.full_settings(candidate.inputs.base_settings)
-        return open_engine(run.backend, candidate.engine(path, settings, "", ""))
-    recorded = Recorded(trial.candidate_sha256 or "", trial.engine_sha256 or "")
-    path = candidate.checked_model(trial.route, trial.artifact, trial.settings, recorded)
-    return open_engine(run.backend, candidate.engine(path, trial.settings, trial.fingerprint,
-                                                     recorded.engine))
 
 
 def pick(contenders: Sequence[Contender], min_speedup: float, conditions: dict[str, Any],

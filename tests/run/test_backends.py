@@ -27,6 +27,7 @@ from routetune.run.backends import (
 from routetune.run.option_schema import check_keyword, options_of
 from routetune.run.preparation import Prepared
 from routetune.run.run_spec import RunSpec, merge
+from routetune.run.side_by_side import side_by_side
 from routetune.run.winner import WINNER_OUTPUTS, load_outputs
 from routetune.trial import Trial
 
@@ -159,3 +160,13 @@ def test_a_base_route_that_wins_side_by_side_gets_its_own_winner_files(
     summary = json.loads(files["backends.json"].read_text())
     assert (summary["winner"]["backend"], summary["winner"]["route"]) == ("onnxruntime",
                                                                           "base")
+    assert result.conditions["loops"] == 3  # --confirm-repeats' default: 3 fresh processes
+    # two loops, each in a fresh process: every contender timed in both, combined
+    contenders, conditions = side_by_side(prepared, result.runs, repeats=2)
+    assert conditions["loops"] == 2 and "waited_s" in conditions
+    assert [c.name for c in contenders] == [c.name for c in result.contenders]
+    assert all(c.latency is not None and c.paired is not None for c in contenders)
+    assert contenders[0].paired.ci_low <= 1.0 <= contenders[0].paired.ci_high
+    assert contenders[0].outputs is not None  # from the first loop
+    alone, _ = side_by_side(prepared, result.runs, repeats=1, in_process=True)
+    assert [c.name for c in alone] == [c.name for c in contenders]

@@ -1,0 +1,218 @@
+"""The side-by-side timing of a multi-backend search (`routetune.run.backends`).
+
+Every backend's base route and winner are built again and timed together in loops of
+interleaved paired blocks, each loop in a fresh process, and the loops' speed-ups are
+combined (`routetune.measure.across_repeats`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from routetune.judging.verdict import CONFIRM_REPEATS
+from routetune.measure import (
+    Block,
+    Latency,
+    MeasureSettings,
+    Speedup,
+    across_repeats,
+    measure_blocks,
+    paired_speedup,
+)
+from routetune.plugin_manager import load_registry
+from routetune.registry import Registry
+from routetune.run.preparation import Prepared, reference_backend
+from routetune.search.artifacts import open_engine
+from routetune.search.candidate import CONFIRM_BLOCKS, with_preflight
+from routetune.search.pairing import PairedTiming
+from routetune.search.phases import Recorded, TrialInputs
+from routetune.signals import spawning_quietly
+from routetune.trial import Status, Trial
+
+if TYPE_CHECKING:
+    from routetune.run.tuning import TuneResult
+
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One engine in the side-by-side timing.
+
+    Args:
+        backend: The backend's name.
+        trial: Its trial in that backend's run (its winner or its base route).
+        latency: Its latency in the side-by-side loop (ms); None when it could not be
+            built or run again (`failed`).
+        paired: Its paired speed-up over the first backend's base route in that loop.
+        failed: Why it was not timed, in one line ("" when it was).
+        outputs: Its outputs on each validation input set, by output name, from the
+            engine that was timed (None when it was not).
+    """
+
+    backend: str
+    trial: Trial
+    latency: Latency | None = None
+    paired: Speedup | None = None
+    failed: str = ""
+    outputs: list[dict[str, np.ndarray]] | None = field(default=None, repr=False,
+                                                        compare=False)
+
+    @property
+    def name(self) -> str:
+        """``backend: route``."""
+        return f"{self.backend}: {self.trial.route}"
+
+
+def side_by_side(prepared: Sequence[Prepared], runs: Sequence[TuneResult],
+                 repeats: int = CONFIRM_REPEATS, in_process: bool = False
+                 ) -> tuple[list[Contender], dict[str, Any]]:
+    """Build each backend's base route and winner again and time them in `repeats` loops.
+
+    The first backend's base route comes first: every paired speed-up is over it. Each
+    loop runs in a fresh process (spawned; in this one with `in_process`), which builds
+    the engines anew and times them in `CONFIRM_BLOCKS` blocks at least and three times
+    the search's time. The loops' speed-ups are combined
+    (`routetune.measure.across_repeats`): how much faster one engine is than another
+    moves from one process to the next and over seconds, beyond one loop's interval.
+
+    Returns:
+        The contenders, in order, and the machine's conditions meanwhile (the first
+        busy one seen, the waits summed).
+    """
+    entries: list[tuple[str, Trial, Prepared]] = []
+    for run, result in zip(prepared, runs, strict=True):
+        entries.append((run.backend.name, result.base, run))
+        if result.winner is not result.base and result.winner.status == Status.OK:
+            entries.append((run.backend.name, result.winner, run))
+    m = prepared[0].spec.measure
+    settings = dataclasses.replace(m, min_blocks=max(CONFIRM_BLOCKS, m.min_blocks),
+                                   min_time_s=3 * m.min_time_s, max_time_s=3 * m.max_time_s)
+    jobs = [(_inputs(run), tuple(run.base), trial) for _, trial, run in entries]
+    loops: list[Loop] = []
+    for k in range(repeats):
+        if in_process:
+            loops.append(timed_loop(jobs, settings, outputs=k == 0))
+            continue
+        with spawning_quietly():
+            pool = _SPAWN.Pool(1)
+        with pool:  # leaving it terminates the process, on Ctrl-C too
+            loops.append(pool.apply(timed_loop, (jobs, settings, k == 0)))
+        if not loops[-1].timed:
+            break  # nothing could be built: no loop will do better
+    first = loops[0]
+    base = first.timed.index(0) if 0 in first.timed else None
+    contenders = []
+    for i, (name, trial, _) in enumerate(entries):
+        if i not in first.timed:
+            contenders.append(Contender(name, trial, failed=first.failed.get(i, "not built")))
+            continue
+        k = first.timed.index(i)
+        latency, paired = _over_loops(loops, k, base)
+        outputs = first.outputs[k] if first.outputs else None
+        contenders.append(Contender(name, trial, latency, paired, outputs=outputs))
+    busy = next((lp.conditions["busy"] for lp in loops if lp.conditions.get("busy")), "")
+    conditions = {**first.conditions, "busy": busy, "loops": len(loops), "waited_s": sum(
+        float(lp.conditions.get("waited_s", 0.0)) for lp in loops)}
+    return contenders, conditions
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One side-by-side loop (`timed_loop`).
+
+    Args:
+        timed: The indices of the jobs that were built and timed, in runner order.
+        failed: Why each other job was not (index to one line).
+        latencies: Each timed runner's latency (ms).
+        blocks: The loop's blocks, in time order.
+        conditions: The machine's conditions meanwhile.
+        outputs: Each timed runner's outputs on every input set, when asked for.
+    """
+
+    timed: list[int]
+    failed: dict[int, str]
+    latencies: list[Latency]
+    blocks: list[Block]
+    conditions: dict[str, Any]
+    outputs: list[list[dict[str, np.ndarray]]] | None = None
+
+
+def timed_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial]],
+               settings: MeasureSettings, outputs: bool) -> Loop:
+    """Open every job's engine and time them all in one loop of paired blocks.
+
+    Runs in a fresh process (`side_by_side`): the registry is loaded here. A job whose
+    engine cannot be rebuilt is left out, with its reason. The loop is watched as a
+    trial's measurement is (`routetune.search.pairing.PairedTiming`), on the first
+    job's inputs.
+    """
+    registry = load_registry()
+    runners: list[Any] = []
+    timed: list[int] = []
+    failed: dict[int, str] = {}
+    try:
+        for i, (inputs, base, trial) in enumerate(jobs):
+            try:
+                runners.append(_open(registry, inputs, base, trial))
+                timed.append(i)
+            except Exception as e:  # a contender that cannot be rebuilt is not timed
+                failed[i] = " ".join(str(e).split())[:300]
+        first = jobs[0][0]
+        if not runners:
+            return Loop(timed, failed, [], [], {})
+        watch = PairedTiming(registry.backend(first.backend)(first.profile), first)
+        quiet = logging.getLogger("routetune.conditions")
+        quiet.disabled = True  # a wait is recorded in `conditions`, not logged line by line
+        try:
+            (latencies, blocks), conditions = watch.watched(
+                lambda: measure_blocks(runners, first.feeds, settings))
+        finally:
+            quiet.disabled = False
+        out = [[r.infer(feed) for feed in first.feeds] for r in runners] if outputs else None
+        return Loop(timed, failed, latencies, blocks, dict(conditions), out)
+    finally:
+        for runner in runners:
+            runner.close()
+
+
+def _over_loops(loops: Sequence[Loop], k: int, base: int | None
+                ) -> tuple[Latency, Speedup | None]:
+    """Runner `k`'s latency and paired speed-up over `base` from several loops.
+
+    The speed-up combines the loops' (`routetune.measure.across_repeats`); the latency
+    is that of the loop with the median speed-up (the first loop's without a base).
+    """
+    if base is None:
+        return loops[0].latencies[k], None
+    each = [paired_speedup(lp.blocks, k, base) for lp in loops]
+    middle = sorted(range(len(each)), key=lambda j: each[j].value)[(len(each) - 1) // 2]
+    return loops[middle].latencies[k], across_repeats(each)
+
+
+def _inputs(run: Prepared) -> TrialInputs:
+    return TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (), {},
+                       run.outdir, run.model.data, run.spec)
+
+
+def _open(registry: Registry, inputs: TrialInputs, base: tuple[Any, ...], trial: Trial
+          ) -> Any:
+    """The trial's engine, opened: its stored candidate model (checked) and settings."""
+    backend = registry.backend(inputs.backend)(inputs.profile)
+    reference = reference_backend(registry, backend)
+    candidate, _ = with_preflight(registry, inputs, backend, reference, list(base))
+    if trial.route == "base" or not trial.artifact:
+        path = candidate.save_model(candidate.inputs.base_data)
+        settings = backend.full_settings(candidate.inputs.base_settings)
+        return open_engine(backend, candidate.engine(path, settings, "", ""))
+    recorded = Recorded(trial.candidate_sha256 or "", trial.engine_sha256 or "")
+    path = candidate.checked_model(trial.route, trial.artifact, trial.settings, recorded)
+    return open_engine(backend, candidate.engine(path, trial.settings, trial.fingerprint,
+                                                 recorded.engine))
