@@ -285,11 +285,12 @@ def across_repeats(speedups: Sequence[Speedup]) -> Speedup:
     """One speed-up from independent repeats of a paired comparison.
 
     Paired blocks cancel what the machine does to both engines at once, but not what
-    it does to one more than the other, and that changes over seconds: on a 2-vCPU VM,
-    with no other process running, four consecutive loops of ONNX Runtime against
-    OpenVINO in one process measured 2.16x [2.08, 2.23], 1.43x [1.32, 1.51], 1.98x
-    [1.75, 2.12] and 1.14x [1.11, 1.16] (docs/benchmarks.md, "One loop is not
-    enough"). A single loop's interval, over its blocks, cannot see that. So a verdict
+    it does to one more than the other, and that changes from process to process and
+    over seconds. On a 2-vCPU VM with no other process running, OpenVINO against ONNX
+    Runtime measured 1.60x [1.57, 1.69] and then 1.80x [1.73, 1.89] in consecutive
+    loops of one process, and 1.09x to 1.14x in four loops of the next process
+    (`benchmarks/loop_repeats.py`; docs/benchmarks.md, "One loop is not enough"). A
+    single loop's interval, over its blocks, cannot see that. So a verdict
     rests on several loops, each in a fresh process and at another time, as pyperf
     runs a benchmark in several processes because each has its own variance
     (https://pyperf.readthedocs.io/en/latest/run_benchmark.html).

@@ -123,7 +123,7 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     if example is not None:
         path = examples.fetch_example(example)
         source["example"] = example.name
-        if "time_budget_s" not in opts.sources and example.time_budget_s is not None:
+        if budget_s is None and example.time_budget_s is not None:  # not given anywhere
             budget_s = example.time_budget_s
             source["time_budget"] = f"the {example.name} example's"
         given_shapes = {**example.shapes, **given_shapes}
