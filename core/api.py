@@ -45,7 +45,7 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult | Backen
             ``min_time_s`` (s), ``latency`` (``device``, ``end-to-end``),
             ``build_workers``, ``trial_timeout_s`` (s), ``worker_memory_mb`` (MiB),
             ``in_process``, ``executor`` (``local``, ``ray``), ``ray_address``,
-            ``min_speedup``,
+            ``min_speedup``, ``confirm_repeats``,
             ``busy_machine`` (``wait``, ``warn``, ``ignore``),
             ``allow_external_data_outside``.
 

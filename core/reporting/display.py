@@ -341,8 +341,7 @@ def winner_line(result: TuneResult) -> str:
         p, k = confirmed.paired, len(confirmed.repeats)
         where = f"in each of {k} fresh processes" if k > 1 else "in a fresh process"
         return (f"winner: {route} ({p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] over "
-                f"the base route, confirmed {where}: above {rule} beyond its "
-                "95% interval)")
+                f"the base route, confirmed {where}: above {rule} beyond its 95% interval)")
     n = len(result.confirmations)
     return (f"winner: {route} (the base route stands: no faster route held a speed-up above "
             f"{rule} beyond its 95% interval when re-measured in fresh processes; "
