@@ -4,7 +4,8 @@ Usage, on a machine with a CUDA GPU, onnxruntime-gpu, CuPy and torch (+ torchvis
 
     python benchmarks/gpu.py [--out DIR] [--models resnet50,bert,ppocr-det,...]
                              [--budget-s 240] [--min-time 0.2] [--beam-width 3]
-                             [--max-depth 3] [--seasonings a,b] [--fresh] [--no-baselines]
+                             [--max-depth 3] [--seasonings a,b] [--search beam]
+                             [--in-process] [--fresh] [--no-baselines]
 
 Stored trials are reused (resume) unless ``--fresh``: a first call may tune with
 ``--no-baselines`` and a second, in the same output directory, time everything.
@@ -13,7 +14,8 @@ For each model, in one process:
 
 1. ``routetune tune`` with the ``onnxruntime-cuda`` backend, every applicable seasoning
    (none hand-picked), beam search, accuracy ``cos>=0.9999,rel_l2<=0.01`` against the
-   FP32 model on the CPU, and a time budget per model.
+   FP32 model on the CPU, and a time budget per model (``--search`` picks another
+   strategy; ``--in-process`` makes builds and timings take turns).
 2. One interleaved timing loop (`measure_side_by_side`) of: the ORT CUDA base route and
    routetune's winner (device compute time, I/O bound on the device, CUDA events), the
    same two host to host (copies included), and, for models built here from PyTorch,
@@ -22,7 +24,9 @@ For each model, in one process:
 
 Models: ``resnet50`` (torchvision, random weights, batch 32, 3×224×224, channels_last
 for torch), ``bert`` (a BERT-base-sized encoder: 12 layers, hidden 768, 12 heads, FFN
-3072, vocabulary 30522; random weights; batch 8, sequence 128), and the PP-OCR examples
+3072, vocabulary 30522; random weights; batch 8, sequence 128), ``hf-bert`` (a Hugging
+Face ``BertModel``, BERT-base config, random weights, batch 8 × 128 with an attention mask
+that pads the last 28 tokens; TorchScript exporter), and the PP-OCR examples
 (``ppocr-det``, ``ppocr-rec``, ``ppocr-cls``; ONNX only). It prints one table of ratios
 over the ORT CUDA base route and writes ``benchmark.json``.
 """
@@ -51,6 +55,9 @@ def main() -> None:
     parser.add_argument("--max-depth", type=int, default=3)
     parser.add_argument("--seasonings", default="",
                         help="restrict the space to these (comma-separated); all by default")
+    parser.add_argument("--search", default="beam", help="the search strategy")
+    parser.add_argument("--in-process", action="store_true",
+                        help="builds and timings take turns in this process")
     parser.add_argument("--fresh", action="store_true", help="ignore stored trials")
     parser.add_argument("--no-baselines", action="store_true",
                         help="tune only; time nothing side by side (a later run resumes)")
@@ -84,7 +91,9 @@ def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: An
     torch_model, model_path, inputs = build_model(name, out)
     opts = RunSpec(model=model_path, example=None if model_path else name,
                    output=out / "tune", backend="onnxruntime-cuda", fresh=args.fresh,
-                   beam_width=args.beam_width, max_depth=args.max_depth,
+                   search=args.search, in_process=args.in_process,
+                   **({"beam_width": args.beam_width} if args.search == "beam" else {}),
+                   max_depth=args.max_depth,
                    seasonings=tuple(args.seasonings.split(",")) if args.seasonings else None,
                    accuracy=ACCURACY, inputs=inputs, measure=settings,
                    time_budget_s=args.budget_s)
@@ -93,6 +102,7 @@ def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: An
     tuning_s = time.perf_counter() - started
     row = {"winner": result.winner.route, "reason": result.winner_reason,
            "tuning_s": round(tuning_s, 1), "trials": len(result.trials),
+           "search": args.search, "builds": builds(result.trials),
            "stopped": result.stopped, "accuracy": result.winner.accuracy,
            "confirmed": [{"route": c.route, "speedup": c.paired.value if c.paired else None,
                           "ci": [c.paired.ci_low, c.paired.ci_high] if c.paired else None}
@@ -119,6 +129,11 @@ def build_model(name: str, out: Path) -> tuple[Any, Path | None, Path | None]:
         module = Encoder().eval()
         sets = [{"ids": np.random.default_rng(i).integers(0, 30522, (8, 128))}
                 for i in range(4)]
+    elif name == "hf-bert":
+        module = HFBert()
+        mask = np.concatenate([np.ones((8, 100), np.int64), np.zeros((8, 28), np.int64)], 1)
+        sets = [{"input_ids": np.random.default_rng(i).integers(0, 30522, (8, 128)),
+                 "attention_mask": mask} for i in range(4)]
     else:
         raise SystemExit(f"--models: unknown model '{name}'")
     path = out / f"{name}.onnx"
@@ -136,6 +151,36 @@ def build_model(name: str, out: Path) -> tuple[Any, Path | None, Path | None]:
     for i, feed in enumerate(sets):
         np.savez(inputs / f"set{i}.npz", **feed)
     return module, path, inputs
+
+
+def builds(trials: Any) -> int:
+    """How many of `trials` built an engine (not skipped, applicable)."""
+    return sum(t.build_ms is not None and t.status not in ("skipped", "not-applicable")
+               for t in trials)
+
+
+def HFBert() -> Any:  # noqa: N802
+    """A Hugging Face ``BertModel`` (BERT-base config, random weights, no pooler).
+
+    Called with ``(input_ids, attention_mask)``, both int64 ``[batch, seq]``; returns the
+    last hidden state, float32 ``[batch, seq, 768]``.
+    """
+    import torch
+    from transformers import BertConfig, BertModel
+
+    bert = BertModel(BertConfig(), add_pooling_layer=False).eval()
+
+    class Wrapped(torch.nn.Module):  # keywords: positions differ between versions
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                    ) -> torch.Tensor:
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask
+                             ).last_hidden_state
+
+    return Wrapped().eval()
 
 
 def Encoder(width: int = 768, heads: int = 12, layers: int = 12, ffn: int = 3072,  # noqa: N802

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu import ACCURACY, build_model  # noqa: E402
+from gpu import ACCURACY, build_model, builds  # noqa: E402
 
 SPACES = {
     "resnet50": ("fp16", "ort-cuda-graph", "ort-cuda-nhwc", "ort-cuda-fuse-conv-bias",
@@ -104,10 +104,8 @@ def run(registry: Any, name: str, model: Path | None, inputs: Path | None, strat
     trials = {t.route: {"status": t.status, "speedup": t.speedup,
                         "ci": [t.paired.ci_low, t.paired.ci_high] if t.paired else None}
               for t in result.trials}
-    builds = sum(t.build_ms is not None and t.status not in ("skipped", "not-applicable")
-                 for t in result.trials)
     confirmed = result.confirmed
-    return {"space": result.space_size, "builds": builds, "wall_s": round(wall, 1),
+    return {"space": result.space_size, "builds": builds(result.trials), "wall_s": round(wall, 1),
             "resumed": args.resume,
             "winner": result.winner.route,
             "confirmed": confirmed.paired.value if confirmed else 1.0,

@@ -79,35 +79,15 @@ def main() -> None:
 
 def export(name: str, out: Path) -> tuple[Path, Path]:
     """The ONNX model and its inputs folder for `name`."""
-    if name == "encoder":
-        _, path, inputs = build_model("bert", out)
+    if name in ("encoder", "hf-bert"):
+        _, path, inputs = build_model("bert" if name == "encoder" else name, out)
         assert path is not None and inputs is not None
         return path, inputs
     import torch
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    if name == "hf-bert":
-        from transformers import BertConfig, BertModel
-
-        bert = BertModel(BertConfig(), add_pooling_layer=False).eval()
-
-        class Wrapped(torch.nn.Module):  # keywords: positions differ between versions
-            def __init__(self) -> None:
-                super().__init__()
-                self.bert = bert
-
-            def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-                        ) -> torch.Tensor:
-                return self.bert(input_ids=input_ids, attention_mask=attention_mask
-                                 ).last_hidden_state
-
-        module = Wrapped().eval()
-        sets = [{"input_ids": rng.integers(0, 30522, (8, 128)),
-                 "attention_mask": np.concatenate([np.ones((8, 100), np.int64),
-                                                   np.zeros((8, 28), np.int64)], 1)}
-                for _ in range(4)]
-    elif name == "vit":
+    if name == "vit":
         import torchvision
 
         module = torchvision.models.vit_b_16(weights=None).eval()

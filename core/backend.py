@@ -228,6 +228,21 @@ class Backend:
         """
         return None
 
+    def operator_schemas(self) -> Mapping[tuple[str, str], Any]:
+        """Schemas of the operators this backend adds beyond ONNX's domains.
+
+        A precision pass reads a node's type constraints from its schema; ``onnx.defs``
+        knows only ONNX's domains, so a node of another (ONNX Runtime's ``com.microsoft``
+        SkipLayerNormalization, say) would be kept in FP32 for want of one.
+
+        Returns:
+            ``(domain, op_type)`` to an object with ``inputs``, ``outputs`` (formal
+            parameters with ``option`` and ``type_str`` or ``typeStr``) and
+            ``type_constraints``, as ``onnx.defs.OpSchema`` has; the newest version of
+            each. Empty by default.
+        """
+        return {}
+
     def kernel_gaps(self, model: Any, feeds: Sequence[Feed]) -> dict[str, str]:
         """The nodes of `model` this backend has no kernel for, found by running it.
 

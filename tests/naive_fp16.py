@@ -13,5 +13,5 @@ class NaiveFp16(Fp16):
 
     info = replace(Fp16.info, name="naive-fp16", conflicts=frozenset())
 
-    def _decide(self, graph, ranges, no_kernel):  # noqa: ANN001, ANN202
-        return super()._decide(graph, Ranges(), no_kernel)
+    def _decide(self, graph, ranges, no_kernel, schemas):  # noqa: ANN001, ANN202
+        return super()._decide(graph, Ranges(), no_kernel, schemas)

@@ -173,7 +173,8 @@ class RunSpec:
         None, help="Stop after this many trials (the base route included).",
         recipe="search.max_trials", minimum=1)
     time_budget_s: float | None = option(
-        None, help="Stop after this many seconds.", recipe="search.time_budget_s", above=0)
+        None, help="Stop after this many seconds: no trial starts, and no built candidate "
+        "starts measuring, after them.", recipe="search.time_budget_s", above=0)
     measure: MeasureSettings = option(
         default_factory=MeasureSettings, help="How long to time each candidate.",
         group=True)

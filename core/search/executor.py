@@ -24,6 +24,7 @@ from routetune.registry import Registry
 from routetune.route import Route
 from routetune.search.candidate import Candidate
 from routetune.search.phases import BUILT, Outcome, TrialInputs
+from routetune.trial import Status
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,14 @@ class Job:
 
 
 AfterBuild = Callable[[Job, Outcome], Outcome | None]
-"""Called in the search's process when a job's build succeeded: returns a final outcome
-to stop there (a duplicate of another route's candidate), or None to measure it."""
+"""Called in the search's process when a built job is about to be measured (in a pool:
+once a measuring worker is free for it): returns a final outcome to record instead (a
+duplicate of another route's candidate), `NOT_MEASURED` to drop the job unrecorded (the
+time budget ran out while it waited; a resumed search builds it again), or None to
+measure it."""
+
+NOT_MEASURED = Outcome(Status.SKIPPED, "not measured: the time budget ran out")
+"""`AfterBuild`'s answer for a job that must neither be measured nor yielded."""
 
 
 class Executor:
@@ -142,7 +149,8 @@ class InlineExecutor(Executor):
                 outcome = after_build(job, outcome) or candidate.measure(
                     job.route, job.fingerprint, outcome.fields)
             self._current = None
-            yield job, outcome
+            if outcome is not NOT_MEASURED:
+                yield job, outcome
 
     def call(self, method: str, *args: Any, fresh: bool = False) -> Any:
         """Run the `Candidate` method here (no fresh process: ``--in-process``)."""

@@ -11,7 +11,8 @@ Scheduling: builds start in job order while a build worker is free, except that 
 whose model steps extend a running build's (``fp16,ort-cuda-nhwc`` while ``fp16``
 builds) waits for it and reuses its model (`Candidate` shares route prefixes on disk);
 up to `LOOKAHEAD` later jobs may start meanwhile. Measurement is
-serialised per device. When engines run on the host CPU, nothing is built while a
+serialised per device; whether a built candidate is measured (`AfterBuild`) is decided
+once a measuring worker is free for it. When engines run on the host CPU, nothing is built while a
 candidate is measured, and measurements go first: a waiting measurement blocks new
 builds until the running ones are done (builds would disturb the timing).
 
@@ -45,7 +46,7 @@ from routetune.logs import LOGS
 from routetune.registry import Registry
 from routetune.run.run_spec import DEFAULT_TIMEOUT_S
 from routetune.search import worker
-from routetune.search.executor import AfterBuild, Executor, Job
+from routetune.search.executor import NOT_MEASURED, AfterBuild, Executor, Job
 from routetune.search.handoff import Handoff
 from routetune.search.main_guard import check_main_script
 from routetune.search.phases import BUILT, Outcome, TrialInputs
@@ -139,11 +140,17 @@ class LocalPool(Executor):
         builds: dict[concurrent.futures.Future[Any], Job] = {}
         measuring: dict[concurrent.futures.Future[Any], tuple[Job, Outcome, int]] = {}
         waiting: deque[tuple[Job, Outcome]] = deque()
+        decided: deque[tuple[Job, Outcome]] = deque()  # built, not to be measured
         free = list(range(len(self._measurers)))
         feed = JobFeed(jobs)
         while True:
             while waiting and free and not (self.exclusive and builds):
                 job, built = waiting.popleft()
+                final = after_build(job, built)
+                if final is not None:
+                    if final is not NOT_MEASURED:
+                        decided.append((job, final))
+                    continue
                 slot = free.pop(0)
                 future = self._measurers[slot].schedule(
                     worker.measure, (job.route, job.fingerprint, built.fields, self._log(job)),
@@ -151,6 +158,8 @@ class LocalPool(Executor):
                 measuring[future] = (job, built, slot)
                 self._running[future] = job
                 self._scheduled[future] = time.time()
+            while decided:
+                yield decided.popleft()
             while not feed.exhausted() and len(builds) < self.build_workers and not (
                     self.exclusive and (measuring or waiting)):
                 ready = feed.next_ready(builds.values())
@@ -176,11 +185,8 @@ class LocalPool(Executor):
                     del builds[finished]
                     outcome = self._outcome(finished, job, "build", {}, None)
                     if outcome.status == BUILT:
-                        final = after_build(job, outcome)
-                        if final is None:
-                            waiting.append((job, outcome))
-                            continue
-                        outcome = final
+                        waiting.append((job, outcome))
+                        continue
                 else:
                     _, built, slot = measuring.pop(finished)
                     free.append(slot)

@@ -34,7 +34,7 @@ from routetune.registry import Registry
 from routetune.route import Route
 from routetune.run.run_spec import RunSpec
 from routetune.search.candidate import with_preflight
-from routetune.search.executor import Executor, InlineExecutor, Job
+from routetune.search.executor import NOT_MEASURED, Executor, InlineExecutor, Job
 from routetune.search.phases import BUILT, Confirmation, Outcome, Recorded, TrialInputs
 from routetune.search.refinement import Refinement
 from routetune.search.strategy import Strategy
@@ -113,6 +113,8 @@ class SearchLoop:
         self.refinements = tuple(refinements)
         self.stopped: str | None = None
         """Why the last `run` stopped before the strategy was done, or None."""
+        self._deadline: float | None = None  # `time.monotonic()` when the time budget ends
+        self._unmeasured: list[str] = []  # routes built, then dropped at the deadline
         self.device = backend.device()
         self.versions = _versions(backend)
         self.constraint = constraint
@@ -154,7 +156,9 @@ class SearchLoop:
         Args:
             strategy: The search strategy.
             budget: Trial and time limits: once one is reached no trial starts, the
-                trials running finish, and the best so far stands.
+                trials running finish, and the best so far stands. Past the time
+                budget, a candidate built but not yet measuring is dropped unrecorded
+                (a resumed search builds it again), and `stopped` counts them.
             on_trial: Called after each trial with the trial and whether it came from
                 the store.
             pinned: Routes always tried, right after the base route (a recipe's
@@ -172,6 +176,8 @@ class SearchLoop:
         trials: list[Trial] = []
         seen: set[str] = set()
         self.stopped = None
+        self._deadline = None if budget.time_s is None else started + budget.time_s
+        self._unmeasured = []
 
         running = [0]  # trials admitted and not yet done
 
@@ -212,6 +218,11 @@ class SearchLoop:
 
         try:
             self._search(strategy, visit, trials, pinned)
+            if self._unmeasured:
+                self.stopped = (f"--time-budget {budget.time_s:g} s reached; "
+                                f"{len(self._unmeasured)} built, not measured ("
+                                "measured on resume): " + ", ".join(self._unmeasured[:5])
+                                + (" …" if len(self._unmeasured) > 5 else ""))
         except KeyboardInterrupt:
             cancelled = self.executor.in_flight()
             self.executor.cancel()
@@ -221,6 +232,8 @@ class SearchLoop:
             if cancelled:
                 self.stopped += (f"; cancelled {len(cancelled)} in flight (redone on resume): "
                                  + ", ".join(str(j.route) for j in cancelled))
+        finally:
+            self._deadline = None
         return trials
 
     def _search(self, strategy: Strategy, visit: Callable[..., list[Trial]],
@@ -288,8 +301,12 @@ class SearchLoop:
 
         The same engine: an equal engine file (TensorRT-RTX builds one plan for several
         optimisation levels, say) with equal run-time options (`OptionSpec.runtime`);
-        timing it again would only measure noise. Else None: the candidate is measured.
+        timing it again would only measure noise. `NOT_MEASURED` past the time budget's
+        deadline. Else None: the candidate is measured.
         """
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            self._unmeasured.append(str(job.route))
+            return NOT_MEASURED
         route = str(job.route)
         same = self._candidates.setdefault(built.fields["candidate_sha256"], route)
         why = f"same model and settings as route '{same}'"

@@ -3,24 +3,24 @@
 The search's process is the Ray driver; it alone writes the trial store and the output
 directory. On the cluster (`routetune.search.ray_tasks`):
 
-- builds run as Ray tasks holding one ``CPU`` each, placed by this pool on a node with
-  a CPU free (as many at once as the node has CPUs);
-- measure phases run in measuring actors, fixed to a node and a GPU for the whole run:
-  one per GPU (``num_gpus=1``) for a GPU backend, one per node on the CPU, where no
-  build runs on a node while its actor measures, and a measurement waiting for a node
-  keeps new builds off it (as `routetune.search.local_pool.LocalPool` does on one
-  machine). Each trial is timed against the base route on the same actor, so trials
-  measured on different machines compare through their speed-ups, never directly.
+- builds run as Ray tasks holding one ``CPU`` each, placed by this pool on a node with a CPU
+  free (as many at once as the node has CPUs);
+- measure phases run in measuring actors, fixed to a node and a GPU for the whole run: one per
+  GPU (``num_gpus=1``) for a GPU backend, one per node on the CPU, where no build runs on a
+  node while its actor measures, and a measurement waiting for a node keeps new builds off it
+  (as `routetune.search.local_pool.LocalPool` does on one machine). Each trial is timed
+  against the base route on the same actor, so trials measured on different machines compare
+  through their speed-ups, never directly.
 
-Files travel through Ray's object store (`routetune.search.ray_tasks.Bundle`), never a
-shared file system. Jobs are fed, and phases logged to ``artifacts/timeline.jsonl``
-(with the node), as in `LocalPool` (`routetune.search.scheduling`).
+Files travel through Ray's object store (`routetune.search.ray_tasks.Bundle`), never a shared
+file system. Jobs are fed, and phases logged to ``artifacts/timeline.jsonl`` (with the node),
+as in `LocalPool` (`routetune.search.scheduling`).
 
-Faults: a dead worker gives ``crashed``, a phase past ``--trial-timeout`` ``timed-out``
-(the task cancelled or the actor replaced), each with the end of its log from its node.
-A node lost mid-trial sends the trial back to the queue once, for another node; each lost
-attempt is in the timeline (``node-lost``) and in ``conditions["lost_attempts"]``. Every
-trial's ``conditions["node"]`` says where it was measured (or built).
+Faults: a dead worker gives ``crashed``, a phase past ``--trial-timeout`` ``timed-out`` (the
+task cancelled or the actor replaced), each with the end of its log from its node. A node lost
+mid-trial sends the trial back to the queue once, for another node; each lost attempt is in
+the timeline (``node-lost``) and in ``conditions["lost_attempts"]``. Every trial's
+``conditions["node"]`` says where it was measured (or built).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from routetune.errors import describe, one_line
 from routetune.logs import LOGS
 from routetune.registry import Registry
 from routetune.search import ray_cluster, ray_tasks, scheduling
-from routetune.search.executor import AfterBuild, Executor, Job
+from routetune.search.executor import NOT_MEASURED, AfterBuild, Executor, Job
 from routetune.search.phases import BUILT, Outcome, TrialInputs
 from routetune.search.ray_cluster import Node, on_node
 from routetune.search.scheduling import JobFeed, Timeline, died, timed_out
@@ -91,7 +91,7 @@ class RayPool(Executor):
         self._connected = False
         self._nodes: list[Node] = []
         self._slots: list[_Slot] = []
-        self._inputs: TrialInputs | None = None
+        self._outdir = Path()  # the driver's output directory, once `start` gives it
         self._box: list[Any] = []
         self._run = ""
         self._running: dict[Any, _Phase] = {}
@@ -121,7 +121,7 @@ class RayPool(Executor):
         scheduling.check_plugins_travel(registry)
         self.warm_up(inputs.outdir)
         ray = ray_cluster.import_ray()
-        self._inputs = inputs
+        self._outdir = inputs.outdir
         self._box = [ray.put(inputs), ray_tasks.put_weights(inputs), ray_tasks.driver()]
         self._spawn()
 
@@ -152,7 +152,7 @@ class RayPool(Executor):
         waiting: deque[_Phase] = deque()  # built, to measure
         retry: deque[_Phase] = deque()  # lost with a node, to run again
         while True:
-            self._place_measurements(waiting)
+            yield from self._place_measurements(waiting, after_build)
             self._place_builds(feed, retry, waiting)
             if not self._running:
                 if not (waiting or retry or feed.pending):
@@ -175,24 +175,27 @@ class RayPool(Executor):
                     outcome = died(phase.lost[-1]["phase"], "its node was lost "
                                    f"{len(phase.lost)} times (conditions.lost_attempts)", {})
                 elif outcome.status == BUILT:
-                    final = after_build(phase.job, outcome)
-                    if final is None:
-                        waiting.append(replace(phase, built=outcome))
-                        continue
-                    outcome = final
+                    waiting.append(replace(phase, built=outcome))
+                    continue
                 yield phase.job, self._recorded(outcome, phase)
 
-    def _place_measurements(self, waiting: deque[_Phase]) -> None:
-        """Measure built trials in order, each where it was built if that actor is free."""
+    def _place_measurements(self, waiting: deque[_Phase], after_build: AfterBuild
+                            ) -> Iterator[tuple[Job, Outcome]]:
+        """Measure built trials in order (where built, if free), or yield `after_build`'s."""
         for phase in list(waiting):
             free = [s for s in self._slots if s.job is None and s.actor is not None
                     and (self.gpu or not self._builds_on(s.node))]
             if not free:
                 return
-            slot = next((s for s in free if s.node == phase.node), free[0])  # files there
             waiting.remove(phase)
             job, built = phase.job, phase.built
             assert built is not None
+            final = after_build(job, built)
+            if final is not None:
+                if final is not NOT_MEASURED:
+                    yield job, self._recorded(final, phase)
+                continue
+            slot = next((s for s in free if s.node == phase.node), free[0])  # files there
             start = time.time()
             ref = slot.actor.measure.remote(job.route, job.fingerprint, built.fields,
                                             start + self.timeout_s, phase.bundle)
@@ -316,10 +319,6 @@ class RayPool(Executor):
         Timeline(self._outdir).add({
             "phase": what, "route": str(phase.job.route), "status": status, "start": start,
             "end": end, "pid": pid, **{k: where.get(k) for k in ("gpu", "node", "node_id")}})
-
-    @property
-    def _outdir(self) -> Path:  # the driver's, where `start` was given it
-        return self._inputs.outdir  # type: ignore[union-attr]
 
     def call(self, method: str, *args: Any, fresh: bool = False) -> Any:
         """Run a `Candidate` method on the first measuring node's actor, or a new one.

@@ -6,6 +6,7 @@ precision rewrite must keep.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,14 +87,40 @@ def numpy_dtype(dtype: Any) -> np.dtype | None:
         return None
 
 
-def _schema_admits(node: gs.Node, opset: int, onnx_low: int) -> bool:
-    """Whether the node's operator schema lets its float inputs be of the low type."""
+def _schema_admits(node: gs.Node, opset: int, onnx_low: int,
+                   schemas: Mapping[tuple[str, str], Any]) -> bool:
+    """Whether the node's schema lets the float data it reads and writes be of the low type.
+
+    Only the formal parameters bound to that data (`_data_tensors`) count:
+    LayerNormalization's ``U`` (float, for its optional Mean and InvStdDev outputs) does
+    not stop a node without those outputs. A node outside ONNX's domains is judged by
+    the backend's schema of it (`routetune.backend.Backend.operator_schemas`, given as
+    `schemas`); with no schema, it is kept.
+    """
+    domain = node.domain or ""
     try:
-        schema = onnx.defs.get_schema(node.op, opset, node.domain or "")
-    except onnx.defs.SchemaError:
+        schema = (onnx.defs.get_schema(node.op, opset, domain)
+                  if domain in ("", "ai.onnx", "ai.onnx.ml") else schemas[(domain, node.op)])
+    except (onnx.defs.SchemaError, KeyError):
         return False
     low_name = f"tensor({onnx.helper.tensor_dtype_to_string(onnx_low).split('.')[-1].lower()})"
     allowed = {tc.type_param_str: set(tc.allowed_type_strs) for tc in schema.type_constraints}
-    params = [p.type_str for p in list(schema.inputs) + list(schema.outputs)]
-    float_params = [p for p in params if p in allowed and "tensor(float)" in allowed[p]]
-    return all(low_name in allowed[p] for p in float_params)
+    data = {id(t) for t in _data_tensors(node)}
+    bound = _bound(schema.inputs, node.inputs) + _bound(schema.outputs, node.outputs)
+    return all(low_name in allowed.get(param, {param}) for param, t in bound if id(t) in data)
+
+
+def _bound(formal: Sequence[Any], tensors: Sequence[gs.Tensor]) -> list[tuple[str, gs.Tensor]]:
+    """(type string, tensor) of each tensor given, by the formal parameter it binds to.
+
+    The last formal parameter repeats when it is variadic; missing optional tensors
+    (empty names) are left out.
+    """
+    out = []
+    for i, tensor in enumerate(tensors):
+        if not formal or (i >= len(formal) and formal[-1].option.name != "Variadic"):
+            break
+        param = formal[min(i, len(formal) - 1)]
+        if tensor.name:
+            out.append((getattr(param, "type_str", None) or param.typeStr, tensor))
+    return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import ml_dtypes
 import numpy as np
@@ -142,7 +142,8 @@ class MixedPrecision(Seasoning):
         no_kernel: dict[str, str] = {}
         while True:
             with inferred_types(graph):
-                decisions, counts = self._decide(graph, ranges, no_kernel)
+                decisions, counts = self._decide(graph, ranges, no_kernel,
+                                                 ctx.backend.operator_schemas())
                 low = {id(n) for n in graph.nodes if decisions[n.name] is None}
                 kept = {name: why for name, why in decisions.items() if why}
                 casts = _rewrite(graph, low, self.low, self.onnx_low,
@@ -176,7 +177,8 @@ class MixedPrecision(Seasoning):
         gaps = ctx.backend.kernel_gaps(model, ctx.feeds[:1])
         return {name: why for name, why in gaps.items() if name in low}
 
-    def _decide(self, graph: gs.Graph, ranges: Ranges, no_kernel: Mapping[str, str]
+    def _decide(self, graph: gs.Graph, ranges: Ranges, no_kernel: Mapping[str, str],
+                schemas: Mapping[tuple[str, str], Any]
                 ) -> tuple[dict[str, str | None], Counter]:
         data_max = min(float(self.params["data_max"]), self.type_max)
         init_max = min(float(self.params["init_max"]), self.type_max)
@@ -200,7 +202,7 @@ class MixedPrecision(Seasoning):
                 keep(node, "kept_blocked", f"{node.op} always runs in FP32")
             elif node.op in excluded_ops or node.name in excluded_nodes:
                 keep(node, "kept_excluded", "in op_types_to_exclude or nodes_to_exclude")
-            elif not _schema_admits(node, opset, self.onnx_low):
+            elif not _schema_admits(node, opset, self.onnx_low, schemas):
                 keep(node, "kept_blocked", f"{node.op} has no {self.low.name} kernel in the spec")
             elif node.name in no_kernel:
                 keep(node, "kept_no_kernel", f"the backend has no {self.low.name} kernel: "

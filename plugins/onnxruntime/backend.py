@@ -6,6 +6,7 @@ TensorRT providers are settings of this backend, not new backends.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -172,6 +173,13 @@ class OnnxRuntimeBackend(Backend):
                 run[name] = run.pop(name + AS_FLOAT).astype(ml_dtypes.bfloat16)
         return runs
 
+    def operator_schemas(self) -> Mapping[tuple[str, str], Any]:
+        """ONNX Runtime's own operators: ``com.microsoft`` and its other contrib domains.
+
+        From ``onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema``.
+        """
+        return _contrib_schemas()
+
     def kernel_gaps(self, model: Any, feeds: Sequence[Feed]) -> dict[str, str]:
         """Run `model` with this backend's provider and default settings on `feeds`.
 
@@ -198,6 +206,16 @@ class OnnxRuntimeBackend(Backend):
         """Open `model_path` on the CPU provider with every graph optimisation off."""
         settings = self.full_settings({NS + "graph_optimization_level": "disable"})
         return self.open(self.build(model_path, settings, model_path.parent))
+
+
+@functools.cache
+def _contrib_schemas() -> dict[tuple[str, str], Any]:
+    """ONNX Runtime's registered schemas outside ONNX's domains, the newest of each."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
+
+    return {(s.domain, s.name): s
+            for s in sorted(get_all_operator_schema(), key=lambda s: s.since_version)
+            if s.domain not in ("", "ai.onnx", "ai.onnx.ml")}
 
 
 KERNEL_GAP = re.compile(

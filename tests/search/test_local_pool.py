@@ -17,6 +17,7 @@ from plugin_packages import installed, routetune
 
 from routetune.search.local_pool import exit_text
 from routetune.store import TrialStore
+from routetune.trial import Trial
 
 CHAOS = ("chaos-abort,chaos-segfault,chaos-hang,chaos-oom,chaos-exit,chaos-flaky,"
          "chaos-drop-waste")
@@ -164,3 +165,40 @@ def test_a_route_waits_for_the_build_of_its_prefix_and_reuses_its_model(tmp_path
         store.close()
     # the extending route starts from the shared model: the same fp16 pass record
     assert trials["fp16,ort-threads"].passes[0] == trials["fp16"].passes[0]
+
+
+@pytest.mark.parametrize("executor", [(), ("--in-process",)])
+def test_past_the_time_budget_a_built_candidate_is_not_measured_and_a_resume_measures_it(
+        chaos: Path, tmp_path: Path, executor: tuple[str, ...]) -> None:
+    """Issue 16's GPU runs went 2-4x past ``--time-budget 60``: every candidate built
+    before the deadline was still measured after it, one by one. ``chaos-slow`` builds for
+    12 s: it starts before the 8 s deadline (once the base route is measured) and is built
+    after it."""
+    out = tmp_path / "out"
+    flags = ("--seasonings", "chaos-slow", "--search", "exhaustive", "--max-depth", "1",
+             "--min-runs", "3", "--min-time", "0.02", "--busy-machine", "ignore", *executor)
+    done = routetune("tune", str(chaos), "--output", str(out), "--time-budget", "8", *flags,
+                     timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "run.json").read_text())["result"]["stopped"] == (
+        "--time-budget 8 s reached; 1 built, not measured (measured on resume): chaos-slow")
+    assert [t.route for t in stored(out)] == ["base"]
+    timeline = out / "artifacts" / "timeline.jsonl"  # the pool's phases
+    if timeline.exists():
+        phases = [(e["phase"], e["route"]) for e in map(json.loads,
+                                                         timeline.read_text().splitlines())]
+        assert ("build", "chaos-slow") in phases and ("measure", "chaos-slow") not in phases
+
+    again = routetune("tune", str(chaos), "--output", str(out), *flags, timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {t.route: t.status for t in stored(out)} == {"base": "ok", "chaos-slow": "ok"}
+    assert json.loads((out / "run.json").read_text())["result"]["stopped"] is None
+
+
+def stored(out: Path) -> list[Trial]:
+    """The trials in `out`'s store."""
+    store = TrialStore.open(out / "trials.sqlite")
+    try:
+        return store.trials()
+    finally:
+        store.close()

@@ -333,3 +333,54 @@ def test_real_ppocr_det_fp16_matches_fp32(model_path: Callable[[str], Path]) -> 
     for feed in feeds:
         ref, got = run(model.proto, feed)[0], run(out, feed)[0]
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def layer_norm(outputs: int) -> onnx.ModelProto:
+    """One LayerNormalization (opset 17) over (4, 64), with its Mean output when 2."""
+    names = ["y", "mean"][:outputs]
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(64).astype(np.float32), "scale"),
+             numpy_helper.from_array(rng.standard_normal(64).astype(np.float32), "bias")]
+    node = helper.make_node("LayerNormalization", ["x", "scale", "bias"], names, name="ln")
+    outs = [f32("y", [4, 64])] + ([f32("mean", [4, 1])] if outputs == 2 else [])
+    return make([node], [f32("x", [4, 64])], outs, inits, opset=17)
+
+
+def test_layernorm_runs_in_fp16_unless_its_float_only_mean_is_written() -> None:
+    # LayerNormalization's U (Mean, InvStdDev) admits no float16; Y does. Only the
+    # parameters bound to the node's tensors count (a spec check over every parameter
+    # kept every LayerNorm, and ONNX Runtime's SkipLayerNormalization, in FP32).
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    result, out = convert(layer_norm(1), [{"x": x}])
+    assert low_nodes(out) == {"ln"}, result.note
+    np.testing.assert_allclose(run(out, {"x": x})[0], run(layer_norm(1), {"x": x})[0],
+                               atol=1e-2)
+    result, out = convert(layer_norm(2), [{"x": x}])
+    assert low_nodes(out) == set()
+    assert result.note == "ln: LayerNormalization has no float16 kernel in the spec"
+
+
+def test_onnx_runtime_s_contrib_operators_are_judged_by_its_own_schemas() -> None:
+    """The transformer optimizer's SkipLayerNormalization and BiasGelu (``com.microsoft``)
+    are unknown to ``onnx.defs``; ONNX Runtime's schemas admit float16 for both."""
+    from routetune.plugins.onnxruntime.transformer_fusion import TransformerFusion
+
+    model = onnx.load(Path(__file__).parents[2] / "data" / "attention"
+                      / "bert_sdpa_torchscript.onnx")
+    rng = np.random.default_rng(7)
+    feed = {"input_ids": rng.integers(0, 100, (2, 16)).astype(np.int64),
+            "attention_mask": np.ones((2, 16), np.int64)}
+    graph = gs.import_onnx(model)
+    TransformerFusion({"model_type": "bert"})(RouteState(graph), ctx([feed]))
+    fused = gs.export_onnx(graph)
+    ops = {n.op_type for n in fused.graph.node if n.domain == "com.microsoft"}
+    assert {"SkipLayerNormalization", "BiasGelu"} <= ops
+    result, out = convert(fused, [feed])
+    # only the two mask Wheres (a -inf constant) stay in FP32: 3 Casts in all
+    assert result.stats["fp32_nodes"] == 2 and result.stats["casts"] == 3, result.note
+    assert result.note.count("/attention/self/Where: constant") == 2
+    contrib = [n for n in gs.import_onnx(out).nodes if n.domain == "com.microsoft"]
+    assert {n.op for n in contrib} == {"SkipLayerNormalization", "BiasGelu"}
+    for node in contrib:  # their weights are float16 (shape inference skips contrib ops)
+        assert all(t.dtype == np.float16 for t in node.inputs if isinstance(t, gs.Constant))
+    np.testing.assert_allclose(run(out, feed)[0], run(fused, feed)[0], atol=2e-2)

@@ -1,8 +1,9 @@
 """Seasonings that misbehave on purpose: each must end as one recorded trial.
 
-For routetune's isolation tests (tests/search/test_isolation.py) only. Every seasoning
-but ``chaos-drop-waste`` breaks the worker that applies it in its own way;
-``chaos-drop-waste`` is the healthy route that must win (on tests/graphs.py `wasteful`).
+For routetune's isolation tests (tests/search/test_local_pool.py) only. Every seasoning
+but ``chaos-drop-waste`` and ``chaos-slow`` breaks the worker that applies it in its own
+way; ``chaos-drop-waste`` is the healthy route that must win (on tests/graphs.py
+`wasteful`); ``chaos-slow`` builds slowly, for the time budget's tests.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from routetune import (
     SeasoningInfo,
     hookimpl,
 )
+
+SLOW_S = 12.0
+"""How long ``chaos-slow`` takes to apply (s)."""
 
 
 def _info(name: str, summary: str, params: tuple[Param, ...] = ()) -> SeasoningInfo:
@@ -119,8 +123,20 @@ class DropWaste(Seasoning):
         return PassResult(True, {"removed": 1})
 
 
+class Slow(Seasoning):
+    """Sleeps `SLOW_S` seconds, then renames the first node: a slow build."""
+
+    info = _info("chaos-slow", f"sleeps {SLOW_S:g} s, then renames a node")
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Sleep, then rename."""
+        time.sleep(SLOW_S)
+        state.graph.nodes[0].name = "slow"
+        return PassResult(True, {"renamed": 1})
+
+
 @hookimpl
 def routetune_register_seasonings(registry) -> None:  # noqa: ANN001
     """Register the chaos seasonings."""
-    for cls in (Abort, Segfault, Hang, Hog, Exit, Flaky, DropWaste):
+    for cls in (Abort, Segfault, Hang, Hog, Exit, Flaky, DropWaste, Slow):
         registry.add_seasoning(cls)
