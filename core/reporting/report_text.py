@@ -102,7 +102,9 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
                        f"{run['space']['max_depth']}): "
                        + (", ".join(run["space"]["seasonings"]) or "none"),
         "search": f"{strategy}; max trials {search['max_trials'] or 'none'}, time budget "
-                  + (f"{search['time_budget_s']} s" if search["time_budget_s"] else "none"),
+                  + (f"{search['time_budget_s']} s" if search["time_budget_s"] else "none")
+                  + (f"; stopped early: {stopped}"
+                     if (stopped := (run.get("result") or {}).get("stopped")) else ""),
         "measurement": f"at least {run['measure']['min_runs']} runs, "
                        f"{run['measure']['min_time_s']} s and "
                        f"{run['measure'].get('min_blocks', 1)} blocks per candidate, timed "

@@ -173,8 +173,10 @@ class RunSpec:
         None, help="Stop after this many trials (the base route included).",
         recipe="search.max_trials", minimum=1)
     time_budget_s: float | None = option(
-        None, help="Stop after this many seconds: no trial starts, and no built candidate "
-        "starts measuring, after them.", recipe="search.time_budget_s", above=0)
+        None, help="Seconds of search: after them no trial starts and no built candidate "
+        "starts measuring (a measurement running finishes); the winner's confirmation "
+        "follows. An --example run: 300 s unless given.", recipe="search.time_budget_s",
+        above=0)
     measure: MeasureSettings = option(
         default_factory=MeasureSettings, help="How long to time each candidate.",
         group=True)
