@@ -151,3 +151,32 @@ def test_mixed_stops_after_one_at_a_time_when_fewer_than_two_changes_help() -> N
     for r in strategy.ask():
         strategy.tell(r, paired(r, 8.0 if str(r) == "a" else 10.5))
     assert strategy.ask() == []
+
+
+def test_mixed_and_beam_replayed_on_a_recorded_exhaustive_table_find_its_best() -> None:
+    """The H200's exhaustive encoder table (docs/benchmarks.md, 2026-12-02 10:35 UTC):
+    replayed, mixed asks what its live run asked (19 routes, 14 engines) and both it and
+    beam (width 3) win with exhaustive's best route."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    spec = importlib.util.spec_from_file_location("replay_search",
+                                                  root / "benchmarks" / "replay_search.py")
+    assert spec is not None and spec.loader is not None
+    replay_search = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay_search)
+    from routetune.plugin_manager import load_registry
+
+    table = replay_search.load(root / "docs/results/gpu-h200-2026-12-02c/"
+                                      "exhaustive-bert-trials.sqlite")
+    registry = load_registry()
+    names = ("fuse-attention", "ort-transformer-fusion", "fp16", "ort-cuda-graph")
+    space = RouteSpace([registry.seasoning(n).info for n in names], 4)
+    assert space.size() == len(table) - 1  # the base route counted, the inapplicable not
+    best = "fuse-attention,ort-transformer-fusion,fp16,ort-cuda-graph"
+    mixed = replay_search.replay(Mixed(space), table)
+    assert (mixed["asked"], mixed["builds"], mixed["winner"]) == (19, 14, best)
+    beam = replay_search.replay(Beam(space, BeamOptions(beam_width=3)), table)
+    assert beam["winner"] == best and beam["builds"] < sum(map(replay_search.built,
+                                                                 table.values()))
