@@ -276,6 +276,30 @@ def test_a_dead_worker_is_crashed_and_a_hang_timed_out(cluster: Cluster,
     assert 6 <= hung["end"] - hung["start"] < 16
 
 
+def test_past_the_time_budget_a_built_candidate_is_not_measured_and_a_resume_measures_it(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """RayPool asks the loop when a measuring actor is free (`_place_measurements`), as
+    the local pool does: ``chaos-slow`` (a 12 s build) starts before the 10 s deadline
+    and is built after it, so it is not measured until a resumed run."""
+    out = tmp_path / "out"
+    flags = ("--seasonings", "chaos-slow", "--search", "exhaustive", "--max-depth", "1",
+             "--min-runs", "3", "--min-time", "0.02", "--busy-machine", "ignore",
+             "--executor", "ray", "--ray-address", cluster.address)
+    with installed("routetune-chaos", tmp_path / "pkg"):  # the nodes load it too
+        model = str(wasteful(tmp_path / "w.onnx"))
+        done = routetune("tune", model, "--output", str(out), "--time-budget", "10", *flags,
+                         timeout=240, **RAY_ENV)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads((out / "run.json").read_text())["result"]["stopped"] == (
+            "--time-budget 10 s reached; 1 built, not measured (measured on resume): "
+            "chaos-slow")
+        assert list(stored(out)) == ["base"]
+        again = routetune("tune", model, "--output", str(out), *flags, timeout=240, **RAY_ENV)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {r: t.status for r, t in stored(out).items()} == {"base": "ok", "chaos-slow": "ok"}
+    assert json.loads((out / "run.json").read_text())["result"]["stopped"] is None
+
+
 def test_bad_addresses_and_a_gpu_backend_without_gpus_are_one_line(
         cluster: Cluster, model: Path, tmp_path: Path) -> None:
     from routetune.errors import UsageError
