@@ -257,3 +257,20 @@ def product(path: Path, width: int = 8) -> Path:
                               "product", spec,
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])])
     return _save(graph, path)
+
+
+def shared_dim(path: Path) -> Path:
+    """``y = a + b``: float32 ``a`` and ``b``, both ``[N, 4]``, sharing the named dim ``N``."""
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 4])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    return _save(helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "shared",
+                                   [a, b], [y]), path)
+
+
+def square(path: Path) -> Path:
+    """``y = x @ x``: float32 ``x`` is ``[N, N]``, one named dim twice (a square matrix)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "N"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "N"])
+    return _save(helper.make_graph([helper.make_node("MatMul", ["x", "x"], ["y"])], "square",
+                                   [x], [y]), path)

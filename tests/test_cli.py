@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from graphs import conv_bn
+from graphs import conv_bn, shared_dim, square
 
 FAST = ["--min-runs", "3", "--min-time", "0.02"]
 
@@ -113,6 +113,13 @@ BAD = {
     "dynamic without shape": (lambda d, m: ["tune", str(m)],
                               "dimension 0 ('N') is dynamic; give its size with "
                               "--shapes x:1x3x32x32"),
+    "a shared dim given two sizes": (
+        lambda d, m: ["tune", str(shared_dim(d / "s.onnx")), "--shapes", "a:2x4,b:3x4"],
+        "inputs 'a' and 'b' share dimension 'N' but have sizes 2 and 3 there: give them one "
+        "size in --shapes"),
+    "a dim named twice given two sizes": (
+        lambda d, m: ["tune", str(square(d / "q.onnx")), "--shapes", "x:2x3"],
+        "input 'x' names dimension 'N' twice but has sizes 2 and 3 there"),
     "bad shapes text": (lambda d, m: ["tune", str(m), "--shapes", "x=1x3"], "cannot read 'x=1x3'"),
     "output not writable": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32", "--output",
                                           str(_text(d / "afile", "x") / "sub")],

@@ -104,6 +104,38 @@ def resolve_shapes(
     return shapes
 
 
+def shared_dim_conflict(specs: Sequence[TensorSpec],
+                        shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """The first named dynamic dimension given two sizes, described; None if none is.
+
+    ONNX names a dynamic dimension (``dim_param``) so that every tensor with that name
+    has the same size there, e.g. a BERT export's ``input_ids`` and ``attention_mask``
+    share ``batch`` and ``sequence``. Unnamed dimensions have names of their own
+    (`routetune.model`), so they never conflict. Not checked up front: an exporter may
+    reuse a name by mistake for a model that runs; a reference that fails says why.
+
+    Args:
+        specs: The model's inputs.
+        shapes: The size of every input, as given (`resolve_shapes`) or as fed.
+    """
+    seen: dict[str, tuple[str, int]] = {}
+    for spec in specs:
+        shape = shapes.get(spec.name)
+        if shape is None or len(shape) != len(spec.shape):
+            continue
+        for dim, size in zip(spec.shape, shape, strict=True):
+            if isinstance(dim, int):
+                continue
+            where, first = seen.setdefault(dim, (spec.name, size))
+            if first != size:
+                if where == spec.name:
+                    return (f"input '{spec.name}' names dimension '{dim}' twice but has "
+                            f"sizes {first} and {size} there")
+                return (f"inputs '{where}' and '{spec.name}' share dimension '{dim}' but have "
+                        f"sizes {first} and {size} there")
+    return None
+
+
 def _check_shape(spec: TensorSpec, shape: tuple[int, ...], source: str) -> None:
     if len(shape) != len(spec.shape):
         raise UsageError(

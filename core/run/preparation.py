@@ -21,7 +21,13 @@ from routetune.backend import Backend
 from routetune.composer import RouteSpace, resolve_route
 from routetune.errors import BackendError, UsageError, one_line
 from routetune.feeds import examples
-from routetune.feeds.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
+from routetune.feeds.inputs import (
+    load_npz,
+    parse_shapes,
+    resolve_shapes,
+    shared_dim_conflict,
+    synthesize,
+)
 from routetune.feeds.profile import ShapeProfile, make_profile
 from routetune.judging.accuracy import (
     DEFAULT_ACCURACY,
@@ -228,10 +234,14 @@ def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndar
         with backend.reference(source) as runner:
             return [runner.infer(feed) for feed in run.feeds]
     except Exception as e:  # the runtime's own error types
+        given = {name: a.shape for name, a in run.feeds[0].items()} if run.feeds else {}
+        conflict = shared_dim_conflict(run.model.inputs, given)
+        fix = (f"{conflict}: give them one size in "
+               f"{'--shapes' if run.spec.inputs is None else '--inputs'}" if conflict else
+               "the original model must run in ONNX Runtime on the CPU")
         raise UsageError(
             f"{run.model.source}: the FP32 reference ({backend.name}, optimisations off) "
-            f"cannot run the model on these inputs: {one_line(e, 300)}; "
-            "the original model must run in ONNX Runtime on the CPU"
+            f"cannot run the model on these inputs: {one_line(e, 300)}; {fix}"
         ) from e
 
 

@@ -67,17 +67,28 @@ def accurate_front(trials: Sequence[Trial]) -> list[Trial]:
     return front
 
 
-def prune(outdir: Path, trials: Sequence[Trial], winner: Trial, keep: str) -> Pruned:
+def prune(outdir: Path, trials: Sequence[Trial], winner: Trial, keep: str,
+          others: frozenset[str] = frozenset()) -> Pruned:
     """Remove the candidate models ``--keep`` does not keep, and the prefix index.
 
     A model file several trials share (the same graph under other build options) stays
     if any kept trial names it. External weights (``artifacts/models/weights``) stay:
     they are shared by content. Files that vanish meanwhile are skipped.
+
+    Args:
+        outdir: The run's output folder.
+        trials: This run's trials.
+        winner: This run's winner.
+        keep: ``all``, ``front`` or ``winner`` (`kept_trials`).
+        others: The artifacts (paths relative to `outdir`) of stored trials that are
+            not this run's: another model or other settings tuned into the same
+            folder. They stay; that run's own ``--keep`` chose them.
     """
     kept = kept_trials(trials, winner, keep)
     if keep == "all":
         return Pruned(tuple(t.route for t in kept), 0, 0)
-    wanted = {(outdir / t.artifact).resolve() for t in kept if t.artifact}
+    wanted = {(outdir / a).resolve() for a in (*(t.artifact for t in kept if t.artifact),
+                                               *others)}
     files = size = 0
     for path in sorted((outdir / MODELS).glob("*.onnx")):
         if path.resolve() not in wanted and path.is_file() and not path.is_symlink():

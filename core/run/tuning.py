@@ -272,6 +272,9 @@ def _tune_locked(
                         f"the accuracy constraint ({check.reason}); its files changed on "
                         "disk since it was measured: tune again with --fresh")
             save_outputs(records / WINNER_OUTPUTS, outputs)
+        ours = {t.fingerprint for t in trials}  # other runs' kept models stay (--keep)
+        others = frozenset(t.artifact for t in store.trials()
+                           if t.artifact and t.fingerprint not in ours)
     finally:
         executor.close()
         store.close()
@@ -280,7 +283,8 @@ def _tune_locked(
     result.files["run"] = runinfo.write(records, runinfo.finish_record(record, result))
     result.files.update({f"report.{k}": v
                          for k, v in write_reports(records).items()})
-    return dataclasses.replace(result, pruned=prune(run.outdir, trials, winner, opts.keep))
+    return dataclasses.replace(result, pruned=prune(run.outdir, trials, winner, opts.keep,
+                                                   others))
 
 
 def plan(strategy: Strategy, run: Prepared, opts: RunSpec) -> Plan:

@@ -253,10 +253,13 @@ class OnnxRuntimeRunner(Runner):
         self.output_names = [o.name for o in session.get_outputs()]
         self.low_inputs = {i.name: np.dtype(np.float16) for i in session.get_inputs()
                            if i.type == "tensor(float16)"}
+        self.quiet = ort.RunOptions()
+        self.quiet.log_severity_level = 4  # a failed run raises: its error is reported once
 
     def infer(self, feed: Feed) -> dict[str, np.ndarray]:
         """Run once; outputs by name, as host arrays (float16 where the model gives it)."""
-        return owned(self.output_names, self.session.run(None, self._cast(feed)))
+        return owned(self.output_names,
+                     self.session.run(None, self._cast(feed), self.quiet))
 
     def _cast(self, feed: Feed) -> dict[str, Any]:
         """A private copy of the feed, cast to float16 where the model takes float16.

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from routetune.errors import UsageError
-from routetune.feeds.inputs import load_npz, parse_shapes, resolve_shapes, synthesize
+from routetune.feeds.inputs import (
+    load_npz,
+    parse_shapes,
+    resolve_shapes,
+    shared_dim_conflict,
+    synthesize,
+)
 from routetune.model import TensorSpec
 
 X = TensorSpec("x", np.dtype(np.float32), ("N", 3, "H", "W"))
@@ -102,3 +108,17 @@ def test_bfloat16_and_float8_inputs_are_read_from_their_bytes(tmp_path: Path) ->
     np.savez(tmp_path / "c.npz", b=np.zeros(3, np.float32), f=f)
     with pytest.raises(UsageError, match=r"save an ml_dtypes.bfloat16 array"):
         load_npz(tmp_path / "c.npz", specs)
+
+
+def test_a_named_dim_given_two_sizes_is_described() -> None:
+    ids = TensorSpec("ids", np.dtype(np.int64), ("batch", "seq"))
+    mask = TensorSpec("mask", np.dtype(np.int64), ("batch", "seq"))
+    assert shared_dim_conflict([ids, mask], {"ids": (2, 8), "mask": (2, 8)}) is None
+    assert shared_dim_conflict([ids, mask], {"ids": (2, 8), "mask": (2, 9)}) == (
+        "inputs 'ids' and 'mask' share dimension 'seq' but have sizes 8 and 9 there")
+    square = TensorSpec("m", np.dtype(np.float32), ("n", "n"))
+    assert shared_dim_conflict([square], {"m": (3, 4)}) == (
+        "input 'm' names dimension 'n' twice but has sizes 3 and 4 there")
+    # fixed dims, other names and a shape of another rank are not conflicts
+    assert shared_dim_conflict([X, IDS], {"x": (2, 3, 4, 5), "ids": (1, 8)}) is None
+    assert shared_dim_conflict([square], {"m": (3,)}) is None

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from graphs import conv_bn
+from graphs import conv_bn, matmul_chain
 
 from routetune.measure import MeasureSettings
 from routetune.reporting.report import worst_error
@@ -68,6 +68,30 @@ def test_keep_front_or_winner_leaves_only_their_models_and_a_resume_still_works(
     again = search(model, copy, "all")  # resumed: the winner's check rebuilds if needed
     assert again.winner.route in {t.route for t in full.trials if t.status == "ok"}
     assert not again.fresh and (copy / "winner.onnx").exists()
+
+
+def test_a_run_into_a_folder_that_holds_another_run_removes_none_of_its_models(
+        everything: tuple[Path, Path, TuneResult], tmp_path: Path) -> None:
+    """A new user tuned a second model into the first one's folder with ``--keep front``:
+    its pruning removed the first run's candidate models, base route's included. Each
+    run prunes only its own; tried both ways round."""
+    model, out, _ = everything
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    first = models(copy)  # --keep all: every candidate of the conv_bn run
+    other = tune(RunSpec(model=matmul_chain(tmp_path / "mm.onnx", depth=2, width=32,
+                                            batch=4),
+                         output=copy, keep="front", seasonings=("fp16", "ort-threads"),
+                         search="exhaustive", max_depth=1,
+                         measure=MeasureSettings(min_runs=5, min_time_s=0.05)))
+    assert first < models(copy)  # its own kept models added, none of the first's removed
+    its_own = {Path(t.artifact).name for t in kept_trials(other.trials, other.winner, "front")
+               if t.artifact}
+    assert its_own <= models(copy)
+
+    again = search(model, copy, "winner")  # the first model again, resumed, --keep winner
+    assert not again.fresh and its_own <= models(copy)
+    assert again.pruned is not None and again.pruned.files > 0  # its own did go
 
 
 def test_the_front_is_the_accurate_trials_no_other_beats_on_both(
