@@ -29,6 +29,8 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
     done = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
                      "--seasonings", "fuse-bn-into-conv,ort-threads", *FAST)
     assert done.returncode == 0, done.stderr
+    wrote = next(line for line in done.stdout.splitlines() if line.startswith("wrote "))
+    assert all(name in wrote for name in ("winner.onnx", "winner_outputs.npz", "run.json"))
     rows = sqlite3.connect(out / "trials.sqlite").execute("SELECT count(*) FROM trials")
     return model, out, rows.fetchone()[0]
 

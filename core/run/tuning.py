@@ -281,6 +281,8 @@ def _tune_locked(
     result = _finish(run, opts, trials, store_path, winner, reason, confirmations,
                      loop.stopped, records, frozenset(fresh))
     result.files["run"] = runinfo.write(records, runinfo.finish_record(record, result))
+    if winner.status == Status.OK and (records / WINNER_OUTPUTS).is_file():
+        result.files["outputs"] = records / WINNER_OUTPUTS  # listed in `tune`'s last line
     result.files.update({f"report.{k}": v
                          for k, v in write_reports(records).items()})
     return dataclasses.replace(result, pruned=prune(run.outdir, trials, winner, opts.keep,
