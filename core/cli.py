@@ -151,7 +151,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
                         TextColumn("{task.completed}/{task.fields[of]}"),
                         TimeElapsedColumn(), console=err, transient=False)
     task = progress.add_task("tuning", total=None, of="?")
-    stored = [0]
+    stored, reused = [0], [0]  # trials recorded; of them, read from the trial store
     signals.counting(lambda: stored[0])  # for the line of a second Ctrl-C
 
     started = False
@@ -172,6 +172,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
 
     def on_trial(trial, cached: bool) -> None:  # noqa: ANN001
         stored[0] += 1
+        reused[0] += cached
         total = progress.tasks[0].total
         if total is not None and progress.tasks[0].completed + 1 > total:
             progress.update(task, total=total + 1,  # repair trials come on top of the plan
@@ -206,6 +207,9 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         console.print(accurate_table(result.trials, result.winner, registry,
                                      width=console.width, headline=headline))
     console.print(status_line(result.trials))
+    if reused[0]:
+        console.print(f"resumed: {reused[0]} of these trials came from the trial store "
+                      "(trials.sqlite), not run again; --fresh runs every trial again")
     if result.stopped:
         console.print(f"[yellow]stopped early: {result.stopped}; the best so far stands[/]")
     console.print(winner_line(result))
@@ -354,6 +358,22 @@ def schema_command() -> None:
     print(json.dumps(json_schema(), indent=2))
 
 
+def _with_value(message: str, error: Exception, argv: list[str]) -> str:
+    """The framework's `message` on a bad flag value, with the value given when it lacks it.
+
+    Typer's type checks say "Invalid value for '--time-budget': Input should be a valid
+    number, …" without the value; this gives "… '--time-budget' 'abc': …".
+    """
+    opts = getattr(getattr(error, "param", None), "opts", None) or []
+    given = [arg.split("=", 1)[1] if "=" in arg else argv[i + 1] if i + 1 < len(argv) else None
+             for i, arg in enumerate(argv) if arg.split("=", 1)[0] in opts]
+    value = given[-1] if given else None
+    named = f"Invalid value for '{opts[-1]}'" if opts else ""
+    if value is None or not named or f"'{value}'" in message or named not in message:
+        return message
+    return message.replace(named, f"{named} '{value}'", 1)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``routetune`` script. Exits 2 on bad input, with one line.
 
@@ -375,7 +395,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # the framework's usage errors: ClickException and subclasses
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
             raise
-        message = " ".join(e.format_message().split())
+        message = _with_value(" ".join(e.format_message().split()), e,
+                              sys.argv[1:] if argv is None else argv)
         if message:  # empty after no-arguments help, which was printed already
             hint = " (see routetune --help)" if e.exit_code == 2 else ""
             print(f"routetune: error: {message}{hint}", file=sys.stderr)

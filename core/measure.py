@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
@@ -327,8 +327,9 @@ def measure_side_by_side(runners: Sequence[Runner], feeds: Sequence[Feed],
     return measure_blocks(runners, feeds, settings)[0]
 
 
-def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed],
-                   settings: MeasureSettings) -> tuple[list[Latency], list[Block]]:
+def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: MeasureSettings,
+                   give_up: Callable[[list[Block]], bool] | None = None,
+                   ) -> tuple[list[Latency], list[Block]]:
     """Time several runners in one loop, in blocks of runs, in ABBA order.
 
     Alternating puts every runner under the same machine conditions. The order of the
@@ -339,7 +340,9 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed],
     may still be busy-waiting after the previous block (ONNX Runtime's thread pools
     spin), which would slow the other runner. The count, time and block limits of
     `settings` apply per runner. `MeasureSettings.latency` says what a run is: device
-    compute, or host to host with the copies.
+    compute, or host to host with the copies. `give_up`, asked after every round with
+    the blocks so far, ends the timing early when it answers True
+    (`routetune.search.pairing.hopeless`).
 
     Returns:
         One `Latency` per runner, in order (ms), and every block in time order.
@@ -386,7 +389,8 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed],
         enough = (n >= settings.min_runs and min(spent) >= settings.min_time_s
                   and rounds >= settings.min_blocks)
         capped = n >= settings.max_runs and rounds >= settings.min_blocks
-        if enough or capped or max(spent) >= settings.max_time_s:
+        if (enough or capped or max(spent) >= settings.max_time_s
+                or (give_up is not None and give_up(blocks))):
             medians = [[b.median_ms for b in blocks if b.runner == i]
                        for i in range(len(runners))]
             return [latency_stats(s, m) for s, m in zip(samples, medians, strict=True)], blocks

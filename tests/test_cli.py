@@ -88,6 +88,11 @@ BAD = {
                                "--build-workers 100000: give 1 to"),
     "timeout nan": (lambda d, m: ["tune", str(m), "--trial-timeout", "nan"],
                     "--trial-timeout nan: must be a finite number more than 0"),
+    "time budget not a number": (lambda d, m: ["tune", str(m), "--time-budget", "abc"],
+                                 "Invalid value for '--time-budget' 'abc': Input should be a "
+                                 "valid number"),
+    "max depth not a number": (lambda d, m: ["tune", str(m), "--max-depth=two"],
+                               "Invalid value for '--max-depth' 'two':"),
     "too little worker memory": (lambda d, m: ["tune", str(m), "--worker-memory", "300"],
                                  "--worker-memory 300: give at least 512"),
     "in-process with workers": (lambda d, m: ["tune", str(m), "--in-process",

@@ -76,6 +76,8 @@ def test_ctrl_c_writes_the_best_so_far_and_the_same_command_resumes(model: Path,
     again = start(model, out)
     stdout, stderr = again.communicate(timeout=600)
     assert again.returncode == 0, stderr
+    assert (f"resumed: {before} of these trials came from the trial store (trials.sqlite), "
+            "not run again" in " ".join(stdout.split()))
     after = sqlite3.connect(out / "trials.sqlite").execute(
         "SELECT count(*), count(DISTINCT fingerprint) FROM trials").fetchone()
     assert after[0] == after[1] > before  # nothing redone twice, the rest added

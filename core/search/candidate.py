@@ -186,7 +186,9 @@ class Candidate:
                               accuracy_per_set=measured.per_set)
                 timed, conditions = self.timing.watched(
                     lambda: self.timing.measure(runner, route))
-                fields.update(timed, conditions=conditions, noisy=conditions["busy"],
+                notes += timed.pop("notes")
+                fields.update(timed, notes=tuple(notes), conditions=conditions,
+                              noisy=conditions["busy"],
                               device_memory_bytes=self.timing.memory_taken(memory))
         except Exception as e:  # a crash inside one candidate never stops the search
             return Outcome(Status.CRASHED, describe(e), fields)

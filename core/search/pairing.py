@@ -2,8 +2,9 @@
 
 The base route's engine is opened once per worker and kept; each candidate is timed in
 alternating blocks with it (`routetune.measure.measure_blocks`), so that the machine's
-drift cancels out of the speed-up (`routetune.measure.paired_speedup`). Every timing
-waits for a quiet machine, or marks itself noisy, as ``--busy-machine`` says
+drift cancels out of the speed-up (`routetune.measure.paired_speedup`). A candidate
+that is clearly far slower than the base route is timed no further (`hopeless`). Every
+timing waits for a quiet machine, or marks itself noisy, as ``--busy-machine`` says
 (`routetune.conditions.measure_watched`).
 """
 
@@ -19,7 +20,14 @@ from typing import Any, Literal, TypeVar
 
 from routetune.backend import Backend, Runner
 from routetune.conditions import BusyPolicy, measure_watched
-from routetune.measure import MeasureSettings, measure, measure_blocks, paired_speedup
+from routetune.measure import (
+    Block,
+    MeasureSettings,
+    Speedup,
+    measure,
+    measure_blocks,
+    paired_speedup,
+)
 from routetune.route import Route
 from routetune.search.artifacts import build_engine, open_engine, save_model
 from routetune.search.phases import TrialInputs
@@ -27,6 +35,31 @@ from routetune.search.phases import TrialInputs
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+HOPELESS_SPEEDUP = 0.5
+"""A candidate whose paired speed-up stays below this in every one of `HOPELESS_PAIRS`
+paired blocks or more (the whole 95% interval below it) is timed no further: it is at
+least twice as slow as the base route, so it cannot win, and its figure is already
+clear. On PP-OCR's recognizer on an H200, a cuDNN algorithm choice 35x slower than the
+base route took 28 s to measure, and 16–17 s with this stop (docs/benchmarks.md, "A
+hopeless candidate stops early")."""
+
+HOPELESS_PAIRS = 6
+"""Paired blocks before `hopeless` may judge: the fewest for which `median_ci` gives an
+interval (with 6, the whole range of the 6 ratios)."""
+
+
+def hopeless(blocks: list[Block]) -> Speedup | None:
+    """The paired speed-up of runner 0 over runner 1 if it is hopeless, else None.
+
+    Hopeless: at least `HOPELESS_PAIRS` candidate blocks, and the upper end of the
+    speed-up's 95% interval (`routetune.measure.paired_speedup`) below
+    `HOPELESS_SPEEDUP`.
+    """
+    if sum(b.runner == 0 for b in blocks) < HOPELESS_PAIRS:
+        return None
+    speedup = paired_speedup(blocks, 0, 1)
+    return speedup if speedup.ci_high < HOPELESS_SPEEDUP else None
 
 
 def other_settings(settings: MeasureSettings) -> MeasureSettings:
@@ -65,24 +98,39 @@ class PairedTiming:
         The paired blocks time what ``--latency`` names (`MeasureSettings.latency`).
         On a runner with host copies (a GPU engine), the other figure follows, timed
         alone for a quarter of the time (`other_settings`): it is recorded, never judged.
+        A `hopeless` candidate's timing ends at that point, without the other figure.
 
         Returns:
             `Trial` fields: ``latency``, ``base_latency`` (measured in the same loop)
             and ``paired`` (the paired speed-up); for the base route itself, its
             latency twice and no speed-up; without a base engine, the latency alone.
             ``latency_kind``, and ``other_latency`` (None without host copies).
+            ``notes``: why the timing ended early, when it did.
         """
         feeds, settings = self.inputs.feeds, self.inputs.measure
         timed: dict[str, Any] = {"latency_kind": settings.latency, "base_latency": None,
-                                 "paired": None, "other_latency": None}
+                                 "paired": None, "other_latency": None, "notes": ()}
         base = None if route.is_base else self.base_runner()
         if route.is_base or base is None:
             timed["latency"] = measure(runner, feeds, settings)
             timed["base_latency"] = timed["latency"] if route.is_base else None
         else:
+            stopped: list[Speedup] = []
+
+            def give_up(blocks: list[Block]) -> bool:
+                stopped.extend(s for s in [hopeless(blocks)] if s is not None)
+                return bool(stopped)
+
             (timed["latency"], timed["base_latency"]), blocks = measure_blocks(
-                [runner, base], feeds, settings)
+                [runner, base], feeds, settings, give_up)
             timed["paired"] = paired_speedup(blocks, 0, 1)
+            if stopped:
+                p = stopped[0]
+                timed["notes"] = (
+                    f"timing stopped after {p.pairs} paired blocks: {p.value:.3f}x "
+                    f"[{p.ci_low:.3f}, {p.ci_high:.3f}] over the base route, below "
+                    f"{HOPELESS_SPEEDUP}x in every block; it cannot win",)
+                return timed
         if runner.host_copies:
             timed["other_latency"] = measure(runner, feeds, other_settings(settings))
         return timed

@@ -190,6 +190,8 @@ class CudaRunner(Runner):
         self._binding: Any = None
         self._bound: dict[str, Any] = {}
         self._keep: list[Any] = []
+        self.quiet = ort.RunOptions()
+        self.quiet.log_severity_level = 4  # a failed run raises: its error is reported once
 
     host_copies = True
 
@@ -206,7 +208,7 @@ class CudaRunner(Runner):
             call()
             self.synchronize()
             return owned(self.output_names, self._binding.copy_outputs_to_cpu())
-        return owned(self.output_names, self.session.run(None, self._cast(feed)))
+        return owned(self.output_names, self.session.run(None, self._cast(feed), self.quiet))
 
     def prepare(self, feed: Feed) -> Callable[[], None]:
         """Copy `feed` to the device and return a call that runs on the bound buffers."""

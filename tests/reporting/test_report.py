@@ -118,8 +118,18 @@ def test_every_chart_point_has_a_hover_title(outdir: Path) -> None:
 
 
 def crowded(data: dict[str, Any], extra: int) -> dict[str, Any]:
-    """`data` with `extra` accurate rows added, all on the Pareto front, close together."""
+    """`data` with `extra` accurate rows added, all on the Pareto front, close together.
+
+    The measured rows' latencies are replaced by fixed ones, so how many labels fit does
+    not depend on how busy the machine was when the fixture's search timed them.
+    """
     data = copy.deepcopy(data)
+    for k, r in enumerate(data["trials"]):
+        if r["relative_p50"] is not None:
+            r["relative_p50"] = 1.0 + 0.01 * k
+            r["speedup"] = 1 / r["relative_p50"]
+            if data.get("winner") and data["winner"]["route"] == r["route"]:
+                data["winner"] = r
     model = next(r for r in data["trials"] if r["status"] == "ok" and r["speedup_ci"])
     for i in range(extra):
         row = copy.deepcopy(model)

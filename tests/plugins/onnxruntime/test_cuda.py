@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from graphs import conv_bn, matmul_chain
+from graphs import conv_bn, matmul_chain, shared_dim
 
 from routetune.measure import MeasureSettings, measure, measure_side_by_side
 from routetune.option_seasoning import FromParam
@@ -77,6 +77,19 @@ def test_outputs_match_the_cpu_for_every_input_set(tmp_path: Path, graph: str) -
         calls = [gpu_runner.prepare(f) for f in sets]
         for call in calls:
             assert gpu_runner.timed(call) > 0
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_failed_run_raises_without_onnx_runtimes_own_log_line(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = shared_dim(tmp_path / "m.onnx")  # a and b share N: sizes 2 and 3 cannot run
+    feed = {"a": np.ones((2, 4), np.float32), "b": np.ones((3, 4), np.float32)}
+    with CUDA.open(CUDA.build(path, CUDA.full_settings({}), tmp_path)) as runner:
+        capfd.readouterr()
+        with pytest.raises(Exception, match="Add"):
+            runner.infer(feed)
+    assert "onnxruntime" not in capfd.readouterr().err
 
 
 @gpu
