@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from routetune import signals
-from routetune.errors import RoutetuneError, UsageError
+from routetune.errors import RoutetuneError, UsageError, with_flag_value
 from routetune.judging.verdict import FAILED
 from routetune.plugin_manager import load_registry
 from routetune.run.option_schema import options_of
@@ -358,22 +358,6 @@ def schema_command() -> None:
     print(json.dumps(json_schema(), indent=2))
 
 
-def _with_value(message: str, error: Exception, argv: list[str]) -> str:
-    """The framework's `message` on a bad flag value, with the value given when it lacks it.
-
-    Typer's type checks say "Invalid value for '--time-budget': Input should be a valid
-    number, …" without the value; this gives "… '--time-budget' 'abc': …".
-    """
-    opts = getattr(getattr(error, "param", None), "opts", None) or []
-    given = [arg.split("=", 1)[1] if "=" in arg else argv[i + 1] if i + 1 < len(argv) else None
-             for i, arg in enumerate(argv) if arg.split("=", 1)[0] in opts]
-    value = given[-1] if given else None
-    named = f"Invalid value for '{opts[-1]}'" if opts else ""
-    if value is None or not named or f"'{value}'" in message or named not in message:
-        return message
-    return message.replace(named, f"{named} '{value}'", 1)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``routetune`` script. Exits 2 on bad input, with one line.
 
@@ -395,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # the framework's usage errors: ClickException and subclasses
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
             raise
-        message = _with_value(" ".join(e.format_message().split()), e,
+        message = with_flag_value(" ".join(e.format_message().split()), e,
                               sys.argv[1:] if argv is None else argv)
         if message:  # empty after no-arguments help, which was printed already
             hint = " (see routetune --help)" if e.exit_code == 2 else ""

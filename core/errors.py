@@ -121,3 +121,27 @@ def describe(e: BaseException, where: bool = False) -> str:
         file = Path(f.filename)
         text += f" (at {file.parent.name}/{file.name}:{f.lineno} in {f.name})"
     return one_line(text, 600)
+
+
+def with_flag_value(message: str, error: Exception, argv: list[str]) -> str:
+    """The command-line framework's `message` on a bad flag value, with the value given.
+
+    Typer's type checks say "Invalid value for '--time-budget': Input should be a valid
+    number, …" without the value; this gives "… '--time-budget' 'abc': …".
+
+    Args:
+        message: The framework's message, on one line.
+        error: Its exception (Click's ``BadParameter`` has the flag in ``param.opts``).
+        argv: The command line's arguments, after the program name.
+
+    Returns:
+        `message`, with the value after the flag's name where it is not there already.
+    """
+    opts = getattr(getattr(error, "param", None), "opts", None) or []
+    given = [arg.split("=", 1)[1] if "=" in arg else argv[i + 1] if i + 1 < len(argv) else None
+             for i, arg in enumerate(argv) if arg.split("=", 1)[0] in opts]
+    value = given[-1] if given else None
+    named = f"Invalid value for '{opts[-1]}'" if opts else ""
+    if value is None or not named or f"'{value}'" in message or named not in message:
+        return message
+    return message.replace(named, f"{named} '{value}'", 1)

@@ -259,9 +259,17 @@ def _tune_locked(
                           pinned=run.pinned)
         trials.extend(skipped)
         executor.release()  # confirmation runs alone, not beside the search's sessions
+        asked: dict[str, int] = {}
+
+        def confirm(trial: Trial) -> Confirmation:
+            asked[trial.route] = asked.get(trial.route, 0) + 1
+            on_status(f"confirming, fresh process {asked[trial.route]} of "
+                      f"{opts.confirm_repeats} at most: {trial.route}")
+            return loop.confirm(trial)
+
         winner, reason, confirmations = confirm_winner(
-            trials, loop.confirm, opts.min_speedup, opts.busy_machine,
-            opts.confirm_repeats)
+            trials, confirm, opts.min_speedup, opts.busy_machine, opts.confirm_repeats)
+        on_status(f"done: {len(trials)} trials; winner {winner.route}")
         if winner.status == Status.OK:
             outputs = loop.outputs(winner)
             if outputs is not None:  # the winner file is checked again, not trusted
