@@ -86,14 +86,16 @@ def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDU
         return [], _none_accurate(trials, base) + "; the base route is the fallback"
     trusted = [t for t in accurate if not t.noisy or busy_machine == "ignore"]
     faster = sorted((t for t in trusted if (t.speedup or 0) > min_speedup), key=rank_key)
-    busy = sorted((t for t in accurate if t not in trusted and (t.speedup or 0) > min_speedup),
-                  key=rank_key)
+    busy = sorted((t for t in accurate if t not in trusted and t.paired is not None
+                   and t.paired.ci_low > min_speedup), key=rank_key)  # clearly, if busy
     if not faster:
         why = (f"no accurate route was more than {min_speedup:g}x faster than the base route "
                "(--min-speedup)")
         if busy:
-            why += ("; faster while the machine was busy, not confirmed: "
-                    + ", ".join(f"'{t.route}' ({t.speedup:.2f}x)" for t in busy[:3]))
+            why += ("; faster beyond the 95% interval, but only while the machine was "
+                    "busy, so not confirmed: " + ", ".join(
+                        f"'{t.route}' ({t.paired.value:.2f}x [{t.paired.ci_low:.2f}, "
+                        f"{t.paired.ci_high:.2f}])" for t in busy[:3] if t.paired))
         return [], why + "; the base route stands"
     fastest = faster[0]
     tied = [t for t in faster if t.paired is None or fastest.paired is None

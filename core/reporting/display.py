@@ -13,6 +13,7 @@ from rich.table import Table
 
 from routetune.registry import Registry
 from routetune.reporting.report import ERROR_METRIC, worst_error
+from routetune.reporting.report_text import speedup_figure
 from routetune.run.option_schema import options_of
 from routetune.trial import Trial
 
@@ -173,9 +174,8 @@ def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, wid
         table.add_column("status: reason", overflow="fold", min_width=26)
     for i, t in enumerate(trials, 1):
         route = escape(wrap_route(t.route, route_width, cut=True))
-        speed = f"{t.speedup:.2f}x" if t.speedup else ""
-        if t.paired is not None:
-            speed += f" [{t.paired.ci_low:.2f}, {t.paired.ci_high:.2f}]"
+        speed = speedup_figure(t.speedup, None if t.paired is None else (
+            t.paired.ci_low, t.paired.ci_high)) if t.speedup else ""
         error = worst_error(t, headline)
         cells = [str(i), f"[bold]{route}[/bold]" if t is winner else route, speed]
         if not reasons:
@@ -229,9 +229,8 @@ def trials_table(
             table.add_column(col, justify=justify, overflow="fold")
     for i, t in enumerate(trials, 1):
         lat = t.latency
-        speed = f"{t.speedup:.2f}x" if t.speedup else ""
-        if t.paired is not None:
-            speed += f" [{t.paired.ci_low:.2f}, {t.paired.ci_high:.2f}]"
+        speed = speedup_figure(t.speedup, None if t.paired is None else (
+            t.paired.ci_low, t.paired.ci_high)) if t.speedup else ""
         route = escape(wrap_route(t.route))
         route = f"[bold]{route}[/bold]" if t is winner else route
         status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"

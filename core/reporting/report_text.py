@@ -148,14 +148,26 @@ def winner_text(winner: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def speedup_figure(value: float, interval: Sequence[float] | None = None) -> str:
+    """A speed-up and its interval: ``1.25x [1.20, 1.31]``, ``0.006x [0.004, 0.006]``.
+
+    Two decimals, or more where the interval's lower end is below 0.1, so that a
+    hopeless candidate's figure does not read as ``0.00``.
+    """
+    low = min([value, *(interval or ())])
+    digits = 2 if low >= 0.1 else 3 if low >= 0.01 else 4
+    text = f"{value:.{digits}f}x"
+    if interval:
+        text += f" [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+    return text
+
+
 def speedup_text(row: dict[str, Any]) -> str:
     """A row's search-time speed-up with its interval, and the noisy mark."""
     if row["speedup"] is None:
         return ""
-    text = f"{row['speedup']:.2f}x"
-    if row.get("speedup_ci"):
-        text += f" [{row['speedup_ci'][0]:.2f}, {row['speedup_ci'][1]:.2f}]"
-    return text + (" *noisy*" if row.get("noisy") else "")
+    return (speedup_figure(row["speedup"], row.get("speedup_ci"))
+            + (" *noisy*" if row.get("noisy") else ""))
 
 
 EFFECTS_CAPTION = ("Each seasoning against the same routes without it (pairs of trials, "

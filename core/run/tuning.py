@@ -269,7 +269,7 @@ def _tune_locked(
 
         winner, reason, confirmations = confirm_winner(
             trials, confirm, opts.min_speedup, opts.busy_machine, opts.confirm_repeats)
-        on_status(f"done: {len(trials)} trials; winner {winner.route}")
+        on_status(f"done; winner {winner.route}")  # the bar counts trials (not skipped ones)
         if winner.status == Status.OK:
             outputs = loop.outputs(winner)
             if outputs is not None:  # the winner file is checked again, not trusted

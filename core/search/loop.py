@@ -158,7 +158,8 @@ class SearchLoop:
             budget: Trial and time limits: once one is reached no trial starts, the
                 trials running finish, and the best so far stands. Past the time
                 budget, a candidate built but not yet measuring is dropped unrecorded
-                (a resumed search builds it again), and `stopped` counts them.
+                (a resumed search builds it again), and `stopped` counts them; the base
+                route is measured whatever the budget, as every verdict needs it.
             on_trial: Called after each trial with the trial and whether it came from
                 the store.
             pinned: Routes always tried, right after the base route (a recipe's
@@ -302,9 +303,10 @@ class SearchLoop:
         The same engine: an equal engine file (TensorRT-RTX builds one plan for several
         optimisation levels, say) with equal run-time options (`OptionSpec.runtime`);
         timing it again would only measure noise. `NOT_MEASURED` past the time budget's
-        deadline. Else None: the candidate is measured.
+        deadline, unless it is the base route. Else None: the candidate is measured.
         """
-        if self._deadline is not None and time.monotonic() >= self._deadline:
+        if (self._deadline is not None and time.monotonic() >= self._deadline
+                and not job.route.is_base):  # every verdict needs the base route
             self._unmeasured.append(str(job.route))
             return NOT_MEASURED
         route = str(job.route)

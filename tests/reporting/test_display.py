@@ -127,3 +127,14 @@ def test_the_tables_show_the_task_metric_the_constraint_bounds(tmp_path) -> None
     assert "| speed-up | top1 |" in report
     row = next(line for line in report.splitlines() if line.startswith("| `base`"))
     assert row.split("|")[6].strip() == "1", row
+
+
+def test_a_hopeless_speedup_keeps_its_digits() -> None:
+    from routetune.reporting.report_text import speedup_figure, speedup_text
+
+    assert speedup_figure(1.2345, (1.2, 1.31)) == "1.23x [1.20, 1.31]"
+    assert speedup_figure(0.026, (0.023, 0.031)) == "0.026x [0.023, 0.031]"
+    assert speedup_figure(0.0063, (0.0042, 0.0064)) == "0.0063x [0.0042, 0.0064]"  # not 0.00
+    assert speedup_figure(0.5) == "0.50x"
+    assert speedup_text({"speedup": 0.0063, "speedup_ci": [0.0042, 0.0064], "noisy": "x"}) == (
+        "0.0063x [0.0042, 0.0064] *noisy*")

@@ -195,6 +195,23 @@ def test_past_the_time_budget_a_built_candidate_is_not_measured_and_a_resume_mea
     assert json.loads((out / "run.json").read_text())["result"]["stopped"] is None
 
 
+@pytest.mark.parametrize("executor", [(), ("--in-process",)])
+def test_the_base_route_is_measured_even_when_the_time_budget_ends_during_its_build(
+        chaos: Path, tmp_path: Path, executor: tuple[str, ...]) -> None:
+    """A new user's ``--time-budget 1`` ended in a traceback: the base route, built
+    past the deadline, was dropped like a candidate, and the verdict found no base."""
+    out = tmp_path / "out"
+    done = routetune("tune", str(chaos), "--output", str(out), "--seasonings",
+                     "chaos-drop-waste", "--time-budget", "0.01", "--min-runs", "3",
+                     "--min-time", "0.02", "--busy-machine", "ignore", *executor, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert {t.route: t.status for t in stored(out)} == {"base": "ok"}
+    assert json.loads((out / "run.json").read_text())["result"]["stopped"] == (
+        "--time-budget 0.01 s reached")
+    assert "winner: base" in " ".join(done.stdout.split())
+
+
 def stored(out: Path) -> list[Trial]:
     """The trials in `out`'s store."""
     store = TrialStore.open(out / "trials.sqlite")
