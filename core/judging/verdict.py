@@ -120,6 +120,11 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
     search-time interval lies above the held confirmation's (`_challenges`); it wins if
     its own confirmation lies above too.
 
+    A base route that failed or missed the accuracy constraint is no fallback while an
+    accurate route exists: then the accurate route fastest in the search wins, unconfirmed
+    (OpenVINO's default bf16 on an AVX-512 BF16 CPU fails an FP32 constraint; its f32
+    route is slower, and must still win).
+
     Returns:
         The winner, a one-line reason, and every confirmation made.
     """
@@ -130,6 +135,13 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
         return best, (f"the base route is {base.status} ({_short(base.reason)}), so there "
                       f"is no base to compare against: fastest accurate route by absolute "
                       f"latency (p50 {rank_key(best).ms:.3f} ms)"), []
+    if base.status == Status.ACCURACY_FAILED and accurate:  # no fallback: the accurate
+        best = min(accurate, key=rank_key)  # route fastest against it in the search
+        figure = (f"{best.paired.value:.2f}x [{best.paired.ci_low:.2f}, "
+                  f"{best.paired.ci_high:.2f}]" if best.paired else f"{best.speedup or 0:.2f}x")
+        return best, (f"the base route is accuracy-failed ({_short(base.reason)}), so it "
+                      f"cannot stand: fastest accurate route, {figure} against it in the "
+                      "search; not confirmed, since the base route is no alternative"), []
     built = [t for t in trials if t.status == Status.BUILD_ONLY]
     if base.status in FAILED and built:
         best = min(built, key=lambda t: (rank_key(t).steps, t.route))

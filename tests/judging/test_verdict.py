@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from routetune.judging.verdict import confirm_winner, pick_winner
@@ -149,3 +151,21 @@ def test_a_route_the_search_measured_faster_than_the_held_one_is_confirmed_too()
     winner, reason, _ = confirm_winner(trials, confirm, repeats=1)
     assert winner.route == two and asked == [two, four]
     assert f"'{four}' held at 1.60x, not faster than that" in reason
+
+
+def test_an_inaccurate_base_route_is_no_fallback_while_an_accurate_route_exists() -> None:
+    """OpenVINO on an AVX-512 BF16 CPU computes the base route in bf16 by default: it
+    fails an FP32 constraint, and the slower f32 route is the one to ship."""
+    base = dataclasses.replace(trial("base", None, status="accuracy-failed"),
+                               reason="y: l0 0.30249, needs <= 0.001")
+    trials = [base, trial("f32", 0.95), trial("f32,threads", 0.90), trial("bf16x", 1.5,
+                                                                         status="accuracy-failed")]
+    confirm, asked = confirmer({})
+    winner, reason, done = confirm_winner(trials, confirm)
+    assert winner.route == "f32" and asked == [] and done == []
+    assert reason.startswith("the base route is accuracy-failed (y: l0 0.30249, needs <= "
+                             "0.001), so it cannot stand: fastest accurate route, 0.95x "
+                             "[0.93, 0.97] against it in the search")
+    only_base = [base, trial("bf16x", 1.5, status="accuracy-failed")]
+    winner, reason, _ = confirm_winner(only_base, confirm)
+    assert winner is base and "no other route met the accuracy constraint" in reason

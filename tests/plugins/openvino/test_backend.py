@@ -46,8 +46,9 @@ def test_a_compiled_model_matches_the_onnx_runtime_reference(tmp_path: Path, mak
         model = matmul_chain(tmp_path / "m.onnx", depth=3, width=64, batch=8)
         profile = None
         feed = {"x": np.random.default_rng(0).standard_normal((8, 64), dtype=np.float32)}
-    backend = OpenVinoBackend(profile)
-    engine = backend.build(model, backend.full_settings({}), tmp_path / "artifacts")
+    backend = OpenVinoBackend(profile)  # f32: the CPU's default may be bf16
+    engine = backend.build(model, backend.full_settings({NS + "INFERENCE_PRECISION_HINT": "f32"}),
+                           tmp_path / "artifacts")
     with backend.open(engine) as runner, OnnxRuntimeBackend().reference(model) as ref:
         got, want = runner.infer(feed), ref.infer(feed)
         call = runner.prepare(feed)
