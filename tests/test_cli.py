@@ -1,4 +1,8 @@
-"""The command line, run as a real subprocess: bad input exits 2 with one line."""
+"""The command line: bad input exits 2 with one line.
+
+Most cases run the entry point in this process (`command.routetune`); a sample of the
+bad inputs, the terminal prompt and a pipeline run the real ``python -m routetune``.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from command import routetune, routetune_script
 from graphs import conv_bn, shared_dim, square
-
-FAST = ["--min-runs", "3", "--min-time", "0.02"]
-
-
-def routetune(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+from quick import QUICK_FLAGS as FAST
 
 
 @pytest.fixture(scope="module")
@@ -163,16 +162,22 @@ def _trunc(model: Path, path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case", sorted(BAD))
+THROUGH_THE_SCRIPT = ("missing file", "max depth not a number", "unknown seasoning")
+"""Bad inputs run through a real ``python -m routetune`` as well: a missing file, a
+framework's flag error and a plugin registry's."""
+
+
+@pytest.mark.parametrize(("case", "script"), [(c, False) for c in sorted(BAD)]
+                         + [(c, True) for c in THROUGH_THE_SCRIPT])
 def test_bad_input_is_one_line_exit_2_and_keeps_the_store(
-    case: str, tuned: tuple[Path, Path, int], tmp_path: Path
+    case: str, script: bool, tuned: tuple[Path, Path, int], tmp_path: Path
 ) -> None:
     model, out, rows = tuned
     make_args, message = BAD[case]
     args = make_args(tmp_path, model)
     if "--output" not in args:
         args += ["--output", str(out)]
-    done = routetune(*args)
+    done = (routetune_script if script else routetune)(*args)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -247,7 +252,8 @@ def test_a_huge_search_asks_first_at_a_terminal_and_says_so_elsewhere(tmp_path: 
     warning = ("this search may try about 25,920 trials of a 25,920-route space: at least "
                "14.4 h at 2 s or more per trial; bound it with --max-trials N, --time-budget "
                "S or a smaller --max-depth, or go on with --yes")
-    command = " ".join([sys.executable, "-m", "routetune", "tune", str(model), *HUGE,
+    quiet = ["--busy-machine", "ignore"]  # the warning's estimate needs --min-time's default
+    command = " ".join([sys.executable, "-m", "routetune", "tune", str(model), *HUGE, *quiet,
                         "--output", str(tmp_path / "a")])
     asked = subprocess.run(["script", "-qec", command, "/dev/null"], input="n\n",
                            capture_output=True, text=True, timeout=120)  # a real terminal
@@ -262,7 +268,7 @@ def test_a_huge_search_asks_first_at_a_terminal_and_says_so_elsewhere(tmp_path: 
     conn.close()
 
     piped = subprocess.Popen([sys.executable, "-m", "routetune", "tune", str(model), *HUGE,
-                              "--output", str(tmp_path / "b")], stdin=subprocess.DEVNULL,
+                              *quiet, "--output", str(tmp_path / "b")], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     assert piped.stderr is not None

@@ -10,11 +10,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from graphs import conv_bn
 from load import foreign_load
 
 from routetune.conditions import SLACK_CORES, BusyPolicy, Watch, measure_watched, read_statuses
 from routetune.store import TrialStore
+
+pytestmark = pytest.mark.serial  # a quiet machine, and the load these tests make on it
 
 
 def test_a_quiet_machine_is_not_busy_and_the_tuners_own_work_is_not_foreign() -> None:

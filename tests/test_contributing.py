@@ -14,17 +14,15 @@ import onnx
 import pytest
 from graphs import conv_bn
 from onnx import TensorProto, helper, numpy_helper
+from quick import quick_spec
 
 from routetune.composer import RouteSpace
 from routetune.errors import UsageError
-from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.testing import check_strategy, registry_with
 
 DOC = Path(__file__).parents[1] / "CONTRIBUTING.md"
-QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)
 
 
 def example(marker: str) -> types.ModuleType:
@@ -52,9 +50,9 @@ def mul_by_one(path: Path) -> Path:
 
 def test_seasoning_example(registry: Registry, tmp_path: Path) -> None:
     example("routetune_mulone").routetune_register_seasonings(registry)
-    result = tune(RunSpec(model=mul_by_one(tmp_path / "m.onnx"), output=tmp_path / "out",
-                          seasonings=("remove-mul-by-one",), measure=QUICK,
-                          in_process=True, keep="all"), registry)  # every model stays
+    result = tune(quick_spec(model=mul_by_one(tmp_path / "m.onnx"), output=tmp_path / "out",
+                             seasonings=("remove-mul-by-one",), keep="all"),  # every model stays
+                  registry)
     trial = next(t for t in result.trials if t.route == "remove-mul-by-one")
     assert trial.status == "ok"
     assert trial.passes[0]["stats"] == {"removed": 1}
@@ -64,10 +62,9 @@ def test_seasoning_example(registry: Registry, tmp_path: Path) -> None:
 
 def test_backend_example(registry: Registry, tmp_path: Path) -> None:
     example("routetune_refeval").routetune_register_backends(registry)
-    result = tune(RunSpec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
-                          backend="onnx-reference", shapes="x:1x3x32x32",
-                          seasonings=("fuse-bn-into-conv",), measure=QUICK,
-                          in_process=True), registry)
+    result = tune(quick_spec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
+                             backend="onnx-reference", shapes="x:1x3x32x32",
+                             seasonings=("fuse-bn-into-conv",)), registry)
     assert {t.route: t.status for t in result.trials} == {"base": "ok", "fuse-bn-into-conv": "ok"}
     assert result.base.device == "cpu: onnx.reference"
 
@@ -76,10 +73,9 @@ def test_strategy_example_takes_its_own_options(tmp_path: Path) -> None:
     registry = registry_with(example("routetune_firstn"), "firstn")
     space = RouteSpace([registry.seasoning("ort-threads").info], 1)
     assert len(check_strategy(registry, "first-n", space)) == 1
-    spec = RunSpec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
-                   search="first-n", search_options={"count": 2}, shapes="x:1x3x32x32",
-                   seasonings=("ort-threads",), max_depth=1, measure=QUICK,
-                   in_process=True, busy_machine="ignore")
+    spec = quick_spec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
+                      search="first-n", search_options={"count": 2}, shapes="x:1x3x32x32",
+                      seasonings=("ort-threads",), max_depth=1)
     result = tune(spec, registry)
     assert len([t for t in result.trials if t.route != "base"]) == 2
     run = json.loads((tmp_path / "out" / "run.json").read_text())

@@ -28,6 +28,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
@@ -35,16 +36,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import command
 import ml_dtypes
 import numpy as np
 import onnx
 import pytest
 import tomli_w
+from command import Done
 from graphs import conv_bn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper, numpy_helper
+from quick import QUICK_FLAGS
 
 from routetune import weights, weights_check
 from routetune.errors import RoutetuneError, UsageError
@@ -656,7 +660,7 @@ def test_the_unmutated_recipes_load(root: Path, registry: Registry) -> None:
 
 # run.json and trials.sqlite, through the report ---------------------------------------
 
-FAST = ["--min-runs", "3", "--min-time", "0.02", "--in-process", "--busy-machine", "ignore"]
+FAST = [*QUICK_FLAGS, "--in-process"]
 
 
 def routetune(*args: str, folder: Path) -> subprocess.CompletedProcess[str]:
@@ -714,8 +718,14 @@ def run_json_bytes(draw: Callable[..., Any], real: dict[str, Any]) -> bytes:
         [b"", b"null", b"[]", b'{"model": []}', b"9" * 5000, b'{"a": "\xff"}']))
 
 
-@fuzz(250)
+REPORTED = 100
+"""Examples of the fuzz tests whose every example writes the whole report (HTML and its
+two charts: 0.3 s each here); the loaders alone take 250 (`test_fuzz.py`'s others)."""
+
+
+@fuzz(REPORTED)
 @given(data=st.data())
+@pytest.mark.slow
 def test_hostile_run_records_are_refused_in_one_line(root: Path, real_run: Path,
                                                      data: st.DataObject) -> None:
     real = json.loads((real_run / runinfo.FILENAME).read_text())
@@ -742,8 +752,9 @@ def cell(draw: Callable[..., Any], current: Any) -> Any:
                 | st.sampled_from(["{", "[]", "{}", "NaN", "null", "a\nb", "base,{"]))
 
 
-@fuzz(250)
+@fuzz(REPORTED)
 @given(data=st.data())
+@pytest.mark.slow
 def test_hostile_trial_stores_are_refused_in_one_line(root: Path, real_run: Path,
                                                       data: st.DataObject) -> None:
     with case(root) as folder:
@@ -969,12 +980,40 @@ def test_corpus_case_is_refused_in_process(make: Maker, root: Path, real_run: Pa
         assert_no_secret(folder / "given")
 
 
-@pytest.mark.parametrize("make", CASES)
-def test_corpus_case_exits_2_with_one_line(make: Maker, root: Path, real_run: Path,
-                                           plain_model: bytes) -> None:
+THROUGH_THE_SCRIPT = ("model/location-dotdot (generated)", "recipe/", "store/")
+"""Corpus cases run through a real ``python -m routetune`` as well (a model, the first
+recipe, the first store), in a process whose home, temporary folder and working folder
+lie in the case folder: what a process writes anywhere shows there."""
+
+
+def in_process(*args: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> Done:
+    """`command.routetune` with the working folder, home and temporary folder in `folder`."""
+    for name in ("cwd", "home", "tmp"):
+        (folder / name).mkdir(exist_ok=True)
+    monkeypatch.chdir(folder / "cwd")
+    for key, value in {"HOME": "home", "TMPDIR": "tmp", "XDG_CACHE_HOME": "home/.cache",
+                       "ROUTETUNE_CACHE": "home/cache"}.items():
+        monkeypatch.setenv(key, str(folder / value))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    return command.routetune(*args)
+
+
+def _script_cases() -> list[Any]:
+    ids = [param.id for param in CASES]
+    chosen = {next(i for i in ids if i.startswith(prefix)) for prefix in THROUGH_THE_SCRIPT}
+    return [pytest.param(param.values[0], False, id=param.id) for param in CASES] + [
+        pytest.param(param.values[0], True, id=f"{param.id} (script)") for param in CASES
+        if param.id in chosen]
+
+
+@pytest.mark.parametrize(("make", "script"), _script_cases())
+def test_corpus_case_exits_2_with_one_line(make: Maker, script: bool, root: Path,
+                                           real_run: Path, plain_model: bytes,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     with corpus_case(make, root, real_run, plain_model) as (folder, (args, _)):
         before = tree(folder / "outside"), tree(root, skip=folder)
-        done = routetune(*args, folder=folder)
+        done = (routetune(*args, folder=folder) if script
+                else in_process(*args, folder=folder, monkeypatch=monkeypatch))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2, done.stderr
         assert lines[0].startswith("routetune: error: "), done.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 CORE = Path(__file__).parents[1] / "core"
@@ -87,8 +88,11 @@ def test_ray_is_imported_only_for_the_ray_executor() -> None:
 
 ROOT = Path(__file__).parents[1]
 PACKAGES = {"core": "routetune", "passes": "routetune.passes", "plugins": "routetune.plugins"}
-MAX_LINES = 400
-"""A module longer than this holds more than one concept (issue 15's rule)."""
+LONG_LINES = 400
+"""A module longer than this may hold more than one concept: a warning, and a question
+for its review (split it by concept, not by count)."""
+MAX_LINES = 600
+"""A module longer than this holds more than one concept: a failure."""
 
 
 def modules() -> dict[str, Path]:
@@ -156,10 +160,13 @@ def test_the_cycle_check_sees_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 
 
-def test_every_module_is_at_most_400_lines() -> None:
-    long = sorted(f"{name}: {n}" for name, path in modules().items()
-                  if (n := len(path.read_text().splitlines())) > MAX_LINES)
-    assert long == []
+def test_modules_over_400_lines_are_named_and_none_is_over_600() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    long = {name: n for name, n in sorted(sizes.items()) if n > LONG_LINES}
+    if long:
+        warnings.warn(f"modules over {LONG_LINES} lines (one concept each?): {long}",
+                      stacklevel=1)
+    assert {name: n for name, n in long.items() if n > MAX_LINES} == {}
 
 
 def test_the_type_checker_sees_the_package_as_python_imports_it() -> None:

@@ -21,13 +21,18 @@ from routetune.store import TrialStore
 SEASONINGS = "ort-threads,fuse-bn-into-conv,fold-constants,ort-opt-level,ort-no-spinning"
 
 
-def start(model: Path, out: Path, seasonings: str = SEASONINGS,
+def start(model: Path, out: Path, seasonings: str = SEASONINGS, *flags: str,
           **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "routetune", "tune", str(model), "--shapes", "x:1x3x32x32",
          "--output", str(out), "--seasonings", seasonings, "--search", "exhaustive",
-         "--max-depth", "3", "--min-runs", "5", "--min-time", "0.3"],
+         "--max-depth", "3", "--min-runs", "5", "--min-time", "0.1", "--confirm-repeats", "1",
+         "--busy-machine", "ignore", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+BOUNDED = ("--max-trials", "12")
+"""A search long enough to stop in its middle, short enough to resume to its end."""
 
 
 def stored(out: Path) -> int:
@@ -48,7 +53,7 @@ def wait_for(out: Path, n: int, proc: subprocess.Popen[str]) -> None:
 
 def interrupt_after(model: Path, out: Path, n: int) -> subprocess.Popen[str]:
     """Start a search, and send it SIGINT once `n` trials are stored."""
-    proc = start(model, out)
+    proc = start(model, out, SEASONINGS, *BOUNDED)
     wait_for(out, n, proc)
     proc.send_signal(signal.SIGINT)
     return proc
@@ -59,6 +64,7 @@ def model(tmp_path: Path) -> Path:
     return conv_bn(tmp_path / "m.onnx")
 
 
+@pytest.mark.slow
 def test_ctrl_c_writes_the_best_so_far_and_the_same_command_resumes(model: Path,
                                                                     tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -73,7 +79,7 @@ def test_ctrl_c_writes_the_best_so_far_and_the_same_command_resumes(model: Path,
     assert "winner: " in text and "Traceback" not in stderr
     assert (out / "winner.json").exists() and (out / "report.html").exists()
     before = stored(out)
-    again = start(model, out)
+    again = start(model, out, SEASONINGS, *BOUNDED)
     stdout, stderr = again.communicate(timeout=600)
     assert again.returncode == 0, stderr
     assert (f"resumed: {before} of these trials came from the trial store (trials.sqlite), "
@@ -128,13 +134,20 @@ def test_ctrl_c_to_the_whole_group_while_workers_start_prints_one_line(
     assert len(said) <= 1 and all("run the same command to resume" in s for s in said)
 
 
+CHAOS_ENV: dict[str, str] = {}
+"""The environment under which a process sees routetune-chaos (`slow`)."""
+
+
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The chaos package installed, and its `wasteful` model: ``chaos-drop-waste`` is
     exact and over 2x faster (so the winner is confirmed after a stop: seconds of
-    work), ``chaos-hang`` keeps the search busy until its trial times out."""
-    with installed("routetune-chaos", tmp_path_factory.mktemp("chaos")):
+    work, three fresh processes), ``chaos-hang`` keeps the search busy until its trial
+    times out."""
+    with installed("routetune-chaos", tmp_path_factory.mktemp("chaos")) as env:
+        CHAOS_ENV.update(env)
         yield wasteful(tmp_path_factory.mktemp("model") / "w.onnx")
+        CHAOS_ENV.clear()
 
 
 def start_slow(model: Path, out: Path, *wrapper: str) -> subprocess.Popen[str]:
@@ -142,7 +155,8 @@ def start_slow(model: Path, out: Path, *wrapper: str) -> subprocess.Popen[str]:
         [*wrapper, sys.executable, "-m", "routetune", "tune", str(model), "--output", str(out),
          "--seasonings", "chaos-drop-waste,chaos-hang", "--search", "exhaustive",
          "--max-depth", "1", "--trial-timeout", "300", "--min-runs", "5", "--min-time",
-         "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "0.3", "--busy-machine", "ignore"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, **CHAOS_ENV})
 
 
 def routes(out: Path) -> set[str]:
@@ -153,6 +167,7 @@ def routes(out: Path) -> set[str]:
         return set()
 
 
+@pytest.mark.slow
 def test_timeout_s_int_stops_once_and_writes_the_results(slow: Path, tmp_path: Path) -> None:
     """GNU timeout signals the child, then its whole process group: one stop, not two."""
     out = tmp_path / "out"
@@ -194,6 +209,7 @@ def table(out: Path) -> set[tuple[str, str]]:
     return set(rows.fetchall())
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_points_resumes_to_the_same_final_table(model: Path,
                                                                  tmp_path: Path) -> None:
     """SIGKILL gives no chance to clean up: the trial in flight is lost and redone, the
@@ -206,15 +222,25 @@ def test_kill_9_at_random_points_resumes_to_the_same_final_table(model: Path,
     assert done.wait(timeout=600) == 0
     killed = tmp_path / "killed"
     rng = random.Random(0)
+    kills = 0
     for _ in range(3):
         proc = start(model, killed, small)
-        wait_for(killed, stored(killed) + 1, proc)
+        before = stored(killed)
+        deadline = time.monotonic() + 120
+        while stored(killed) <= before and proc.poll() is None:  # one more trial, or done
+            assert time.monotonic() < deadline, "no trial stored in 120 s"
+            time.sleep(0.1)
         time.sleep(rng.uniform(0.0, 1.5))  # somewhere inside a build or a measurement
+        if proc.poll() is not None:  # the search ended first: nothing left to kill
+            assert proc.wait() == 0, proc.communicate()
+            break
         proc.kill()
         proc.wait()
+        kills += 1
         conn = sqlite3.connect(killed / "trials.sqlite")
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         conn.close()
+    assert kills  # at least one search died mid-way
     last = start(model, killed, small)
     stdout, stderr = last.communicate(timeout=600)
     assert last.returncode == 0, stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import onnx
 from onnx import TensorProto, helper
+from quick import QUICK_FLAGS
 
 from routetune.logs import LOGS
 
@@ -57,7 +58,7 @@ def test_build_and_tune_show_only_their_own_lines_and_keep_the_libraries_in_the_
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), model)
     for command, log_name, first in (
             (["build", str(model), "--route", "eliminate-noops"], "build.log", "built "),
-            (["tune", str(model), "--seasonings", "eliminate-noops", "--min-time", "0.05"],
+            (["tune", str(model), "--seasonings", "eliminate-noops", *QUICK_FLAGS],
              "prepare.log", "")):
         out = tmp_path / command[0]
         done = subprocess.run([sys.executable, "-m", "routetune", *command, "--output",

@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from command import routetune as cli
 from graphs import scaled
+from quick import QUICK_FLAGS, quick_spec
 
 from routetune.feeds.examples import Example, fetch_example
 from routetune.feeds.inputs import parse_shapes, synthesize
 from routetune.feeds.profile import make_profile
 from routetune.feeds.sample_audio import VAD_FRAME, VAD_RATE, speech_audio
-from routetune.measure import MeasureSettings
 from routetune.model import prepare
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
-
-QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_shape_texts_take_scalars_and_empty_sizes() -> None:
@@ -44,6 +35,7 @@ def test_the_profile_from_inputs_spans_a_scalar_input(tmp_path: Path) -> None:
     assert sets[0]["t"].shape == () and isinstance(sets[0]["t"], np.ndarray)
 
 
+@pytest.mark.slow
 def test_a_scalar_input_given_through_inputs_shapes_or_a_recipe_tunes(
         registry: Registry, tmp_path: Path) -> None:
     model = scaled(tmp_path / "m.onnx")
@@ -52,12 +44,11 @@ def test_a_scalar_input_given_through_inputs_shapes_or_a_recipe_tunes(
     for i, n in enumerate((4, 4, 6)):
         np.savez(data / f"{i}.npz", x=np.full((n, 16), 0.1 * i, np.float32),
                  t=np.array(0.25 * (i + 1), np.float32))
-    result = tune(RunSpec(model=model, inputs=data, output=tmp_path / "a",
-                          seasonings=("ort-no-spinning",), measure=QUICK,
-                          in_process=True), registry)
+    result = tune(quick_spec(model=model, inputs=data, output=tmp_path / "a",
+                             seasonings=("ort-no-spinning",)), registry)
     assert result.base.status == "ok", result.base.reason
     flags = cli("tune", str(model), "--shapes", "x:4x16,t:", "--seasonings",
-                "ort-no-spinning", "--min-time", "0.02", "--output", str(tmp_path / "b"))
+                "ort-no-spinning", *QUICK_FLAGS, "--output", str(tmp_path / "b"))
     assert flags.returncode == 0, flags.stderr
     run = json.loads((tmp_path / "b" / "run.json").read_text())
     assert run["given"]["shapes"] == "x:4x16,t:"
@@ -65,7 +56,7 @@ def test_a_scalar_input_given_through_inputs_shapes_or_a_recipe_tunes(
     recipe.write_text(f'schema_version = 2\n[model]\npath = "{model}"\n[inputs]\n'
                       'shapes = "x:2x16,t:"\n[search]\nmax_depth = 0\n')
     from_recipe = cli("tune", "--recipe", str(recipe), "--output", str(tmp_path / "c"),
-                      "--min-time", "0.02")
+                      *QUICK_FLAGS)
     assert from_recipe.returncode == 0, from_recipe.stderr
     assert "Traceback" not in flags.stderr + from_recipe.stderr
 
@@ -93,9 +84,9 @@ def test_silero_vads_single_step_model_tunes_on_its_real_sample_rate(
         np.savez(data / f"{i}.npz", input=audio[None, i * VAD_FRAME:(i + 1) * VAD_FRAME]
                  .astype(np.float32), state=np.zeros((2, 1, 128), np.float32),
                  sr=np.array(VAD_RATE, np.int64))
-    result = tune(RunSpec(model=model, inputs=data, output=tmp_path / "out",
-                          seasonings=("fold-constants", "ort-threads"), max_depth=1,
-                          measure=QUICK), registry)
+    result = tune(quick_spec(model=model, inputs=data, output=tmp_path / "out",
+                             seasonings=("fold-constants", "ort-threads"), max_depth=1),
+                  registry)
     assert result.base.status == "ok", result.base.reason
     assert result.winner.status == "ok"
     # fold-constants inlines the decoder's nested If, whose condition folds to a constant

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from command import routetune_script as routetune
 from graphs import conv_bn
-from plugin_packages import routetune
 
 from routetune.backend import Backend
 from routetune.errors import PluginError, UsageError

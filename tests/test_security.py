@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from command import routetune
 from graphs import conv_bn
-from plugin_packages import routetune
+from quick import QUICK_FLAGS, quick_spec
 from test_weights import external_model, run_path
 
 from routetune.errors import UsageError
 from routetune.model import prepare
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.search.artifacts import matches_record
 from routetune.store import TrialStore
@@ -132,6 +132,7 @@ class Plant:
         return (open, (str(self.marker), "w"))
 
 
+@pytest.mark.slow
 def test_a_planted_pickle_in_a_results_folder_runs_no_code(tmp_path: Path) -> None:
     # Route-prefix entries and the workers' inputs were pickles in the output folder, so
     # a folder from someone else ran code as the next user who tuned in it.
@@ -140,8 +141,8 @@ def test_a_planted_pickle_in_a_results_folder_runs_no_code(tmp_path: Path) -> No
     out = tmp_path / "out"
     args = ("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
             "--seasonings", "fp16,ort-threads", "--search", "exhaustive", "--max-depth", "2",
-            "--min-runs", "3", "--min-time", "0.01", "--keep", "all")  # prefixes stay
-    assert routetune(*args, timeout=240).returncode == 0
+            *QUICK_FLAGS, "--keep", "all")  # prefixes stay
+    assert routetune(*args).returncode == 0
     artifacts = out / "artifacts"
     prefixes = artifacts / "prefixes"
     entries = list(prefixes.glob("*.json"))
@@ -153,14 +154,14 @@ def test_a_planted_pickle_in_a_results_folder_runs_no_code(tmp_path: Path) -> No
     (artifacts / f"inputs-{os.getpid()}-1.pkl").write_bytes(planted)  # the old inputs file
     (artifacts / "engines").mkdir(exist_ok=True)
     (artifacts / "engines" / "timing.cache").write_bytes(planted)
-    for again in (routetune(*args, timeout=240), routetune(*args, "--fresh", timeout=240)):
+    for again in (routetune(*args), routetune(*args, "--fresh")):
         assert again.returncode == 0, again.stderr[-2000:]
         assert not marker.exists()
     for model_file in (artifacts / "models").glob("*.onnx"):  # models not matching their hash
         model_file.write_bytes(b"not the model")
     for entry in prefixes.glob("*.json"):
         entry.unlink()
-    third = routetune(*args, "--fresh", timeout=240)
+    third = routetune(*args, "--fresh")
     assert third.returncode == 0, third.stderr[-2000:]
     assert not marker.exists()
 
@@ -172,8 +173,8 @@ def test_changed_candidate_models_and_weights_of_stored_trials_are_made_again(
     # are confirmed, run for winner_outputs.npz, or written as winner.onnx.
     path = external_model(tmp_path / "in" / "m.onnx")
     out = tmp_path / "out"
-    options = RunSpec(model=path, output=out, shapes="x:2x64", seasonings=("fp16",),
-                      accuracy="l2<=0.05", busy_machine="ignore", in_process=True)
+    options = quick_spec(model=path, output=out, shapes="x:2x64", seasonings=("fp16",),
+                         accuracy="l2<=0.05")
     first = tune(options, registry)
     assert first.winner.status == "ok" and first.winner.artifact  # base or fp16
     models = out / "artifacts" / "models"
@@ -229,7 +230,7 @@ def outside_model(tmp_path: Path, how: str) -> Path:
 def test_external_data_outside_the_models_folder_is_refused_in_one_line(
         tmp_path: Path, how: str) -> None:
     model = outside_model(tmp_path, how)
-    run = routetune("tune", str(model), "--output", str(tmp_path / "out"), timeout=120)
+    run = routetune("tune", str(model), "--output", str(tmp_path / "out"))
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
@@ -245,9 +246,9 @@ def test_with_the_flag_external_data_outside_is_copied_into_the_run(
         registry: Registry, tmp_path: Path) -> None:
     model = outside_model(tmp_path, "dotdot")
     out = tmp_path / "out"
-    result = tune(RunSpec(model=model, output=out, shapes="x:2x64",
-                          seasonings=("ort-no-spinning",), in_process=True,
-                          allow_external_data_outside=True), registry)
+    result = tune(quick_spec(model=model, output=out, shapes="x:2x64",
+                             seasonings=("ort-no-spinning",),
+                             allow_external_data_outside=True), registry)
     assert result.base.status == "ok"
     stored = list((out / "artifacts" / "models" / WEIGHTS).glob("*.bin"))
     assert stored and all(hashlib.sha256(f.read_bytes()).hexdigest() == f.stem
@@ -270,8 +271,7 @@ def test_a_link_planted_in_an_output_folder_is_refused_before_any_write(
     else:
         (out / planted).hardlink_to(victim)
     model = conv_bn(tmp_path / "m.onnx")
-    run = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
-                    timeout=120)
+    run = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out))
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "is a symbolic or hard link" in lines[0] and planted in lines[0]
@@ -283,8 +283,8 @@ def tuned_folder(tmp_path: Path) -> tuple[Path, tuple[str, ...]]:
     model = conv_bn(tmp_path / "m.onnx")
     out = tmp_path / "out"
     args = ("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
-            "--seasonings", "ort-no-spinning", "--min-runs", "3", "--min-time", "0.01")
-    assert routetune(*args, timeout=240).returncode == 0
+            "--seasonings", "ort-no-spinning", *QUICK_FLAGS)
+    assert routetune(*args).returncode == 0
     return out, args
 
 
@@ -296,7 +296,7 @@ def test_a_stored_artifact_path_outside_the_folder_is_refused_in_one_line(
     conn.execute("UPDATE trials SET artifact = '/dev/zero'")
     conn.commit()
     conn.close()
-    again = routetune(*args, timeout=240)
+    again = routetune(*args)
     assert again.returncode == 2, again.stderr[-2000:]
     lines = again.stderr.strip().splitlines()
     assert len(lines) == 1 and "is not a candidate model path" in lines[0], again.stderr
@@ -322,7 +322,7 @@ def test_a_planted_winner_with_a_forged_record_is_refused_not_shipped(tmp_path: 
     conn.commit()
     conn.close()
     (out / "winner.onnx").unlink()
-    again = routetune(*args, timeout=240)
+    again = routetune(*args)
     assert again.returncode == 2, again.stderr[-2000:]
     assert "no longer meets the accuracy constraint" in again.stderr
     assert not (out / "winner.onnx").exists()

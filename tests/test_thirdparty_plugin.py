@@ -1,20 +1,38 @@
-"""A real third-party plugin distribution, pip-installed into the test environment."""
+"""A real third-party plugin distribution, pip-installed where the command finds it.
+
+`plugin_packages.installed` installs it into a folder of its own, on the ``PYTHONPATH``
+of the commands run here, so that tests running at the same time never see it.
+"""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from command import routetune_script
 from graphs import conv_bn
-from plugin_packages import installed, routetune
+from plugin_packages import installed
+from quick import QUICK_FLAGS
+
+DEMO: dict[str, str] = {}
+"""The environment under which a process sees routetune-demo (`demo_installed`)."""
 
 
 @pytest.fixture(scope="module")
 def demo_installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    with installed("routetune-demo", tmp_path_factory.mktemp("demo")):
+    with installed("routetune-demo", tmp_path_factory.mktemp("demo")) as env:
+        DEMO.update(env)
         yield
+        DEMO.clear()
+
+
+def routetune(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m routetune ARGS`` with routetune-demo installed."""
+    return routetune_script(*args, **DEMO, **env)
 
 
 def test_third_party_seasoning_is_listed(demo_installed: None) -> None:
@@ -28,7 +46,7 @@ def test_third_party_seasoning_takes_part_in_a_search(demo_installed: None, tmp_
     model = conv_bn(tmp_path / "m.onnx")
     done = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output",
                      str(tmp_path / "out"), "--seasonings", "demo-single-thread",
-                     "--search", "exhaustive", "--min-runs", "3", "--min-time", "0.02")
+                     "--search", "exhaustive", *QUICK_FLAGS)
     assert done.returncode == 0, done.stderr
     store = sqlite3.connect(tmp_path / "out" / "trials.sqlite")
     status = dict(store.execute("SELECT route, status FROM trials").fetchall())
@@ -49,6 +67,15 @@ def test_broken_plugin_is_one_line_naming_it(demo_installed: None) -> None:
     assert done.stderr.strip() == (
         "routetune: error: plugin 'demo' (routetune-demo 0.1.0) failed to load: routetune_demo "
         "was told to break; disable it with ROUTETUNE_DISABLE_PLUGINS=demo")
+
+
+def test_a_ctrl_c_while_a_plugin_imports_stops_as_a_ctrl_c(demo_installed: None) -> None:
+    """onnxruntime's extension turns a KeyboardInterrupt in its initialisation into an
+    ImportError: a Ctrl-C at start-up was told as a plugin that failed to load (exit 2)."""
+    done = routetune("seasonings", ROUTETUNE_DEMO_BREAK="ctrl-c")
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == ("routetune: interrupted (Ctrl-C); every finished trial is "
+                                   "stored; run the same command to resume")
 
 
 @pytest.mark.parametrize(("mode", "says"), [
@@ -77,11 +104,12 @@ def test_tracing_prints_each_hook_call_with_its_plugin(demo_installed: None) -> 
 
 
 def test_the_kit_tests_the_module_it_is_given_not_the_installed_one(
-        demo_installed: None) -> None:
+        demo_installed: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """registry_with(module, "demo") replaces the installed plugin named demo, and the
     installed module itself under another name is registered once, under that name."""
     import types
 
+    monkeypatch.syspath_prepend(DEMO["PYTHONPATH"].split(os.pathsep)[0])
     import routetune_demo
 
     from routetune import SeasoningInfo, hookimpl

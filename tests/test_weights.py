@@ -3,24 +3,20 @@ built and written back without ever being one serialized message."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from command import routetune as cli
 from onnx import TensorProto, helper, numpy_helper
+from quick import quick_spec
 
-from routetune.measure import MeasureSettings
 from routetune.model import prepare
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.weights import WEIGHTS, has_external_data, source_sha256
-
-QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
 
 
 def external_model(path: Path, seed: int = 0) -> Path:
@@ -51,11 +47,6 @@ def external_model(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
-                          text=True, timeout=300)
-
-
 def run_path(path: Path, x: np.ndarray) -> np.ndarray:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return session.run(None, {"x": x})[0]
@@ -72,14 +63,14 @@ def test_a_model_is_prepared_without_its_data_and_hashed_with_it(tmp_path: Path)
                 str(other), load_external_data=False)))
 
 
+@pytest.mark.slow
 def test_routes_on_external_data_keep_weights_in_the_store_and_the_winner_runs(
         registry: Registry, tmp_path: Path) -> None:
     path = external_model(tmp_path / "in" / "m.onnx")
     out = tmp_path / "out"
-    result = tune(RunSpec(model=path, output=out, shapes="x:2x64",
-                          seasonings=("fold-constants", "fp16", "int8-qdq"),
-                          routes=("fold-constants,fp16",), measure=QUICK,
-                          in_process=True, accuracy="l2<=0.05"), registry)
+    result = tune(quick_spec(model=path, output=out, shapes="x:2x64",
+                             seasonings=("fold-constants", "fp16", "int8-qdq"),
+                             routes=("fold-constants,fp16",), accuracy="l2<=0.05"), registry)
     by_route = {t.route: t for t in result.trials}
     for route in ("base", "fold-constants", "fp16", "int8-qdq", "fold-constants,fp16"):
         assert by_route[route].status in ("ok", "accuracy-failed"), (
@@ -102,9 +93,8 @@ def test_routes_on_external_data_keep_weights_in_the_store_and_the_winner_runs(
 def test_a_winner_with_external_data_is_written_with_its_data_file(
         registry: Registry, tmp_path: Path) -> None:
     path = external_model(tmp_path / "in" / "m.onnx")
-    result = tune(RunSpec(model=path, output=tmp_path / "out", shapes="x:2x64",
-                          seasonings=("ort-no-spinning",), measure=QUICK,
-                          in_process=True), registry)
+    result = tune(quick_spec(model=path, output=tmp_path / "out", shapes="x:2x64",
+                             seasonings=("ort-no-spinning",)), registry)
     winner = result.files["model"]
     data = winner.with_name("winner.onnx.data")
     assert data.stat().st_size >= 2 * 64 * 128 * 4

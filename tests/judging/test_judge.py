@@ -9,13 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from quick import quick_spec
 
 from routetune.judging.accuracy import AccuracyMeasurement, Unjudgeable, judge, parse_accuracy
 from routetune.judging.judge import judged
-from routetune.measure import MeasureSettings
 from routetune.registry import Registry
 from routetune.reporting.report import build_report
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.store import SCHEMA_VERSION, TrialStore
 from routetune.trial import Status, Trial
@@ -90,6 +89,7 @@ def cls_example(model_path: Callable[[str], Path], model_cache: Path,
     monkeypatch.setenv("ROUTETUNE_CACHE", str(model_cache))
 
 
+@pytest.mark.slow
 def test_another_accuracy_rejudges_stored_trials_without_measuring(
         cls_example: None, registry: Registry, tmp_path: Path) -> None:
     """PP-OCR's classifier in FP16 is off by rel-L2 about 1e-3 on the example's 64 lines
@@ -100,10 +100,9 @@ def test_another_accuracy_rejudges_stored_trials_without_measuring(
     def run(accuracy: str) -> tuple[dict[str, Status], list[bool], float]:
         cached: list[bool] = []
         t0 = time.perf_counter()
-        result = tune(RunSpec(
+        result = tune(quick_spec(
             example="ppocr-cls", output=out, seasonings=("fp16", "eliminate-noops"),
-            max_depth=1, accuracy=accuracy, min_speedup=100.0,
-            measure=MeasureSettings(warmup=2, min_runs=5, min_time_s=0.05)),
+            max_depth=1, accuracy=accuracy, min_speedup=100.0),
             registry, on_trial=lambda trial, hit: cached.append(hit))
         assert len(result.fresh) == cached.count(False)  # waits counted for these only
         return ({t.route: t.status for t in result.trials}, cached,

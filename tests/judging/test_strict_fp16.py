@@ -10,12 +10,11 @@ import pytest
 from graphs import layernorm
 from naive_fp16 import NaiveFp16
 from onnx import TensorProto, helper
+from quick import quick_spec
 
 from routetune.judging.strict_fp16 import mentions_float16, strict_fp16_overflows
-from routetune.measure import MeasureSettings
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 
 BACKEND = OnnxRuntimeBackend()
@@ -78,10 +77,9 @@ def test_a_layernorm_whose_variance_overflows_in_float16_never_wins(
     x = np.random.default_rng(0).uniform(-200, 200, (4, 2048)).astype(np.float32)
     np.savez(tmp_path / "x.npz", x=x)
     registry.add_seasoning(NaiveFp16)
-    opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive",
-                   seasonings=("fp16", "naive-fp16"), inputs=tmp_path / "x.npz",
-                   accuracy="rel_l2<=0.01", max_depth=1, in_process=True,
-                   measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01))
+    opts = quick_spec(model=model, output=tmp_path / "out", search="exhaustive",
+                      seasonings=("fp16", "naive-fp16"), inputs=tmp_path / "x.npz",
+                      accuracy="rel_l2<=0.01", max_depth=1)
     trials = {t.route: t for t in tune(opts, registry).trials}
     naive = trials["naive-fp16"]
     assert naive.status == "accuracy-failed"

@@ -103,20 +103,16 @@ def test_a_fallback_that_fails_the_constraint_is_not_called_accurate(registry: R
 
 
 def test_the_tables_show_the_task_metric_the_constraint_bounds(tmp_path) -> None:  # noqa: ANN001
-    import subprocess
-    import sys
-
+    from command import routetune
     from graphs import matmul_chain
+    from quick import QUICK_FLAGS
 
     model = matmul_chain(tmp_path / "m.onnx", depth=2, width=32, batch=8)
     out = tmp_path / "out"
-    tune = subprocess.run([sys.executable, "-m", "routetune", "tune", str(model), "--accuracy",
-                           "top1>=0.9,rel_l2<=0.5", "--seasonings", "ort-threads",
-                           "--output", str(out), "--min-time", "0.1", "--busy-machine", "warn"],
-                          capture_output=True, text=True, timeout=300)
+    tune = routetune("tune", str(model), "--accuracy", "top1>=0.9,rel_l2<=0.5", "--seasonings",
+                     "ort-threads", "--output", str(out), *QUICK_FLAGS)
     assert tune.returncode == 0, tune.stderr[-2000:]
-    show = subprocess.run([sys.executable, "-m", "routetune", "show", str(out), "--all"],
-                          capture_output=True, text=True, timeout=120)
+    show = routetune("show", str(out), "--all")
     for text in (tune.stdout, show.stdout):  # the judged value, not rel-L2
         header = next(line for line in text.splitlines() if "speed-up [95%]" in line)
         assert "top1" in header and "rel_l2" not in header, header

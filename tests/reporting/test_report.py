@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 from graphs import conv_bn
 from PIL import Image
+from quick import quick_spec
 
 from routetune.errors import UsageError
-from routetune.measure import MeasureSettings
 from routetune.reporting.charts import TOP_SPEEDUPS, pareto_chart, speedup_chart
 from routetune.reporting.report import build_report, write_reports
 from routetune.reporting.report_html import render_html, route_html
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -41,11 +40,9 @@ def outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished exhaustive search over four seasonings on a Conv+BN model."""
     root = tmp_path_factory.mktemp("report")
     out = root / "out"
-    tune(RunSpec(model=conv_bn(root / "m.onnx"), shapes="x:1x3x32x32", output=out,
-                 seasonings=("fuse-bn-into-conv", "ort-threads", "fp16",
-                                 "fold-constants"),
-                     search="exhaustive", max_depth=2,
-                     measure=MeasureSettings(min_runs=5, min_time_s=0.05)))
+    tune(quick_spec(model=conv_bn(root / "m.onnx"), shapes="x:1x3x32x32", output=out,
+                    seasonings=("fuse-bn-into-conv", "ort-threads", "fp16", "fold-constants"),
+                    search="exhaustive", max_depth=2))
     return out
 
 
@@ -273,17 +270,23 @@ def test_the_html_fetches_nothing(outdir: Path, tmp_path: Path) -> None:
     assert "violates the following Content Security Policy directive" in blocked.stderr
 
 
-def as_another_user(*args: str) -> list[str]:
-    """`args` run as nobody when this is root (root writes to any folder), else as is."""
+def without_root_rights(*args: str) -> list[str]:
+    """`args` run without root's right to write anywhere when this is root, else as is.
+
+    Root keeps its user id, so it still reads a venv in its own home (as nobody, uid
+    65534, it could not), and loses the capabilities that let it write a read-only
+    folder (``CAP_DAC_OVERRIDE`` and its kin, dropped from the bounding set by
+    ``setpriv``).
+    """
     if os.geteuid() != 0:
         return list(args)
     if shutil.which("setpriv") is None:
         pytest.skip("root, and no setpriv to drop the rights with")
-    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *args]
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *args]
 
 
 def test_a_read_only_folder_is_named_as_such(outdir: Path) -> None:
-    root = Path(tempfile.mkdtemp(prefix="routetune-ro-"))  # pytest's folders are root's own
+    root = Path(tempfile.mkdtemp(prefix="routetune-ro-"))
     try:
         root.chmod(0o755)
         home = root / "home"
@@ -294,7 +297,7 @@ def test_a_read_only_folder_is_named_as_such(outdir: Path) -> None:
         for path in [frozen, *frozen.rglob("*")]:
             path.chmod(0o555 if path.is_dir() else 0o444)
         for command in ("report", "show"):
-            done = subprocess.run(as_another_user(sys.executable, "-m", "routetune", command,
+            done = subprocess.run(without_root_rights(sys.executable, "-m", "routetune", command,
                                                   str(frozen)),
                                   capture_output=True, text=True, timeout=120,
                                   env={**os.environ, "HOME": str(home),

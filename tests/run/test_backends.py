@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import onnx
 import pytest
+from command import routetune as routetune_here
 from graphs import matmul_chain
+from quick import QUICK_FLAGS, QUICK_KEYWORDS
 
 import routetune
 from routetune.measure import Latency, Speedup
@@ -73,23 +73,21 @@ def test_a_bad_backend_list_is_one_line(value: str, fix: str) -> None:
 
 def test_an_unknown_backend_stops_before_any_search(tmp_path: Path) -> None:
     model = matmul_chain(tmp_path / "m.onnx", depth=2, width=32, batch=4)
-    done = subprocess.run([sys.executable, "-m", "routetune", "tune", str(model), "--backend",
-                           "onnxruntime,no-such", "--output", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=300)
+    done = routetune_here("tune", str(model), "--backend", "onnxruntime,no-such", "--output",
+                          str(tmp_path / "out"))
     assert done.returncode == 2 and "unknown backend 'no-such'" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()  # nothing searched, nothing made
 
 
+@pytest.mark.slow
 def test_two_backends_search_against_one_reference_and_meet_side_by_side(
         tmp_path: Path) -> None:
     model = matmul_chain(tmp_path / "m.onnx", depth=4, width=128, batch=16)
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "routetune", "tune", str(model), "--backend",
-            "onnxruntime,openvino", "--seasonings", "ort-threads,ov-threads",
-            "--search", "one-at-a-time", "--output", str(out), "--min-time", "0.2",
-            "--busy-machine", "warn"]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    done = routetune_here("tune", str(model), "--backend", "onnxruntime,openvino",
+                          "--seasonings", "ort-threads,ov-threads", "--search", "one-at-a-time",
+                          "--output", str(out), *QUICK_FLAGS)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "side by side, one loop: speed-up over onnxruntime: base" in done.stdout
     summary = json.loads((out / "backends.json").read_text())
@@ -114,7 +112,7 @@ def test_two_backends_search_against_one_reference_and_meet_side_by_side(
     # the API resumes from the stores and answers with the same shape
     again = routetune.tune(model, backend="onnxruntime,openvino",
                            seasonings="ort-threads,ov-threads", search="one-at-a-time",
-                           output=out, min_time_s=0.2, busy_machine="warn")
+                           output=out, **QUICK_KEYWORDS)
     assert isinstance(again, BackendsResult)
     assert [r.base.backend for r in again.runs] == ["onnxruntime", "openvino"]
     assert not any(r.fresh for r in again.runs)  # every trial came from the store
@@ -123,6 +121,7 @@ def test_two_backends_search_against_one_reference_and_meet_side_by_side(
             assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == stored[name]
 
 
+@pytest.mark.slow
 def test_a_base_route_that_wins_side_by_side_gets_its_own_winner_files(
         tmp_path: Path) -> None:
     """Its backend's search crowned another route: the base route's files are written.
@@ -136,7 +135,7 @@ def test_a_base_route_that_wins_side_by_side_gets_its_own_winner_files(
     declared = {o.name: o for o in options_of(RunSpec)}
     given = {"model": model, "backend": "onnxruntime,openvino", "search": "exhaustive",
              "seasonings": "ort-threads,ov-threads", "output": tmp_path / "out",
-             "min_time_s": 0.1, "busy_machine": "warn"}
+             "min_time_s": 0.02, "busy_machine": "warn"}  # three loops: the default
     spec = merge({k: check_keyword(declared[k], v) for k, v in given.items()}, "api",
                  registry)
     prepared: list[Prepared] = []

@@ -5,12 +5,11 @@ from pathlib import Path
 
 import pytest
 from graphs import matmul_chain
+from quick import quick_spec
 
 from routetune.errors import UsageError
-from routetune.measure import MeasureSettings
 from routetune.model import sha256
 from routetune.run.outdir import make_outdir, move_aside
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.store import TrialStore
 from routetune.trial import Trial
@@ -50,14 +49,12 @@ def test_a_folder_that_holds_another_models_run_keeps_it(registry, tmp_path: Pat
     out = tmp_path / "shared"
     first = matmul_chain(tmp_path / "a.onnx", depth=2, width=8, batch=2)
     second = matmul_chain(tmp_path / "b.onnx", depth=3, width=8, batch=2)
-    fast = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
-    tune(RunSpec(model=first, output=out, seasonings=("ort-no-spinning",), measure=fast,
-                 in_process=True), registry)
+    tune(quick_spec(model=first, output=out, seasonings=("ort-no-spinning",)), registry)
     kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()
             and p.name.startswith(("winner", "run.json", "report"))}
     assert {"winner.onnx", "winner.json", "run.json", "report.html"} <= set(kept)
-    result = tune(RunSpec(model=second, output=out, seasonings=("ort-no-spinning",),
-                          measure=fast, in_process=True), registry)
+    result = tune(quick_spec(model=second, output=out, seasonings=("ort-no-spinning",)),
+                  registry)
     assert {name: (out / name).read_bytes() for name in kept} == kept  # never overwritten
     records = result.files["run"].parent
     assert records.parent == out / "runs" and (records / "winner.onnx").exists()

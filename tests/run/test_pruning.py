@@ -8,22 +8,20 @@ from pathlib import Path
 
 import pytest
 from graphs import conv_bn, matmul_chain
+from quick import quick_spec
 
-from routetune.measure import MeasureSettings
 from routetune.reporting.report import worst_error
 from routetune.run.pruning import PREFIXES, accurate_front, kept_trials
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import TuneResult, tune
 from routetune.search.artifacts import MODELS
 from routetune.trial import Trial
 
 
 def search(model: Path, out: Path, keep: str) -> TuneResult:
-    return tune(RunSpec(model=model, shapes="x:1x3x32x32", output=out, keep=keep,
-                        seasonings=("fuse-bn-into-conv", "ort-threads", "fp16",
-                                    "fold-constants"),
-                        search="exhaustive", max_depth=2,
-                        measure=MeasureSettings(min_runs=5, min_time_s=0.05)))
+    return tune(quick_spec(model=model, shapes="x:1x3x32x32", output=out, keep=keep,
+                           seasonings=("fuse-bn-into-conv", "ort-threads", "fp16",
+                                       "fold-constants"),
+                           search="exhaustive", max_depth=2))
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +77,10 @@ def test_a_run_into_a_folder_that_holds_another_run_removes_none_of_its_models(
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
     first = models(copy)  # --keep all: every candidate of the conv_bn run
-    other = tune(RunSpec(model=matmul_chain(tmp_path / "mm.onnx", depth=2, width=32,
-                                            batch=4),
-                         output=copy, keep="front", seasonings=("fp16", "ort-threads"),
-                         search="exhaustive", max_depth=1,
-                         measure=MeasureSettings(min_runs=5, min_time_s=0.05)))
+    other = tune(quick_spec(model=matmul_chain(tmp_path / "mm.onnx", depth=2, width=32,
+                                               batch=4),
+                            output=copy, keep="front", seasonings=("fp16", "ort-threads"),
+                            search="exhaustive", max_depth=1))
     assert first < models(copy)  # its own kept models added, none of the first's removed
     its_own = {Path(t.artifact).name for t in kept_trials(other.trials, other.winner, "front")
                if t.artifact}

@@ -11,10 +11,10 @@ import onnx
 import onnx_graphsurgeon as gs
 from graphs import conv_bn
 from onnx import TensorProto, helper, numpy_helper
+from quick import quick_spec
 
 from routetune.registry import Registry
 from routetune.run.rebuild import rebuild
-from routetune.run.run_spec import RunSpec
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
 
 
@@ -46,7 +46,7 @@ def test_a_pass_that_breaks_the_model_or_crashes_is_named_as_its_fault(
     registry.add_seasoning(Recast)
     registry.add_seasoning(Boom)
     model = conv_bn(tmp_path / "m.onnx")
-    opts = RunSpec(model=model, output=tmp_path / "out", shapes="x:1x3x32x32")
+    opts = quick_spec(model=model, output=tmp_path / "out", shapes="x:1x3x32x32")
     broken = rebuild(opts, "recast", registry)
     assert broken.engine_file is None and not broken.failed
     assert broken.broken.startswith("after 'recast': the rewrite left a redundant Cast")

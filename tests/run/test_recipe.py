@@ -3,26 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tomllib
+from command import routetune as cli
 from graphs import conv_bn
+from quick import QUICK_FLAGS, QUICK_KEYWORDS
 
 import routetune
 from routetune.errors import UsageError
 from routetune.run.recipe import Recipe, json_schema, load_recipe
 from routetune.run.run_spec import merge
-
-FAST = {"min_runs": 3, "min_time_s": 0.02}
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -138,7 +131,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, routetune.tun
     model = conv_bn(root / "m.onnx")
     result = routetune.tune(model, shapes="x:1x3x32x32", search="exhaustive",
                             seasonings="fuse-bn-into-conv,ort-threads,fp16",
-                            output=root / "out", max_depth=1, **FAST)
+                            output=root / "out", max_depth=1, **QUICK_KEYWORDS)
     return root, result
 
 
@@ -147,7 +140,8 @@ def test_the_winner_recipe_round_trips(tuned, registry) -> None:  # noqa: ANN001
     winner_toml = root / "out" / "winner.toml"
     recipe = load_recipe(winner_toml, registry)
     assert recipe.routes == [result.winner.route] and recipe.seasonings == []
-    again = cli("tune", "--recipe", str(winner_toml), "--output", str(root / "again"))
+    again = cli("tune", "--recipe", str(winner_toml), "--output", str(root / "again"),
+                *QUICK_FLAGS)
     assert again.returncode == 0, again.stderr
     run = json.loads((root / "again" / "run.json").read_text())
     assert run["space"]["size"] == 1  # nothing searched: the base route and the pinned one
@@ -162,7 +156,8 @@ def test_re_measuring_the_winner_in_place_keeps_the_original_run(tuned) -> None:
     out = root / "out"
     kept = {name: (out / name).read_bytes() for name in
             ("run.json", "report.json", "report.md", "winner.toml", "winner.json")}
-    again = cli("tune", "--recipe", str(out / "winner.toml"))  # output = "." : this folder
+    again = cli("tune", "--recipe", str(out / "winner.toml"),  # output = "." : this folder
+                *QUICK_FLAGS)
     assert again.returncode == 0, again.stderr
     assert {name: (out / name).read_bytes() for name in kept} == kept
     (dated,) = (out / "runs").iterdir()
@@ -265,6 +260,6 @@ def test_an_api_argument_equal_to_the_default_still_overrides_the_recipe(
     path = write(tmp_path, f'schema_version = 2\n[model]\npath = "{model}"\n[search]\n'
                            'strategy = "exhaustive"\nmax_depth = 1\n[[seasonings]]\n'
                            'name = "ort-threads"\n[inputs]\nshapes = "x:1x3x32x32"\n')
-    routetune.tune(recipe=path, search="beam", output=tmp_path / "out", **FAST)
+    routetune.tune(recipe=path, search="beam", output=tmp_path / "out", **QUICK_KEYWORDS)
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["search"]["strategy"] == "beam"

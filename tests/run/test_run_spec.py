@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pickle
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from command import routetune as cli
 from graphs import conv_bn
 
 import routetune
@@ -24,11 +23,6 @@ from routetune.search.strategy import Strategy, configure
 from routetune.testing import ContractError, check_strategy, registry_with
 
 ROOT = Path(__file__).parents[2]
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_every_option_is_declared_once_with_help_and_unique_names() -> None:

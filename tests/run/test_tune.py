@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+from command import routetune
+from quick import QUICK_FLAGS, quick_spec
 
 from routetune.feeds.examples import get_example
 from routetune.judging.accuracy import parse_accuracy
 from routetune.judging.judge import judged
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 
 
@@ -29,11 +28,12 @@ def cached_examples(model_path: Callable[[str], Path], model_cache: Path,
     monkeypatch.setenv("ROUTETUNE_CACHE", str(model_cache))
 
 
+@pytest.mark.slow
 def test_tune_ppocr_cls(cached_examples: None, registry: Registry, tmp_path: Path) -> None:
-    opts = RunSpec(
+    opts = quick_spec(
         example="ppocr-cls", output=tmp_path / "out", search="beam", beam_width=2, max_depth=2,
         seasonings=("fold-constants", "fuse-bn-into-conv", "eliminate-noops", "ort-threads"),
-        measure=MeasureSettings(warmup=2, min_runs=10, min_time_s=0.1), time_budget_s=250,
+        time_budget_s=250, in_process=False,  # through the worker pool, as a user runs it
     )
     result = tune(opts, registry)
     # a budget given to RunSpec itself (benchmarks/cpu.py) replaces the example's 300 s
@@ -77,8 +77,8 @@ def test_on_a_cpu_end_to_end_is_the_same_figure_and_resumes_the_trials(registry:
     quick = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.02)
     hashes = {}
     for kind in ("device", "end-to-end"):
-        opts = RunSpec(model=model, output=tmp_path / "out", seasonings=("ort-threads",),
-                       search="exhaustive", max_depth=1, measure=replace(quick, latency=kind))
+        opts = quick_spec(model=model, output=tmp_path / "out", seasonings=("ort-threads",),
+                          search="exhaustive", max_depth=1, measure=replace(quick, latency=kind))
         trials = tune(opts, registry).trials
         assert {t.latency_kind for t in trials} == {"device"}  # the first run's trials
         # a CPU engine has no copies: one figure, and no device memory
@@ -90,13 +90,12 @@ def test_on_a_cpu_end_to_end_is_the_same_figure_and_resumes_the_trials(registry:
     assert hashes["device"] == hashes["end-to-end"]
 
 
+@pytest.mark.slow
 def test_an_example_is_judged_by_its_task_constraint_which_tune_prints(
         cached_examples: None, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, "-m", "routetune", "tune", "--example", "ppocr-cls", "--output",
-         str(out), "--seasonings", "fp16", "--max-depth", "1", "--min-runs", "3",
-         "--min-time", "0.02"], capture_output=True, text=True, timeout=600)
+    done = routetune("tune", "--example", "ppocr-cls", "--output", str(out), "--seasonings",
+                     "fp16", "--max-depth", "1", *QUICK_FLAGS)
     assert done.returncode == 0, done.stderr
     header = done.stderr.splitlines()
     assert "accuracy top1>=0.99 · the ppocr-cls example's task constraint" in header
@@ -112,11 +111,9 @@ def test_an_example_is_judged_by_its_task_constraint_which_tune_prints(
     rows = dict(sqlite3_rows(out, "SELECT route, status FROM trials"))
     assert rows == {"base": "ok", "fp16": "ok"}
     # a constraint given replaces the example's
-    again = subprocess.run(
-        [sys.executable, "-m", "routetune", "tune", "--example", "ppocr-cls", "--output",
-         str(out), "--seasonings", "fp16", "--max-depth", "1", "--min-runs", "3",
-         "--min-time", "0.02", "--accuracy", "cos>=0.9999", "--time-budget", "90"],
-        capture_output=True, text=True, timeout=600)
+    again = routetune("tune", "--example", "ppocr-cls", "--output", str(out), "--seasonings",
+                      "fp16", "--max-depth", "1", *QUICK_FLAGS, "--accuracy", "cos>=0.9999",
+                      "--time-budget", "90")
     assert again.returncode == 0 and "accuracy cos>=0.9999\n" in again.stderr + "\n"
     assert "budget   90 s of search" in again.stderr.splitlines()  # given: not the example's
     records = [out, *sorted((out / "runs").glob("*"))]  # another constraint: its own folder
@@ -130,14 +127,13 @@ def sqlite3_rows(out: Path, query: str) -> list[tuple[str, str]]:
         return db.execute(query).fetchall()
 
 
+@pytest.mark.slow
 def test_ppocr_det_in_fp16_keeps_its_text_regions_and_fails_the_tensor_bound(
         cached_examples: None, registry: Registry, tmp_path: Path) -> None:
     """Issue 17: FP16 moves 0.3-0.8% of the probability map beyond l0's tolerance, while
     the regions above DB's threshold stay the same: the example's constraint takes it."""
-    result = tune(RunSpec(example="ppocr-det", output=tmp_path / "out", seasonings=("fp16",),
-                          max_depth=1, min_speedup=100.0,
-                          measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)),
-                  registry)
+    result = tune(quick_spec(example="ppocr-det", output=tmp_path / "out",
+                             seasonings=("fp16",), max_depth=1, min_speedup=100.0), registry)
     fp16 = next(t for t in result.trials if t.route == "fp16")
     assert fp16.status == "ok", fp16.reason
     values = fp16.accuracy["sigmoid_0.tmp_0"]
@@ -155,7 +151,7 @@ def test_an_example_whose_task_metric_is_disabled_says_so_in_one_line(
 
     monkeypatch.setenv("ROUTETUNE_DISABLE_PLUGINS", "task-metrics")
     with pytest.raises(UsageError) as e:
-        tune(RunSpec(example="ppocr-cls", output=tmp_path / "out"))
+        tune(quick_spec(example="ppocr-cls", output=tmp_path / "out"))
     message = str(e.value)
     assert message.startswith("--example ppocr-cls: its task constraint 'top1>=0.99' cannot "
                               "be used (--accuracy 'top1>=0.99': unknown accuracy metric")

@@ -10,13 +10,10 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 from graphs import folded_mul_one
+from quick import QUICK_FLAGS, quick_spec
 
-from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
-
-QUICK = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05)
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -30,9 +27,8 @@ def test_a_route_that_loads_wins_when_onnx_runtime_refuses_the_base_route(
     model = folded_mul_one(tmp_path / "m.onnx", producer)
     with pytest.raises(Exception, match="is not a graph input"):
         ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    result = tune(RunSpec(model=model, output=tmp_path / "out", measure=QUICK,
-                          seasonings=("ort-opt-level",), search="exhaustive",
-                          in_process=True), registry)
+    result = tune(quick_spec(model=model, output=tmp_path / "out",
+                             seasonings=("ort-opt-level",), search="exhaustive"), registry)
     trials = {t.route: t for t in result.trials}
     assert trials["base"].status == "build-failed"
     assert "ONNX Runtime refused the model" in trials["base"].reason
@@ -45,11 +41,12 @@ def test_a_route_that_loads_wins_when_onnx_runtime_refuses_the_base_route(
     assert settings["settings"]["onnxruntime.graph_optimization_level"] == "disable"
 
 
+@pytest.mark.slow
 def test_the_command_line_exits_0_with_the_fixing_route_and_build_gives_one_line(
         tmp_path: Path) -> None:
     model = folded_mul_one(tmp_path / "m.onnx")
     done = cli("tune", str(model), "--seasonings", "ort-opt-level,eliminate-noops",
-               "--min-time", "0.05", "--output", str(tmp_path / "out"))
+               *QUICK_FLAGS, "--output", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert "no base to compare against" in " ".join(done.stdout.split())

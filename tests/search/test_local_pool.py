@@ -1,19 +1,23 @@
 """Worker isolation with real subprocesses: seasonings that crash, hang and hog memory.
 
-The routetune-chaos package (tests/thirdparty/routetune-chaos) is pip-installed, so the
-spawned workers load it from its entry point like any third-party plugin.
+The routetune-chaos package (tests/thirdparty/routetune-chaos) is pip-installed into a
+folder on the command's ``PYTHONPATH``, so the spawned workers load it from its entry
+point like any third-party plugin, and no other test sees it.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from command import routetune_script
 from graphs import wasteful
-from plugin_packages import installed, routetune
+from plugin_packages import installed
+from quick import QUICK_FLAGS, quick_spec
 
 from routetune.search.local_pool import exit_text
 from routetune.store import TrialStore
@@ -24,19 +28,28 @@ CHAOS = ("chaos-abort,chaos-segfault,chaos-hang,chaos-oom,chaos-exit,chaos-flaky
 TIMEOUT_S = 6
 
 
+CHAOS_ENV: dict[str, str] = {}
+"""The environment under which a process sees routetune-chaos (`chaos`)."""
+
+
 @pytest.fixture(scope="module")
 def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The chaos package installed, and the `wasteful` model it is made for."""
-    with installed("routetune-chaos", tmp_path_factory.mktemp("chaos")):
+    with installed("routetune-chaos", tmp_path_factory.mktemp("chaos")) as env:
+        CHAOS_ENV.update(env)
         yield wasteful(tmp_path_factory.mktemp("model") / "w.onnx")
+        CHAOS_ENV.clear()
+
+
+def routetune(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``python -m routetune ARGS`` with routetune-chaos installed."""
+    return routetune_script(*args, timeout=timeout, **CHAOS_ENV)
 
 
 def chaos_search(model: Path, out: Path, *flags: str) -> tuple[str, dict[str, object]]:
     done = routetune("tune", str(model), "--output", str(out), "--seasonings", CHAOS,
                      "--search", "exhaustive", "--max-depth", "1", "--trial-timeout",
-                     str(TIMEOUT_S), "--worker-memory", "3000", "--min-runs", "5",
-                     "--min-time", "0.05", "--busy-machine", "ignore",  # on a busy machine,
-                     *flags, timeout=240)  # "wait" would run past the timeout
+                     str(TIMEOUT_S), "--worker-memory", "3000", *QUICK_FLAGS, *flags)
     assert done.returncode == 0, done.stderr[-3000:]
     store = TrialStore.open(out / "trials.sqlite")
     try:
@@ -47,11 +60,23 @@ def chaos_search(model: Path, out: Path, *flags: str) -> tuple[str, dict[str, ob
     return winner, trials
 
 
+@pytest.fixture(scope="module")
+def one_build_worker(chaos: Path, tmp_path_factory: pytest.TempPathFactory
+                     ) -> tuple[Path, str, dict[str, object]]:
+    """The chaos search with one build worker: its folder, winner and trials."""
+    out = tmp_path_factory.mktemp("one") / "out"
+    return (out, *chaos_search(chaos, out, "--build-workers", "1"))
+
+
 @pytest.mark.parametrize("build_workers", [1, 2])
-def test_each_misbehaving_candidate_is_one_recorded_trial(chaos: Path, tmp_path: Path,
-                                                          build_workers: int) -> None:
-    winner, trials = chaos_search(chaos, tmp_path / "out", "--build-workers",
-                                  str(build_workers))
+@pytest.mark.slow
+def test_each_misbehaving_candidate_is_one_recorded_trial(
+        chaos: Path, one_build_worker: tuple[Path, str, dict[str, object]], tmp_path: Path,
+        build_workers: int) -> None:
+    out, winner, trials = one_build_worker
+    if build_workers == 2:
+        out = tmp_path / "out"
+        winner, trials = chaos_search(chaos, out, "--build-workers", "2")
     expected = {
         "base": "ok", "chaos-drop-waste": "ok", "chaos-flaky": "ok",
         "chaos-flaky{variant=c}": "ok", "chaos-abort": "crashed", "chaos-segfault": "crashed",
@@ -75,7 +100,7 @@ def test_each_misbehaving_candidate_is_one_recorded_trial(chaos: Path, tmp_path:
     assert f"--trial-timeout {TIMEOUT_S} s" in reasons["chaos-hang"]
     assert winner == "chaos-drop-waste"
     timeline = [json.loads(line) for line in
-                (tmp_path / "out" / "artifacts" / "timeline.jsonl").read_text().splitlines()]
+                (out / "artifacts" / "timeline.jsonl").read_text().splitlines()]
     hang = next(e for e in timeline if e["route"] == "chaos-hang")
     assert TIMEOUT_S <= hang["end"] - hang["start"] < TIMEOUT_S + 10
     assert all(e["pid"] for e in timeline if e["phase"] in ("build", "measure"))
@@ -89,10 +114,11 @@ def test_each_misbehaving_candidate_is_one_recorded_trial(chaos: Path, tmp_path:
     assert bool(overlapping) == (build_workers == 2)  # the hang leaves time to overlap
 
 
-def test_a_resumed_chaos_search_redoes_nothing(chaos: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    _, first = chaos_search(chaos, out)
-    timeline = out / "artifacts" / "timeline.jsonl"
+@pytest.mark.slow
+def test_a_resumed_chaos_search_redoes_nothing(
+        chaos: Path, one_build_worker: tuple[Path, str, dict[str, object]]) -> None:
+    out, _, first = one_build_worker  # resumed in place: the other tests read builds and
+    timeline = out / "artifacts" / "timeline.jsonl"  # measures, which it adds none of
 
     def trial_phases() -> int:
         return sum(json.loads(line)["phase"] in ("build", "measure")
@@ -112,7 +138,6 @@ def test_plugins_registered_in_process_are_refused_by_workers(tmp_path: Path) ->
 
     from routetune.errors import UsageError
     from routetune.plugin_manager import load_registry
-    from routetune.run.run_spec import RunSpec
     from routetune.run.tuning import tune
     from routetune.seasoning import PassResult, Seasoning, SeasoningInfo
 
@@ -124,8 +149,8 @@ def test_plugins_registered_in_process_are_refused_by_workers(tmp_path: Path) ->
 
     registry = load_registry()
     registry.add_seasoning(Local)
-    opts = RunSpec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
-                   shapes="x:1x3x32x32", seasonings=("local-only",))
+    opts = quick_spec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
+                      shapes="x:1x3x32x32", seasonings=("local-only",), in_process=False)
     with pytest.raises(UsageError, match="local-only.*--in-process"):
         tune(opts, registry)
 
@@ -136,6 +161,7 @@ def test_exit_text_names_the_signal() -> None:
     assert exit_text(-200) == "exit code -200"
 
 
+@pytest.mark.slow
 def test_a_route_waits_for_the_build_of_its_prefix_and_reuses_its_model(tmp_path: Path) -> None:
     from graphs import conv_bn
 
@@ -143,7 +169,7 @@ def test_a_route_waits_for_the_build_of_its_prefix_and_reuses_its_model(tmp_path
     done = routetune("tune", str(conv_bn(tmp_path / "m.onnx")), "--shapes", "x:1x3x32x32",
                      "--output", str(out), "--seasonings", "fp16,fold-constants,ort-threads",
                      "--search", "exhaustive", "--max-depth", "2", "--build-workers", "2",
-                     "--min-runs", "3", "--min-time", "0.01", "--keep", "all", timeout=240)
+                     *QUICK_FLAGS, "--keep", "all")
     assert done.returncode == 0, done.stderr[-3000:]
     timeline = [json.loads(line) for line in
                 (out / "artifacts" / "timeline.jsonl").read_text().splitlines()]
@@ -168,6 +194,7 @@ def test_a_route_waits_for_the_build_of_its_prefix_and_reuses_its_model(tmp_path
 
 
 @pytest.mark.parametrize("executor", [(), ("--in-process",)])
+@pytest.mark.slow
 def test_past_the_time_budget_a_built_candidate_is_not_measured_and_a_resume_measures_it(
         chaos: Path, tmp_path: Path, executor: tuple[str, ...]) -> None:
     """Issue 16's GPU runs went 2-4x past ``--time-budget 60``: every candidate built
@@ -176,9 +203,8 @@ def test_past_the_time_budget_a_built_candidate_is_not_measured_and_a_resume_mea
     after it."""
     out = tmp_path / "out"
     flags = ("--seasonings", "chaos-slow", "--search", "exhaustive", "--max-depth", "1",
-             "--min-runs", "3", "--min-time", "0.02", "--busy-machine", "ignore", *executor)
-    done = routetune("tune", str(chaos), "--output", str(out), "--time-budget", "8", *flags,
-                     timeout=240)
+             *QUICK_FLAGS, *executor)
+    done = routetune("tune", str(chaos), "--output", str(out), "--time-budget", "8", *flags)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((out / "run.json").read_text())["result"]["stopped"] == (
         "--time-budget 8 s reached; 1 built, not measured (measured on resume): chaos-slow")
@@ -189,21 +215,21 @@ def test_past_the_time_budget_a_built_candidate_is_not_measured_and_a_resume_mea
                                                          timeline.read_text().splitlines())]
         assert ("build", "chaos-slow") in phases and ("measure", "chaos-slow") not in phases
 
-    again = routetune("tune", str(chaos), "--output", str(out), *flags, timeout=240)
+    again = routetune("tune", str(chaos), "--output", str(out), *flags)
     assert again.returncode == 0, again.stderr[-3000:]
     assert {t.route: t.status for t in stored(out)} == {"base": "ok", "chaos-slow": "ok"}
     assert json.loads((out / "run.json").read_text())["result"]["stopped"] is None
 
 
 @pytest.mark.parametrize("executor", [(), ("--in-process",)])
+@pytest.mark.slow
 def test_the_base_route_is_measured_even_when_the_time_budget_ends_during_its_build(
         chaos: Path, tmp_path: Path, executor: tuple[str, ...]) -> None:
     """A new user's ``--time-budget 1`` ended in a traceback: the base route, built
     past the deadline, was dropped like a candidate, and the verdict found no base."""
     out = tmp_path / "out"
     done = routetune("tune", str(chaos), "--output", str(out), "--seasonings",
-                     "chaos-drop-waste", "--time-budget", "0.01", "--min-runs", "3",
-                     "--min-time", "0.02", "--busy-machine", "ignore", *executor, timeout=240)
+                     "chaos-drop-waste", "--time-budget", "0.01", *QUICK_FLAGS, *executor)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert {t.route: t.status for t in stored(out)} == {"base": "ok"}

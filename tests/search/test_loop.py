@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
 from graphs import conv_bn, matmul_chain, wasteful
+from quick import quick_spec
 
 from routetune.errors import UsageError
 from routetune.judging.metrics import Metric
-from routetune.judging.verdict import pick_winner
+from routetune.judging.verdict import CONFIRM_REPEATS, pick_winner
 from routetune.measure import MeasureSettings
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import TuneResult, tune
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-
-QUICK = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05)
 
 
 class Shortcut(Seasoning):
@@ -120,10 +120,8 @@ def test_registry(registry: Registry) -> Registry:
     return registry
 
 
-def run(registry: Registry, model: Path, out: Path, **kw: object) -> TuneResult:
-    opts = RunSpec(model=model, output=out, search="exhaustive", measure=QUICK,
-                   in_process=True, **kw)
-    return tune(opts, registry)
+def run(registry: Registry, model: Path, out: Path, **kw: Any) -> TuneResult:
+    return tune(quick_spec(model=model, output=out, search="exhaustive", **kw), registry)
 
 
 def by_route(result: TuneResult) -> dict[str, object]:
@@ -206,8 +204,8 @@ def test_a_broken_signature_is_build_failed(test_registry: Registry, tmp_path: P
 def test_resume_reuses_stored_trials_without_rebuilding(registry: Registry, tmp_path: Path) -> None:
     model = conv_bn(tmp_path / "m.onnx")
     seen: list[bool] = []
-    opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive", measure=QUICK,
-                   shapes="x:1x3x32x32", seasonings=("fuse-bn-into-conv", "ort-opt-level"))
+    opts = quick_spec(model=model, output=tmp_path / "out", search="exhaustive",
+                      shapes="x:1x3x32x32", seasonings=("fuse-bn-into-conv", "ort-opt-level"))
     first = tune(opts, registry, on_trial=lambda t, cached: seen.append(cached))
     assert seen and not any(seen)
     rows = sqlite3.connect(tmp_path / "out" / "trials.sqlite").execute(
@@ -227,11 +225,11 @@ def test_resume_reuses_stored_trials_without_rebuilding(registry: Registry, tmp_
 
 def test_fresh_moves_the_old_store_aside(registry: Registry, tmp_path: Path) -> None:
     model = conv_bn(tmp_path / "m.onnx")
-    opts = RunSpec(model=model, output=tmp_path / "out", measure=QUICK, shapes="x:1x3x32x32",
-                   seasonings=("fuse-bn-into-conv",))
+    opts = quick_spec(model=model, output=tmp_path / "out", shapes="x:1x3x32x32",
+                      seasonings=("fuse-bn-into-conv",))
     tune(opts, registry)
     seen: list[bool] = []
-    tune(RunSpec(**{**opts.__dict__, "fresh": True}), registry,
+    tune(dataclasses.replace(opts, fresh=True), registry,
          on_trial=lambda t, cached: seen.append(cached))
     assert not any(seen)
     assert len(list((tmp_path / "out").glob("trials.*.sqlite"))) == 1
@@ -284,12 +282,16 @@ def test_not_applicable_seasonings_are_listed(registry: Registry, tmp_path: Path
 def test_a_faster_exact_route_wins_and_is_confirmed_side_by_side(
     test_registry: Registry, tmp_path: Path
 ) -> None:
+    """The verdict as a user gets it: three confirmations (the default), 5 runs and
+    0.05 s per candidate at least."""
     result = run(test_registry, wasteful(tmp_path / "w.onnx"), tmp_path / "out",
-                 seasonings=("drop-waste",), accuracy="linf<=0")
+                 seasonings=("drop-waste",), accuracy="linf<=0", confirm_repeats=CONFIRM_REPEATS,
+                 measure=MeasureSettings(warmup=1, min_runs=5, min_time_s=0.05))
     assert result.winner.route == "drop-waste"
     assert result.winner.status == "ok" and result.winner.accuracy["y"]["linf"] == 0.0
     confirmed = result.confirmed
     assert confirmed is not None and confirmed.route == "drop-waste"
     assert confirmed.latency.p50 < confirmed.base_latency.p50
     assert confirmed.paired.ci_low > 2 and confirmed.paired.pairs >= 30
+    assert len(confirmed.repeats) == CONFIRM_REPEATS  # each held
     assert result.winner_speedup > 2  # six 256x256 MatMuls removed, only a Relu left

@@ -11,7 +11,8 @@ import pytest
 from graphs import conv_bn
 
 CALL = ('routetune.tune("m.onnx", shapes="x:1x3x32x32", seasonings=["ort-threads"], '
-        'max_trials=2, min_runs=5, min_time_s=0.05, output="out")')
+        'max_trials=2, min_runs=3, min_time_s=0.02, confirm_repeats=1, busy_machine="ignore", '
+        'output="out")')
 GUARD = 'if __name__ == "__main__":'
 
 
@@ -40,6 +41,7 @@ def test_an_unguarded_call_is_one_usage_error_naming_the_guard(tmp_path: Path, s
     assert not (tmp_path / "out" / "trials.sqlite").exists()
 
 
+@pytest.mark.slow
 def test_a_script_from_standard_input_is_refused_and_a_guarded_one_runs(tmp_path: Path) -> None:
     conv_bn(tmp_path / "m.onnx")
     done = python(tmp_path, f"import routetune\n{CALL}\n", stdin=True)

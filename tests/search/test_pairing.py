@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import onnx_graphsurgeon as gs
 from graphs import wasteful
+from quick import quick_spec
 
 from routetune.measure import Block, MeasureSettings
 from routetune.plugin_manager import load_registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.search.pairing import HOPELESS_PAIRS, HOPELESS_SPEEDUP, hopeless
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
@@ -72,10 +72,9 @@ def test_a_far_slower_candidate_stops_after_six_pairs_and_the_rest_are_timed_in_
     registry = load_registry()
     registry.add_seasoning(AddWaste)
     settings = MeasureSettings(min_runs=5, min_time_s=0.3)
-    result = tune(RunSpec(model=wasteful(tmp_path / "m.onnx", depth=1), output=tmp_path / "out",
-                          seasonings=("add-waste", "fold-constants"), search="exhaustive",
-                          max_depth=1, measure=settings, in_process=True,
-                          busy_machine="ignore"), registry)
+    result = tune(quick_spec(model=wasteful(tmp_path / "m.onnx", depth=1),
+                             output=tmp_path / "out", seasonings=("add-waste", "fold-constants"),
+                             search="exhaustive", max_depth=1, measure=settings), registry)
     trials = {t.route: t for t in result.trials}
     slow, other = trials["add-waste"], trials["fold-constants"]
     assert slow.status == "ok" and slow.paired is not None

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import onnx
 import pytest
+from command import routetune_script as routetune
 from graphs import conv_bn, wasteful
-from plugin_packages import installed, routetune
+from plugin_packages import installed_in_the_environment as installed
 from test_weights import external_model
 
 import routetune as routetune_api
@@ -35,6 +36,8 @@ from routetune import weights
 from routetune.store import TrialStore
 
 ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.serial  # a cluster of its own, its nodes' processes and timings
 
 RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",

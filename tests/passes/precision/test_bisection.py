@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 from graphs import matmul_chain
+from quick import quick_spec
 
-from routetune.measure import Latency, MeasureSettings
+from routetune.measure import Latency
 from routetune.passes.precision.bisection import (
     bisect_repair,
     faster_than_base,
@@ -16,12 +17,9 @@ from routetune.passes.precision.bisection import (
 )
 from routetune.registry import Registry
 from routetune.route import Route, parse_route
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.search.strategy import rank_key
 from routetune.trial import Trial
-
-QUICK = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01)
 
 
 def count_of(route: Route) -> int:
@@ -97,13 +95,13 @@ def test_the_fastest_failing_route_of_each_precision_seasoning_is_repaired_once(
                    "only slow it down")
 
 
+@pytest.mark.slow
 def test_a_failing_int8_route_is_repaired_with_as_few_fp32_nodes_as_bisection_finds(
         registry: Registry, tmp_path: Path) -> None:
     # big enough that INT8 GEMMs beat FP32 on a CPU, so a repair is worth trying
     model = matmul_chain(tmp_path / "chain.onnx", depth=4, width=512, batch=256)
-    opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive",
-                   seasonings=("int8-qdq", "precision-repair"), accuracy="rel_l2<=0.02",
-                   measure=QUICK)
+    opts = quick_spec(model=model, output=tmp_path / "out", search="exhaustive",
+                      seasonings=("int8-qdq", "precision-repair"), accuracy="rel_l2<=0.02")
     trials = tune(opts, registry).trials
     plain = [t for t in trials if "precision-repair" not in t.route and t.route != "base"]
     assert len(plain) == 4 and all(t.status == "accuracy-failed" for t in plain)
@@ -130,14 +128,14 @@ def test_a_failing_int8_route_is_repaired_with_as_few_fp32_nodes_as_bisection_fi
         assert not faster_than_base(last) or counts[-1] == 4
 
 
+@pytest.mark.slow
 def test_a_route_failing_a_task_metric_is_repaired_through_the_same_judgement(
         registry: Registry, tmp_path: Path) -> None:
     """top1 (a task metric) decides the repair as rel_l2 does: every repaired route's
     status is its top1 against the bound, and the plain INT8 route's reason names it."""
     model = matmul_chain(tmp_path / "chain.onnx", depth=4, width=512, batch=256)
-    opts = RunSpec(model=model, output=tmp_path / "out", search="exhaustive",
-                   seasonings=("int8-qdq", "precision-repair"), accuracy="top1>=0.99",
-                   measure=QUICK)
+    opts = quick_spec(model=model, output=tmp_path / "out", search="exhaustive",
+                      seasonings=("int8-qdq", "precision-repair"), accuracy="top1>=0.99")
     trials = tune(opts, registry).trials
     plain = [t for t in trials if "precision-repair" not in t.route and t.route != "base"]
     assert plain and all(t.status == "accuracy-failed" for t in plain)

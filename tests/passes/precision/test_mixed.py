@@ -13,16 +13,15 @@ import onnxruntime as ort
 import pytest
 from graphs import conv_bn, layernorm
 from onnx import TensorProto, helper, numpy_helper
+from quick import quick_spec
 
 from routetune.feeds.examples import get_example
-from routetune.measure import MeasureSettings
 from routetune.model import PreparedModel, prepare
 from routetune.passes.graph.fuse_bn_into_conv import FuseBnIntoConv
 from routetune.passes.precision.mixed import Bf16, Fp16
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.postconditions import cast_faults, check_candidate
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.seasoning import PassResult, RouteContext, RouteState
 
@@ -315,9 +314,8 @@ def test_keep_io_types_false_runs_in_the_search(registry: Registry, tmp_path: Pa
             for p in Fp16.info.params))
 
     registry.add_seasoning(Fp16Io)
-    opts = RunSpec(model=conv_bn(tmp_path / "m.onnx", batch=1), output=tmp_path / "out",
-                   seasonings=("fp16-io",), accuracy="rel_l2<=0.01", in_process=True,
-                   measure=MeasureSettings(warmup=1, min_runs=3, min_time_s=0.01))
+    opts = quick_spec(model=conv_bn(tmp_path / "m.onnx", batch=1), output=tmp_path / "out",
+                      seasonings=("fp16-io",), accuracy="rel_l2<=0.01")
     trial = next(t for t in tune(opts, registry).trials if t.route == "fp16-io")
     assert trial.status == "ok", trial.reason  # the runner casts the float32 inputs
     assert trial.accuracy["y"]["rel_l2"] < 1e-2

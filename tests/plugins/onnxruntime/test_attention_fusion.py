@@ -10,18 +10,16 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
 from graphs import conv_bn
+from quick import quick_spec
 
-from routetune.measure import MeasureSettings
 from routetune.plugins.onnxruntime.attention_fusion import AttentionFusion
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.seasoning import PassResult, RouteContext, RouteState
 from routetune.testing import check_seasoning
 
 DATA = Path(__file__).parents[2] / "data" / "attention"
-QUICK = MeasureSettings(warmup=2, min_runs=5, min_time_s=0.05)
 MASKED = ("bert_eager_torchscript", "bert_sdpa_torchscript", "bert_eager_dynamo",
           "bert_sdpa_dynamo", "gpt2_eager_torchscript", "gpt2_sdpa_torchscript",
           "gpt2_eager_dynamo", "gpt2_sdpa_dynamo")  # GPT-2's: causal and padding
@@ -163,10 +161,9 @@ def test_a_model_without_softmax_is_not_applicable(tmp_path: Path) -> None:
     graph = gs.import_onnx(onnx.load(conv_bn(tmp_path / "cnn.onnx")))
     assert AttentionFusion().why_not(graph, OnnxRuntimeBackend()) == (
         "no Softmax in the model: no attention block")
-    result = tune(RunSpec(model=tmp_path / "cnn.onnx", shapes="x:1x3x32x32",
-                          output=tmp_path / "out", seasonings=("fuse-attention",
-                                                               "ort-threads"),
-                          measure=QUICK, in_process=True, max_trials=2))
+    result = tune(quick_spec(model=tmp_path / "cnn.onnx", shapes="x:1x3x32x32",
+                             output=tmp_path / "out", seasonings=("fuse-attention",
+                                                               "ort-threads"), max_trials=2))
     assert result.not_applicable["fuse-attention"] == (
         "no Softmax in the model: no attention block")
 
@@ -176,10 +173,9 @@ def test_a_tune_on_the_cpu_records_the_fusion_and_passes_accuracy(tmp_path: Path
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     np.savez(inputs / "set0.npz", **feeds(model))
-    result = tune(RunSpec(model=DATA / "bert_sdpa_dynamo.onnx", inputs=inputs,
-                          output=tmp_path / "out", seasonings=("fuse-attention",),
-                          search="exhaustive", accuracy="rel_l2<=1e-4", measure=QUICK,
-                          in_process=True))
+    result = tune(quick_spec(model=DATA / "bert_sdpa_dynamo.onnx", inputs=inputs,
+                             output=tmp_path / "out", seasonings=("fuse-attention",),
+                             search="exhaustive", accuracy="rel_l2<=1e-4"))
     fused = next(t for t in result.trials if t.route == "fuse-attention")
     assert fused.status == "ok", fused.reason
     record = fused.passes[0]

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 from graphs import conv_bn, matmul_chain, shared_dim
+from quick import quick_spec
 
 from routetune.measure import MeasureSettings, measure, measure_side_by_side
 from routetune.option_seasoning import FromParam
@@ -21,7 +22,6 @@ from routetune.plugins.onnxruntime.cuda import (
 )
 from routetune.plugins.onnxruntime.cuda_options import CudaNhwc, flags_beyond_catalog, unaccounted
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.seasoning import RouteContext, RouteState
 
@@ -112,9 +112,10 @@ def test_device_compute_time_excludes_the_copies_that_end_to_end_time_includes(
 def test_a_gpu_search_finds_fp16_and_records_the_device(registry: Registry,
                                                          tmp_path: Path) -> None:
     model = matmul_chain(tmp_path / "chain.onnx", depth=8, width=1024, batch=4096)
-    opts = RunSpec(model=model, output=tmp_path / "out", backend="onnxruntime-cuda",
-                   seasonings=("fp16", "ort-cuda-graph", "ort-cuda-no-tf32"),
-                   search="exhaustive", accuracy="cos>=0.9999,rel_l2<=0.01", measure=QUICK)
+    opts = quick_spec(model=model, output=tmp_path / "out", backend="onnxruntime-cuda",
+                      seasonings=("fp16", "ort-cuda-graph", "ort-cuda-no-tf32"),
+                      search="exhaustive", accuracy="cos>=0.9999,rel_l2<=0.01", measure=QUICK,
+                      in_process=False)
     result = tune(opts, registry)
     trials = {t.route: t for t in result.trials}
     assert trials["fp16"].status == "ok", trials["fp16"].reason
@@ -130,9 +131,10 @@ def test_every_gpu_trial_records_both_latencies_and_its_device_memory(
         registry: Registry, tmp_path: Path) -> None:
     model = matmul_chain(tmp_path / "chain.onnx", depth=4, width=1024, batch=2048)
     for kind in ("device", "end-to-end"):
-        opts = RunSpec(model=model, output=tmp_path / kind, backend="onnxruntime-cuda",
-                       seasonings=("fp16",), search="exhaustive", max_depth=1,
-                       accuracy="cos>=0.999,rel_l2<=0.01", measure=replace(QUICK, latency=kind))
+        opts = quick_spec(model=model, output=tmp_path / kind, backend="onnxruntime-cuda",
+                          seasonings=("fp16",), search="exhaustive", max_depth=1,
+                          accuracy="cos>=0.999,rel_l2<=0.01",
+                          measure=replace(QUICK, latency=kind), in_process=False)
         trials = {t.route: t for t in tune(opts, registry).trials}
         assert set(trials) == {"base", "fp16"}
         for t in trials.values():
@@ -150,9 +152,10 @@ def test_every_gpu_trial_records_both_latencies_and_its_device_memory(
 def test_bf16_precision_repair_ranks_its_nodes_on_the_gpu(registry: Registry,
                                                           tmp_path: Path) -> None:
     model = matmul_chain(tmp_path / "chain.onnx", depth=4, width=256, batch=64)
-    opts = RunSpec(model=model, output=tmp_path / "out", backend="onnxruntime-cuda",
-                   seasonings=(), routes=("bf16,precision-repair{count=2}",),
-                   search="exhaustive", accuracy="cos>=0.9", measure=QUICK)
+    opts = quick_spec(model=model, output=tmp_path / "out", backend="onnxruntime-cuda",
+                      seasonings=(), routes=("bf16,precision-repair{count=2}",),
+                      search="exhaustive", accuracy="cos>=0.9", measure=QUICK,
+                      in_process=False)
     trials = {t.route: t for t in tune(opts, registry).trials}
     repaired = trials["bf16,precision-repair{count=2}"]
     assert repaired.status == "ok", repaired.reason  # was build-failed: no CPU bf16 kernels

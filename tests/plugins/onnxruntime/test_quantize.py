@@ -16,13 +16,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
+from quick import quick_spec
 
 from routetune.errors import UsageError
-from routetune.measure import MeasureSettings
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning
 
@@ -303,13 +302,12 @@ def test_fp8_on_the_cpu_is_only_emulated(tmp_path: Path) -> None:
     assert not [op for op in optimized if op.startswith("QLinear") or "Integer" in op]
 
 
-SHORT = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
 
 
 def test_tune_int8_on_a_small_model(registry: Registry, tmp_path: Path) -> None:
     onnx.save(conv_matmul(), tmp_path / "m.onnx")
-    result = tune(RunSpec(model=tmp_path / "m.onnx", seasonings=("int8-qdq",),
-                          search="exhaustive", measure=SHORT, output=tmp_path / "out"),
+    result = tune(quick_spec(model=tmp_path / "m.onnx", seasonings=("int8-qdq",),
+                             search="exhaustive", output=tmp_path / "out"),
                   registry)
     int8 = [t for t in result.trials if t.route.startswith("int8-qdq")]
     assert len(int8) == 2 * 2  # per_channel x symmetric; other values are pin-only
@@ -333,8 +331,8 @@ def test_tune_int8_on_a_small_model(registry: Registry, tmp_path: Path) -> None:
 def test_tune_int8_skips_a_quantized_model(registry: Registry, tmp_path: Path) -> None:
     _, qdq = season(Int8Qdq, conv_matmul())
     onnx.save(qdq, tmp_path / "q.onnx")
-    result = tune(RunSpec(model=tmp_path / "q.onnx", seasonings=("int8-qdq", "ort-threads"),
-                          search="exhaustive", measure=SHORT, output=tmp_path / "out"),
+    result = tune(quick_spec(model=tmp_path / "q.onnx", seasonings=("int8-qdq", "ort-threads"),
+                             search="exhaustive", output=tmp_path / "out"),
                   registry)
     assert result.not_applicable["int8-qdq"].startswith("the model is quantized already")
     assert ("int8-qdq", "skipped", result.not_applicable["int8-qdq"]) in [
@@ -343,17 +341,17 @@ def test_tune_int8_skips_a_quantized_model(registry: Registry, tmp_path: Path) -
     with pytest.raises(UsageError, match=r"routetune.tune\(seasonings=...\) int8-qdq: none "
                        "applies here "
                        r"\(int8-qdq: the model is quantized already"):
-        tune(RunSpec(model=tmp_path / "q.onnx", seasonings=("int8-qdq",),
-                     output=tmp_path / "out2"), registry)
+        tune(quick_spec(model=tmp_path / "q.onnx", seasonings=("int8-qdq",),
+                        output=tmp_path / "out2"), registry)
 
 
 @pytest.mark.slow
 def test_tune_int8_ppocr_cls(model_path: Callable[[str], Path], registry: Registry,
                              tmp_path: Path) -> None:
     # base + the first 4 int8 routes: per-channel MinMax, symmetric or not, both op sets
-    result = tune(RunSpec(model=model_path("ppocr-cls"), shapes="x:1x3x48x192",
-                          seasonings=("int8-qdq",), search="exhaustive", measure=SHORT,
-                          max_trials=5, output=tmp_path / "out"), registry)
+    result = tune(quick_spec(model=model_path("ppocr-cls"), shapes="x:1x3x48x192",
+                             seasonings=("int8-qdq",), search="exhaustive",
+                             max_trials=5, output=tmp_path / "out"), registry)
     int8 = [t for t in result.trials if t.route.startswith("int8-qdq")]
     assert len(int8) == 4
     for trial in int8:

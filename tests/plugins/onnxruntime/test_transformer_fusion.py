@@ -7,19 +7,15 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 from graphs import conv_bn, transformer_mlp
+from quick import quick_spec
 
-from routetune.measure import MeasureSettings
 from routetune.plugins.onnxruntime.transformer_fusion import detect_model_type
-from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
-
-QUICK = MeasureSettings(warmup=2, min_runs=5, min_time_s=0.05)
 
 
 def test_it_fuses_gelu_and_the_layer_norm_and_stays_accurate(tmp_path: Path) -> None:
-    result = tune(RunSpec(model=transformer_mlp(tmp_path / "m.onnx"), output=tmp_path / "out",
-                          seasonings=("ort-transformer-fusion",), search="exhaustive",
-                          measure=QUICK, in_process=True))
+    result = tune(quick_spec(model=transformer_mlp(tmp_path / "m.onnx"), output=tmp_path / "out",
+                             seasonings=("ort-transformer-fusion",), search="exhaustive"))
     fused = next(t for t in result.trials if t.route == "ort-transformer-fusion")
     assert fused.status == "ok", fused.reason  # the default accuracy bound, against FP32
     record = fused.passes[0]
@@ -28,10 +24,9 @@ def test_it_fuses_gelu_and_the_layer_norm_and_stays_accurate(tmp_path: Path) -> 
 
 
 def test_a_model_without_a_transformer_block_is_not_offered_it(tmp_path: Path) -> None:
-    result = tune(RunSpec(model=conv_bn(tmp_path / "m.onnx"), shapes="x:1x3x32x32",
-                          output=tmp_path / "out", seasonings=("ort-transformer-fusion",
-                                                               "ort-threads"),
-                          measure=QUICK, in_process=True, max_trials=2))
+    result = tune(quick_spec(model=conv_bn(tmp_path / "m.onnx"), shapes="x:1x3x32x32",
+                             output=tmp_path / "out", seasonings=("ort-transformer-fusion",
+                                                               "ort-threads"), max_trials=2))
     assert result.not_applicable["ort-transformer-fusion"] == (
         "no Erf, LayerNormalization, ReduceMean, Softmax in the model: no transformer block")
 

@@ -1,4 +1,7 @@
-"""``routetune tune --backend tensorrt`` as a real subprocess, with the real builder."""
+"""``routetune tune --backend tensorrt`` as a real subprocess, with the real builder.
+
+Bad profiles and spaces, refused before any build, run the command in this process.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from command import routetune as routetune_here
 from graphs import constant_unique, conv_bn, uint8_mask
+from quick import QUICK_FLAGS
 
 from routetune.plugins.tensorrt.backend import _gpu
 from routetune.plugins.tensorrt.module import find_tensorrt
@@ -33,7 +38,7 @@ def test_every_route_is_built_and_recorded_build_only_then_resumed(tmp_path: Pat
     args = ["tune", str(model), "--backend", "tensorrt", "--shapes", "x:2x3x32x32",
             "--max-shapes", "x:4x3x32x32", "--search", "one-at-a-time", "--output", str(out),
             "--seasonings", "fuse-bn-into-conv,trt-opt-level,trt-tf32,trt-build-route,"
-            "trt-cuda-graph"]
+            "trt-cuda-graph", *QUICK_FLAGS]
     first = routetune(*args)
     assert first.returncode == 0, first.stderr
     rows = sqlite3.connect(out / "trials.sqlite").execute(
@@ -88,8 +93,8 @@ def test_every_route_is_built_and_recorded_build_only_then_resumed(tmp_path: Pat
 def test_bad_profiles_and_spaces_exit_2_with_one_line(tmp_path: Path, extra: list[str],
                                                       message: str) -> None:
     model = conv_bn(tmp_path / "m.onnx")
-    done = routetune("tune", str(model), "--backend", "tensorrt", "--output",
-                     str(tmp_path / "out"), *extra)
+    done = routetune_here("tune", str(model), "--backend", "tensorrt", "--output",
+                          str(tmp_path / "out"), *extra)
     assert done.returncode == 2
     assert done.stderr.startswith(message), done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -102,6 +107,7 @@ BLOCK = ("import sys\n"
          "main(sys.argv[1:])\n")
 
 
+@pytest.mark.slow
 def test_without_tensorrt_the_backend_is_unavailable_and_nothing_else_breaks(
         tmp_path: Path) -> None:
     listed = subprocess.run([sys.executable, "-c", BLOCK, "seasonings"], capture_output=True,
@@ -117,8 +123,8 @@ def test_without_tensorrt_the_backend_is_unavailable_and_nothing_else_breaks(
     assert refused.stderr.startswith("routetune: error: --backend tensorrt: not available "
                                      "here (no TensorRT Python module (tensorrt: import of")
     ort = subprocess.run([sys.executable, "-c", BLOCK, "tune", str(model), "--shapes",
-                          "x:1x3x32x32", "--seasonings", "fuse-bn-into-conv", "--min-runs", "3",
-                          "--min-time", "0.02", "--output", str(tmp_path / "out")],
+                          "x:1x3x32x32", "--seasonings", "fuse-bn-into-conv", *QUICK_FLAGS,
+                          "--output", str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=300)
     assert ort.returncode == 0, ort.stderr
 
@@ -132,7 +138,7 @@ def test_space_limits_one_at_a_time_and_inputs_span_the_profile(tmp_path: Path) 
     out = tmp_path / "out"
     done = routetune("tune", str(model), "--backend", "tensorrt", "--inputs", str(tmp_path),
                      "--search", "one-at-a-time", "--seasonings", "trt-opt-level",
-                     "--space", "trt-opt-level:level=0|3", "--output", str(out))
+                     "--space", "trt-opt-level:level=0|3", "--output", str(out), *QUICK_FLAGS)
     assert done.returncode == 0, done.stderr
     rows = dict(sqlite3.connect(out / "trials.sqlite").execute(
         "SELECT route, settings FROM trials").fetchall())
@@ -160,7 +166,7 @@ def test_a_model_no_route_can_build_exits_1_and_says_so(tmp_path: Path) -> None:
     onnx.save(model, tmp_path / "u.onnx")
     done = routetune("tune", str(tmp_path / "u.onnx"), "--backend", "tensorrt", "--search",
                      "one-at-a-time", "--seasonings", "trt-opt-level", "--output",
-                     str(tmp_path / "out"))
+                     str(tmp_path / "out"), *QUICK_FLAGS)
     assert done.returncode == 1, done.stderr
     text = " ".join(done.stdout.split())
     assert "winner: base (the base route itself is build-failed (TensorRT's ONNX parser " \
@@ -176,7 +182,7 @@ def test_a_fixing_route_is_handed_back_as_built_when_the_base_route_does_not_bui
     model = make(tmp_path / "m.onnx")
     out = tmp_path / "out"
     done = routetune("tune", str(model), "--backend", "tensorrt", "--seasonings",
-                     "fold-constants", "--output", str(out))
+                     "fold-constants", "--output", str(out), *QUICK_FLAGS)
     assert done.returncode == 0, done.stderr  # a route builds: something to deploy
     text = " ".join(done.stdout.split())
     assert "winner: fold-constants" in text and "handed back as built, not measured" in text

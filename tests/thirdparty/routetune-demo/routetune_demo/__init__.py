@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 from routetune import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo, hookimpl
 
 BREAK = os.environ.get("ROUTETUNE_DEMO_BREAK", "")
 """How the tests break this plugin: ``import`` (or ``1``), ``hook`` (a misspelled hook),
-``register`` (its registration raises)."""
+``register`` (its registration raises), ``ctrl-c`` (a Ctrl-C arrives while it imports)."""
 
 if BREAK in ("1", "import"):
     raise ImportError("routetune_demo was told to break")
+
+if BREAK == "ctrl-c":  # as in an extension module's initialisation (onnxruntime's): the
+    try:  # KeyboardInterrupt that the handler raises becomes an ImportError
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the handler runs first
+    except KeyboardInterrupt as e:
+        raise ImportError("initialization failed") from e
 
 
 class SingleThread(Seasoning):
