@@ -10,13 +10,13 @@ For each PP-OCR example, in one process:
    searched with its defaults (every applicable seasoning, beam search) under the
    example's task constraint, then both backends' winners timed side by side
    (`routetune.run.backends`). Its wall time is the tuning time.
-2. ``--loops`` interleaved timing loops (`routetune.measure.measure_blocks`, paired
+2. ``--loops`` interleaved timing loops (`routetune.timing.measure.measure_blocks`, paired
    blocks in ABBA order), each in a fresh process, on **held-out** inputs (the example's
    generator at seed 1; the search calibrated and validated on seed 0) of: ONNX
    Runtime's defaults, Olive's best setting (``intra_op_num_threads=1``: what Olive 0.13
    found for these models, issue 17), OpenVINO's defaults, and routetune's winner. Every
    ratio is over ONNX Runtime's defaults, the loops' figures combined by
-   `routetune.measure.across_repeats` (one loop is not enough: docs/benchmarks.md).
+   `routetune.timing.measure.across_repeats` (one loop is not enough: docs/benchmarks.md).
 3. The winner's outputs on the held-out inputs against the FP32 reference (ONNX
    Runtime's CPU provider, optimisations off), under the example's task constraint.
 
@@ -84,9 +84,9 @@ def bench(name: str, args: argparse.Namespace, registry: Any) -> dict[str, Any]:
     """Tune one example on both backends, then time the four engines side by side."""
     from routetune.feeds.examples import fetch, get_example, load_inputs
     from routetune.judging.accuracy import check_accuracy, parse_accuracy
-    from routetune.measure import across_repeats, paired_speedup
     from routetune.run.backends import tune_backends
     from routetune.run.run_spec import RunSpec
+    from routetune.timing.measure import across_repeats, paired_speedup
 
     example = get_example(name)
     model = fetch(name)
@@ -154,8 +154,8 @@ def held_out_loop(name: str, jobs: list[tuple[str, str, dict[str, Any]]], min_ti
     last engine's outputs on every held-out input set.
     """
     from routetune.feeds.examples import load_inputs
-    from routetune.measure import MeasureSettings, measure_blocks
     from routetune.plugin_manager import load_registry
+    from routetune.timing.measure import MeasureSettings, measure_blocks
 
     registry = load_registry()
     held_out = load_inputs(name, seed=1)

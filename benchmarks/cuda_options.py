@@ -9,7 +9,7 @@ For each model and base pipeline (``fp32``: the model as it is; ``fp16``: routet
 ``fp16`` pinned in front), ``routetune tune`` on the ``onnxruntime-cuda`` backend with
 ``--search one-at-a-time`` over every ``ort-cuda-*`` seasoning offered: each option
 alone, timed in paired blocks against the base pipeline alongside (the speed-up and its
-95% interval are the search's, `routetune.measure`), accuracy ``cos>=0.9999,
+95% interval are the search's, `routetune.timing.measure`), accuracy ``cos>=0.9999,
 rel_l2<=0.01`` against the FP32 model. It prints one Markdown table per model (rows:
 routes; columns: bases) and writes ``cuda_options.json``. The models are
 `benchmarks/gpu.py`'s.
@@ -62,9 +62,9 @@ def main() -> None:
 def options_effect(name: str, base: str, args: argparse.Namespace, registry: Any
                    ) -> dict[str, Any]:
     """One one-at-a-time search of the CUDA options on `name` over base pipeline `base`."""
-    from routetune.measure import MeasureSettings
     from routetune.run.run_spec import RunSpec
     from routetune.run.tuning import tune
+    from routetune.timing.measure import MeasureSettings
 
     out = args.out / name
     out.mkdir(parents=True, exist_ok=True)

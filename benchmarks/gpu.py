@@ -64,9 +64,9 @@ def main() -> None:
     args = parser.parse_args()
     import onnxruntime as ort
 
-    from routetune.measure import MeasureSettings
     from routetune.plugin_manager import load_registry
     from routetune.plugins.cuda import cuda_versions
+    from routetune.timing.measure import MeasureSettings
 
     registry = load_registry()
     settings = MeasureSettings(warmup=10, min_runs=30, min_time_s=args.min_time)
@@ -231,8 +231,8 @@ def time_all(result: Any, torch_model: Any, feeds: list[dict[str, np.ndarray]],
              settings: Any) -> dict[str, Any]:
     """Every engine of the model in one interleaved loop; p50s in ms and ratios."""
     from routetune.backend import Runner
-    from routetune.measure import measure_side_by_side
     from routetune.plugin_manager import load_registry
+    from routetune.timing.measure import measure_side_by_side
 
     backend = load_registry().backend("onnxruntime-cuda")()
     outdir = result.outdir

@@ -11,10 +11,10 @@ backend's defaults:
 - ``A/A``: two ONNX Runtime sessions of the same model (the truth is 1.0x).
 
 Each pair is timed in `--loops` consecutive loops of paired blocks
-(`routetune.measure.measure_blocks`, `MeasureSettings` as a confirmation uses:
+(`routetune.timing.measure.measure_blocks`, `MeasureSettings` as a confirmation uses:
 30 blocks at least), and each loop's paired speed-up and 95% interval are printed.
 If one loop's interval covered what the next loop measures, consecutive loops'
-intervals would overlap. The combined figure of `routetune.measure.across_repeats`
+intervals would overlap. The combined figure of `routetune.timing.measure.across_repeats`
 is printed for each process. The CPU load average and steal time are recorded.
 
 Writes ``loop_repeats.json`` into ``--out``.
@@ -46,14 +46,14 @@ def one_process(model_name: str, loops: int, min_time_s: float) -> dict[str, Any
     from dataclasses import asdict
 
     from routetune.feeds.examples import fetch, load_inputs
-    from routetune.measure import (
+    from routetune.plugin_manager import load_registry
+    from routetune.timing.measure import (
         MeasureSettings,
         Speedup,
         across_repeats,
         measure_blocks,
         paired_speedup,
     )
-    from routetune.plugin_manager import load_registry
 
     registry = load_registry()
     model, feeds = Path(fetch(model_name)), load_inputs(model_name, seed=1)

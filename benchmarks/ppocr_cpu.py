@@ -23,7 +23,7 @@ import onnxruntime as ort
 
 import routetune
 from routetune.plugin_manager import load_registry
-from routetune.route import parse_route
+from routetune.routes.route import parse_route
 from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 

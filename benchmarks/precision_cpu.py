@@ -25,12 +25,12 @@ import onnx
 import onnxruntime as ort
 
 import routetune
+from routetune.display import verdict_text
 from routetune.judging.accuracy import DEFAULT_ACCURACY
 from routetune.plugin_manager import load_registry
-from routetune.reporting.display import verdict_text
+from routetune.records.trial import Trial
 from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
-from routetune.trial import Trial
 
 SEASONINGS = ("fp16", "bf16", "int8-qdq", "fp8-qdq", "precision-repair")
 RANGE_KEEPS = ("kept_data_max", "kept_init_range", "kept_partial_sums")

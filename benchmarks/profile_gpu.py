@@ -40,9 +40,9 @@ def main() -> None:
     import numpy as np
     import onnxruntime as ort
 
-    from routetune.measure import MeasureSettings
     from routetune.run.run_spec import RunSpec
     from routetune.run.tuning import tune
+    from routetune.timing.measure import MeasureSettings
 
     out = args.out / args.model
     out.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
     python benchmarks/ray_scale.py [--actors 1,2,4,8,16,32] [--trials-per-actor 6]
         [--scale 0.5] [--bundle-mb 1] [--out docs/results/ray-scale-DATE]
 
-The real `routetune.search.ray_pool.RayPool` schedules, on a real local Ray instance,
+The real `routetune.plugins.ray.pool.RayPool` schedules, on a real local Ray instance,
 a search whose phases are simulated (`RayPool`'s ``tasks`` argument): a build task
 sleeps for a build time and returns a candidate "model" of ``--bundle-mb`` MiB through
 the object store; a measuring actor (``num_gpus=1``; Ray is told of N GPUs, as of N
@@ -57,7 +57,7 @@ def sim_build(box: list[Any], run: str, route: Any, fingerprint: str, deadline: 
     """A build task: sleep for the drawn build time, return a model of the drawn size."""
     import ray
 
-    from routetune.search.phases import BUILT, Outcome
+    from routetune.candidate.records import BUILT, Outcome
 
     t0 = time.time()
     build_s, _ = _times(box, route)
@@ -89,8 +89,8 @@ class SimMeasurer:
                 *bundles: Any) -> Any:
         import ray
 
-        from routetune.search.phases import Outcome
-        from routetune.trial import Status
+        from routetune.candidate.records import Outcome
+        from routetune.records.trial import Status
 
         t0 = time.time()
         assert all(len(b) for b in bundles)  # the model arrived
@@ -105,8 +105,8 @@ class SimMeasurer:
 
 def _pause(seconds: float) -> None:
     """Warm a build worker: its imports, as a real worker's are loaded before trials."""
-    import routetune.search.phases  # noqa: F401
-    import routetune.trial  # noqa: F401
+    import routetune.candidate.records  # noqa: F401
+    import routetune.records.trial  # noqa: F401
 
     time.sleep(seconds)
 
@@ -160,11 +160,11 @@ def one(n: int, args: argparse.Namespace, builds: list[float], measures: list[fl
         rng: random.Random) -> dict[str, Any]:
     import ray
 
-    from routetune.route import Route, Step
-    from routetune.search.executor import Job
-    from routetune.search.ray_pool import RayPool
-    from routetune.store import TrialStore
-    from routetune.trial import Trial
+    from routetune.execution.executor import Job
+    from routetune.plugins.ray.pool import RayPool
+    from routetune.records.store import TrialStore
+    from routetune.records.trial import Trial
+    from routetune.routes.route import Route, Step
 
     trials = n * args.trials_per_actor
     routes = [Route((Step(f"sim-{i:04d}"),)) for i in range(trials)]

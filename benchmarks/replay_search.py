@@ -46,8 +46,8 @@ def main() -> None:
     parser.add_argument("--beam-width", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
-    from routetune.composer import RouteSpace
     from routetune.plugin_manager import load_registry
+    from routetune.routes.composer import RouteSpace
 
     if not args.trials.is_file():
         sys.exit(f"--trials {args.trials}: no such file; give an exhaustive run's trials.sqlite")
@@ -84,7 +84,7 @@ def main() -> None:
 
 def load(path: Path) -> dict[str, Any]:
     """The stored trials of `path` (a trials.sqlite), by route text."""
-    from routetune.store import TrialStore
+    from routetune.records.store import TrialStore
 
     with tempfile.TemporaryDirectory() as tmp:  # SQLite writes beside the file it reads
         copy = Path(tmp) / "trials.sqlite"
@@ -102,8 +102,8 @@ def built(trial: Any) -> bool:
 
 def replay(strategy: Any, table: dict[str, Any]) -> dict[str, Any]:
     """Run `strategy`'s ask/tell on stored trials: routes asked, engines built, winner."""
-    from routetune.route import Route
-    from routetune.search.strategy import rank_key
+    from routetune.judging.ranking import rank_key
+    from routetune.routes.route import Route
 
     strategy.tell(Route(), table["base"])
     asked, builds, told = 0, 1, {"base": table["base"]}

@@ -56,8 +56,8 @@ def main() -> None:
                         help="continue each strategy's stored trials (its wall_s then counts "
                              "only this part, and the row says resumed)")
     args = parser.parse_args()
-    from routetune.measure import MeasureSettings
     from routetune.plugin_manager import load_registry
+    from routetune.timing.measure import MeasureSettings
 
     registry = load_registry()
     settings = MeasureSettings(warmup=10, min_runs=30, min_time_s=args.min_time)

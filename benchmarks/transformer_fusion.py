@@ -36,9 +36,9 @@ def main() -> None:
     parser.add_argument("--models", default="encoder,hf-bert,vit")
     parser.add_argument("--min-time", type=float, default=0.2)
     args = parser.parse_args()
-    from routetune.measure import MeasureSettings
     from routetune.run.run_spec import RunSpec
     from routetune.run.tuning import tune
+    from routetune.timing.measure import MeasureSettings
 
     report: dict[str, Any] = {}
     for name in args.models.split(","):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pluggy
-
 from routetune.backend import Backend, Engine, OptionSpec, Runner
 from routetune.errors import (
     BackendError,
@@ -19,8 +17,8 @@ from routetune.errors import (
     UsageError,
 )
 from routetune.feeds.profile import ShapeProfile
-from routetune.hookspecs import PROJECT
-from routetune.route import Route, Step, parse_route
+from routetune.hookspecs import hookimpl
+from routetune.routes.route import Route, Step, parse_route
 from routetune.seasoning import (
     Param,
     PassResult,
@@ -31,9 +29,6 @@ from routetune.seasoning import (
 )
 
 __version__ = "0.1.0"
-
-hookimpl = pluggy.HookimplMarker(PROJECT)
-"""Marker for hook implementations: ``@routetune.hookimpl``."""
 
 if TYPE_CHECKING:
     from routetune.api import tune

@@ -7,15 +7,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from routetune.errors import UsageError
+from routetune.options import check_keyword, options_of
 from routetune.plugin_manager import load_registry
-from routetune.run.option_schema import check_keyword, options_of
 from routetune.run.run_spec import RunSpec, merge
 from routetune.run.tuning import TuneResult
 
 if TYPE_CHECKING:
     from routetune.run.backends import BackendsResult
+from routetune.execution.main_guard import refuse_in_worker
 from routetune.run.tuning import tune as _tune
-from routetune.search.main_guard import refuse_in_worker
 
 
 def tune(model: str | Path | None = None, **options: Any) -> TuneResult | BackendsResult:

@@ -1,7 +1,7 @@
 """The backend interface: build an engine from an ONNX model and build options, run it.
 
 A backend plugin registers a `Backend` subclass through ``routetune_register_backends``.
-Timing is not the backend's job: `routetune.measure` times every backend the same way,
+Timing is not the backend's job: `routetune.timing.measure` times every backend the same way,
 through `Runner.prepare`.
 """
 
@@ -58,9 +58,9 @@ class Engine:
             The search then opens it only if its `sha256` is the one recorded for the
             trial when it was built, and otherwise builds again (SECURITY.md).
         float_env: The floating-point environment the engine's calls run under
-            (`routetune.float_env.FloatEnv`), or None for the thread's own: set by a
-            backend whose engine expects one (`routetune.float_env.flushing`), else by
-            `routetune.search.artifacts.build_engine` when the build changed how the
+            (`routetune.timing.float_env.FloatEnv`), or None for the thread's own: set by a
+            backend whose engine expects one (`routetune.timing.float_env.flushing`), else by
+            `routetune.candidate.artifacts.build_engine` when the build changed how the
             calling thread treats denormals.
     """
 
@@ -105,7 +105,7 @@ class Runner:
     def prepare(self, feed: Feed) -> Callable[[], None]:
         """Return a call that runs one inference on `feed`, with setup done up front.
 
-        `routetune.measure` times calls to it; whatever can be done once (binding
+        `routetune.timing.measure` times calls to it; whatever can be done once (binding
         inputs, allocating outputs) belongs here, not in the call.
         """
         raise NotImplementedError
@@ -307,7 +307,7 @@ class Backend:
             model: The model.
             feeds: Input sets, name to array.
             weights: The folder its external data locations are relative to (a model
-                over 2 GiB, `routetune.weights`); None when it holds its data.
+                over 2 GiB, `routetune.model.weights`); None when it holds its data.
 
         Raises:
             BackendError: This backend cannot serve as the reference.
@@ -334,7 +334,7 @@ class Backend:
         """Bytes of device memory in use on this process's GPU now; None on a host device.
 
         The search reads it before an engine is built and after it was timed: the
-        difference is the engine's device memory (`routetune.trial.Trial`).
+        difference is the engine's device memory (`routetune.records.trial.Trial`).
         """
         return None
 

@@ -17,8 +17,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from routetune import signals
 from routetune.errors import RoutetuneError, UsageError, with_flag_value
 from routetune.judging.verdict import FAILED
+from routetune.options import options_of
 from routetune.plugin_manager import load_registry
-from routetune.run.option_schema import options_of
 from routetune.run.run_spec import RunSpec, merge
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ the user's input (2) nor an engine that does not match (1)."""
 def _with_options(command: str, *extra: inspect.Parameter) -> Callable[[F], F]:
     """Give a command a parameter per option of `command` in `RunSpec`, then `extra`.
 
-    The signature is made from the option declarations (`routetune.run.option_schema`), so
+    The signature is made from the option declarations (`routetune.options`), so
     the flags, their help and defaults are declared once, in `RunSpec`.
     """
     def wrap(func: F) -> F:
@@ -94,7 +94,7 @@ def _confirm_size(run: Prepared, plan: Plan, opts: RunSpec, yes: bool) -> None:
     """Ask before a search that is larger than anyone meant (``--max-depth 1000``).
 
     The estimate is a lower bound: each trial measures for at least ``--min-time``,
-    twice (the candidate and the base route alongside, `routetune.measure`).
+    twice (the candidate and the base route alongside, `routetune.timing.measure`).
 
     Raises:
         UsageError: The user said no, at the terminal.
@@ -130,16 +130,16 @@ def _confirm_size(run: Prepared, plan: Plan, opts: RunSpec, yes: bool) -> None:
 def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
                  **values: Any) -> None:
     """Search the route space and keep the fastest route that meets the accuracy constraint."""
-    from routetune.judging.constraint import HEADLINE
-    from routetune.reporting.display import (
+    from routetune.display import (
         accurate_table,
         conditions_lines,
         header_lines,
-        short_route,
         status_line,
         trials_table,
         winner_line,
     )
+    from routetune.judging.constraint import HEADLINE
+    from routetune.reporting.report_text import short_route
     from routetune.run.outdir import folder_bytes
     from routetune.run.tuning import tune
 
@@ -193,7 +193,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         if started:
             progress.stop()
     if several:
-        from routetune.reporting.display import backends_lines
+        from routetune.display import backends_lines
 
         for line in backends_lines(both):
             console.print(line)
@@ -241,7 +241,7 @@ def report_command(
     outdir: Annotated[Path, typer.Argument(help="Output directory of a `routetune tune` run.")],
 ) -> None:
     """Write report.html, report.md and report.json from a run's trial store."""
-    from routetune.reporting.report import write_reports
+    from routetune.reporting.files import write_reports
 
     paths = write_reports(outdir)
     console.print(f"wrote {', '.join(p.name for p in paths.values())} to {outdir}")
@@ -259,11 +259,11 @@ def show_command(
     sort: Annotated[str, typer.Option(help=f"Order: {', '.join(SORTS)}.")] = "rank",
 ) -> None:
     """Print a run's trials from its store, judged under the run's accuracy constraint."""
-    from routetune.reporting.display import accurate_table, compact_table, status_line
+    from routetune.display import accurate_table, compact_table, status_line
+    from routetune.judging.ranking import ranked
+    from routetune.records.trial import Status
     from routetune.reporting.report import store_dir, stored_trials
     from routetune.reporting.report_text import headline_of
-    from routetune.search.strategy import ranked
-    from routetune.trial import Status
 
     if sort not in SORTS:
         raise UsageError(f"--sort {sort}: give one of {', '.join(SORTS)}")
@@ -296,7 +296,7 @@ def show_command(
 def seasonings_command() -> None:
     """List the installed seasonings, backends, search strategies and metrics."""
     registry = load_registry()
-    from routetune.reporting.display import components_table, seasonings_table
+    from routetune.display import components_table, seasonings_table
 
     console.print(seasonings_table(registry))
     console.print(components_table(registry))

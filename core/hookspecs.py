@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 PROJECT = "routetune"
 hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+"""Marker for hook implementations: ``@routetune.hookimpl`` (the package re-exports it)."""
 
 
 @hookspec
@@ -72,4 +74,18 @@ def routetune_register_metrics(registry: Registry) -> None:
         registry: The registry to add to.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def routetune_register_executors(registry: Registry) -> None:
+    """Register executors with ``registry.add_executor(cls)``.
+
+    Called once per plugin manager, when the registry is built. An executor says where
+    a search's trials run (`routetune.execution.executor.Executor`); its ``name`` is the
+    ``--executor`` value. The built-ins, ``local`` and ``in-process``, register through
+    this hook too (`routetune.execution`); Ray's in `routetune.plugins.ray`.
+
+    Args:
+        registry: The registry to add to.
     """

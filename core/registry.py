@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import pluggy
 
     from routetune.backend import Backend
+    from routetune.execution.executor import Executor
     from routetune.judging.metrics import AnyMetric
     from routetune.search.strategy import Strategy
 
@@ -26,6 +27,7 @@ REGISTRATION_HOOKS = (
     ("routetune_register_backends", "backends"),
     ("routetune_register_strategies", "search strategies"),
     ("routetune_register_metrics", "metrics"),
+    ("routetune_register_executors", "executors"),
 )
 """The registration hooks (`routetune.hookspecs`), in call order, with what each adds."""
 
@@ -75,6 +77,7 @@ class Registry:
         self.backends: dict[str, Entry[type[Backend]]] = {}
         self.strategies: dict[str, Entry[type[Strategy]]] = {}
         self.metrics: dict[str, Entry[AnyMetric]] = {}
+        self.executors: dict[str, Entry[type[Executor]]] = {}
         self.plugins: dict[str, str] = {}
         self.reference: str | None = None
         """The backend that computes FP32 reference outputs (`add_backend`), by name."""
@@ -248,6 +251,10 @@ class Registry:
         """
         self._add(self.metrics, "metric", metric.name, metric)
 
+    def add_executor(self, cls: type[Executor]) -> None:
+        """Register an executor class (its ``name`` is the ``--executor`` value)."""
+        self._add(self.executors, "executor", cls.name, cls)
+
     def validate(self) -> None:
         """Check the seasonings' constraint graph once, after registration.
 
@@ -308,6 +315,14 @@ class Registry:
             UsageError: No such metric.
         """
         return _lookup(self.metrics, name, "accuracy metric", "routetune seasonings")
+
+    def executor(self, name: str) -> type[Executor]:
+        """Return the executor class called `name`.
+
+        Raises:
+            UsageError: No such executor.
+        """
+        return _lookup(self.executors, name, "executor", "routetune seasonings")
 
 
 def _lookup(table: dict[str, Entry[T]], name: str, kind: str, where: str) -> T:

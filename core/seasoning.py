@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
 
     from routetune.backend import Backend
-    from routetune.search.refinement import Refinement
+    from routetune.refinement import Refinement
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ class RouteContext:
             tensors' locations are relative to; None when the model holds its data. A
             pass that hands the model to another tool as a file loads the data from
             here (``onnx.load_external_data_for_model(model, weights)``) and saves it
-            with ``save_as_external_data=True`` (`routetune.weights`).
+            with ``save_as_external_data=True`` (`routetune.model.weights`).
     """
 
     backend: Backend
@@ -250,7 +250,7 @@ class Seasoning:
     info: ClassVar[SeasoningInfo]
     refinement: ClassVar[type[Refinement] | None] = None
     """What the search does with this seasoning after each batch, when it is offered
-    (`routetune.search.refinement`); None for most seasonings."""
+    (`routetune.refinement`); None for most seasonings."""
 
     def __init__(self, params: Mapping[str, ParamValue] | None = None) -> None:
         values = self.info.defaults()

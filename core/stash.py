@@ -7,7 +7,7 @@ precision seasoning's `Lowering`, ``routetune.passes.precision.lowering``) lives
 its passes.
 
 A route prefix's state is kept on disk for the other workers of a search
-(`routetune.search.artifacts.PrefixCache`); a key that can travel gives a `codec`. A
+(`routetune.candidate.artifacts.PrefixCache`); a key that can travel gives a `codec`. A
 stash holding a value whose key has none is not shared: the prefix is built again.
 """
 

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from routetune.composer import RouteSpace
 from routetune.errors import RoutetuneError, UsageError
 from routetune.judging.metrics import TaskMetric
+from routetune.options import check_keyword, options_of, problem
 from routetune.registry import Registry
-from routetune.route import Route, Step
-from routetune.run.option_schema import check_keyword, options_of, problem
+from routetune.routes.composer import RouteSpace
+from routetune.routes.route import Route, Step
 
 ONE_LINE = 1000
 """Characters an error message may have at most (a longer one is not one line to read;
@@ -75,7 +75,7 @@ def check_seasoning(registry: Registry, name: str, model: Path | str, workdir: P
     by ``precision-repair``); the backend filter holds whatever `applicable` says (a backend outside
     ``info.backends`` is never offered it); it is applicable to `model`; applied twice
     in fresh candidates it gives the same bytes (deterministic), and the model passes
-    the search's postconditions (`routetune.postconditions.check_candidate`: the full ONNX
+    the search's postconditions (`routetune.model.postconditions.check_candidate`: the full ONNX
     checker, signature kept, sorted, unique node names, no redundant Cast). With
     `refused`, a model the seasoning must refuse: it declines with one line.
 
@@ -145,12 +145,12 @@ def check_seasoning(registry: Registry, name: str, model: Path | str, workdir: P
 
 
 def _candidate(registry: Registry, model: Path, workdir: Path, backend_name: str):  # noqa: ANN202
-    """A `routetune.search.candidate.Candidate` as the search makes one, for `model`."""
+    """A `routetune.candidate.candidate.Candidate` as the search makes one, for `model`."""
+    from routetune.candidate.candidate import with_preflight
+    from routetune.candidate.records import TrialInputs
     from routetune.feeds.inputs import synthesize
-    from routetune.model import prepare
+    from routetune.model.loading import prepare
     from routetune.run.preparation import reference_backend
-    from routetune.search.candidate import with_preflight
-    from routetune.search.phases import TrialInputs
 
     prepared = prepare(model)
     shapes = {s.name: tuple(d if isinstance(d, int) else 1 for d in s.shape)
@@ -177,8 +177,8 @@ def check_backend(registry: Registry, name: str, model: Path | str, workdir: Pat
     Raises:
         ContractError: A rule is broken.
     """
+    from routetune.candidate.artifacts import open_engine
     from routetune.errors import BackendError
-    from routetune.search.artifacts import open_engine
 
     what = f"backend '{name}'"
     candidate = _candidate(registry, Path(model), workdir, name)
@@ -228,7 +228,7 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
         registry: The plugins, the strategy's among them (`registry_with`).
         name: The strategy's name.
         space: The routes it may ask for, e.g. ``RouteSpace([registry.seasoning(
-            "ort-threads").info], 1)`` (`routetune.composer.RouteSpace`).
+            "ort-threads").info], 1)`` (`routetune.routes.composer.RouteSpace`).
         max_asks: Batches it must have stopped asking by.
         options: Option values to drive it with (checked like ``--search-option``);
             its defaults when None.
@@ -239,8 +239,8 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
     Raises:
         ContractError: A rule is broken.
     """
-    from routetune.measure import Latency
-    from routetune.trial import Status, Trial
+    from routetune.records.trial import Status, Trial
+    from routetune.timing.measure import Latency
 
     what = f"strategy '{name}'"
     declared: Any = registry.strategy(name).Options
@@ -251,7 +251,7 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
         o.name for o in options_of(declared)}
     if loose:
         raise ContractError(f"{what}: Options field(s) {', '.join(sorted(loose))} are not "
-                            "declared with routetune.run.option_schema.option (no help, no "
+                            "declared with routetune.options.option (no help, no "
                             "checks, no recipe or --search-option spelling)")
     try:
         declared()
@@ -266,10 +266,9 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
         if why:
             raise ContractError(f"{what}: the default of option '{info.name}' "
                                 f"({info.default!r}) {why}")
-    from routetune.run.run_spec import RunSpec
     from routetune.search.strategy import configure
 
-    chosen = configure(registry.strategy(name), RunSpec(search_options=dict(options or {})))
+    chosen = configure(registry.strategy(name), dict(options or {}))
     allowed = set(space.routes())
     base_ms = 10.0
 

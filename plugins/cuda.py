@@ -72,7 +72,7 @@ def device_memory_used() -> int:
     """Bytes in use on the current CUDA device (``cudaMemGetInfo``: total minus free).
 
     Device-wide: another process's allocations on the same GPU count too (the machine's
-    conditions name such processes, `routetune.conditions`).
+    conditions name such processes, `routetune.timing.conditions`).
     """
     import cupy
 

@@ -274,3 +274,39 @@ def square(path: Path) -> Path:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "N"])
     return _save(helper.make_graph([helper.make_node("MatMul", ["x", "x"], ["y"])], "square",
                                    [x], [y]), path)
+
+
+def external_model(path: Path, seed: int = 0) -> Path:
+    """x [2, 64] float32 -> MatMul(W1) -> Add(b) -> Relu -> MatMul(Transpose(W2)) -> y [2, 64].
+
+    W1 [64, 128] and W2 [64, 128] (32 KiB each) live in ``<name>.data`` beside the
+    model; ``Transpose(W2)`` is a constant subgraph that fold-constants folds.
+    """
+    rng = np.random.default_rng(seed)
+    w1 = rng.normal(0, 0.1, (64, 128)).astype(np.float32)
+    w2 = rng.normal(0, 0.1, (64, 128)).astype(np.float32)
+    b = np.linspace(-0.1, 0.1, 128, dtype=np.float32)  # 512 bytes: kept inside the model
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+             helper.make_node("Add", ["h", "b"], ["hb"], name="add"),
+             helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+             helper.make_node("Transpose", ["W2"], ["W2t"], name="t", perm=[1, 0]),
+             helper.make_node("MatMul", ["r", "W2t"], ["y"], name="mm2")]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2"),
+         numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every ONNX Runtime here reads (a newer onnx writes more)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=1024)
+    return path
+
+
+def run_path(path: Path, x: np.ndarray) -> np.ndarray:
+    """`path`'s output for input ``x``, from an ONNX Runtime CPU session."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]

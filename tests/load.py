@@ -1,6 +1,6 @@
 """A CPU load outside the test's process tree, as another user's job would be.
 
-`routetune.conditions` counts only processes outside the tuner's tree as foreign, so the
+`routetune.timing.conditions` counts only processes outside the tuner's tree as foreign, so the
 load is started through a double fork: its process is re-parented away from the test.
 """
 

@@ -24,8 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from routetune.measure import MeasureSettings
 from routetune.run.run_spec import RunSpec
+from routetune.timing.measure import MeasureSettings
 
 QUICK_MEASURE = MeasureSettings(warmup=1, min_runs=3, min_time_s=0.02)
 """Timed runs per candidate: 3 at least, 0.02 s at least, in 10 paired blocks."""

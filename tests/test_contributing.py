@@ -16,9 +16,9 @@ from graphs import conv_bn
 from onnx import TensorProto, helper, numpy_helper
 from quick import quick_spec
 
-from routetune.composer import RouteSpace
 from routetune.errors import UsageError
 from routetune.registry import Registry
+from routetune.routes.composer import RouteSpace
 from routetune.run.tuning import tune
 from routetune.testing import check_strategy, registry_with
 

@@ -3,10 +3,10 @@
 A results folder, a model folder, a recipe or an input set may come from someone else:
 it is data, never code. Every loader a user's file reaches is fuzzed here in process
 with Hypothesis (derandomized, bounded examples): ONNX models and their external data
-(`routetune.model.prepare`, `routetune.weights_check.check_files`), ``.npz`` inputs
+(`routetune.model.loading.prepare`, `routetune.model.weights_check.check_files`), ``.npz`` inputs
 (`routetune.feeds.inputs.load_npz`), recipes (`routetune.run.recipe.load_recipe`), ``run.json``
-(`routetune.run.runinfo.read` and the report) and ``trials.sqlite``
-(`routetune.store.TrialStore` and the report). The contract, per input: the loader
+(`routetune.run.run_record.read` and the report) and ``trials.sqlite``
+(`routetune.records.store.TrialStore` and the report). The contract, per input: the loader
 succeeds, or raises a `RoutetuneError` whose message is one line naming the file; never
 another exception (a traceback), never a hang, never a write outside the given folder.
 
@@ -50,17 +50,17 @@ from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper, numpy_helper
 from quick import QUICK_FLAGS
 
-from routetune import weights, weights_check
 from routetune.errors import RoutetuneError, UsageError
 from routetune.feeds.inputs import load_npz, resolve_shapes
-from routetune.model import TensorSpec, prepare, with_weights_in
+from routetune.model import weights, weights_check
+from routetune.model.loading import TensorSpec, prepare, with_weights_in
 from routetune.plugin_manager import load_registry
+from routetune.records import run_record
+from routetune.records.store import FILENAME as STORE
+from routetune.records.store import TrialStore
 from routetune.registry import Registry
-from routetune.reporting.report import write_reports
-from routetune.run import runinfo
+from routetune.reporting.files import write_reports
 from routetune.run.recipe import load_recipe, recipe_values
-from routetune.store import FILENAME as STORE
-from routetune.store import TrialStore
 
 T = TypeVar("T")
 
@@ -445,7 +445,7 @@ SPEC_SETS = [
      TensorSpec("q", np.dtype(ml_dtypes.float8_e5m2), (3,))),
     (TensorSpec("seq", None, ()),),  # a sequence input: --inputs cannot give it
 ]
-"""Input specs as `routetune.model` makes them from ONNX types."""
+"""Input specs as `routetune.model.loading` makes them from ONNX types."""
 
 DTYPES = st.sampled_from([
     np.float32, np.float64, np.float16, np.int64, np.int8, np.uint8, np.uint16, bool,
@@ -690,7 +690,7 @@ def real_run(root: Path) -> Path:
 
 def results_folder(real_run: Path, folder: Path) -> Path:
     """Copy the real run's ``run.json`` and ``trials.sqlite`` into `folder`."""
-    for name in (runinfo.FILENAME, STORE):
+    for name in (run_record.FILENAME, STORE):
         shutil.copy(real_run / name, folder / name)
     return folder
 
@@ -728,13 +728,13 @@ two charts: 0.3 s each here); the loaders alone take 250 (`test_fuzz.py`'s other
 @pytest.mark.slow
 def test_hostile_run_records_are_refused_in_one_line(root: Path, real_run: Path,
                                                      data: st.DataObject) -> None:
-    real = json.loads((real_run / runinfo.FILENAME).read_text())
+    real = json.loads((real_run / run_record.FILENAME).read_text())
     raw = data.draw(run_json_bytes(real), "run.json")
     with case(root) as folder:
         results_folder(real_run, folder)
-        (folder / runinfo.FILENAME).write_bytes(raw)
-        names = (runinfo.FILENAME, STORE)
-        outcome(lambda: runinfo.read(folder), folder, names)
+        (folder / run_record.FILENAME).write_bytes(raw)
+        names = (run_record.FILENAME, STORE)
+        outcome(lambda: run_record.read(folder), folder, names)
         outcome(lambda: report(folder), folder, names, read_only=False)
 
 
@@ -799,7 +799,7 @@ def test_hostile_trial_stores_are_refused_in_one_line(root: Path, real_run: Path
             finally:
                 store.close()
 
-        names = (STORE, runinfo.FILENAME)
+        names = (STORE, run_record.FILENAME)
         outcome(trials, folder, names, read_only=False)
         outcome(lambda: report(folder), folder, names, read_only=False)
 
@@ -852,10 +852,10 @@ def test_reports_refuse_links_and_records_replace_them(root: Path, real_run: Pat
         result = outcome(lambda: report(folder), folder, ("report.", "run.tmp"),
                          read_only=False)
         assert isinstance(result, RoutetuneError) and "link" in str(result)
-        outcome(lambda: runinfo.write(folder, {"model": {}}), folder, (runinfo.FILENAME,),
+        outcome(lambda: run_record.write(folder, {"model": {}}), folder, (run_record.FILENAME,),
                 read_only=False)
         assert (root / "outside" / "secret.bin").read_bytes() == SECRET
-        assert not (folder / runinfo.FILENAME).is_symlink()
+        assert not (folder / run_record.FILENAME).is_symlink()
 
 
 # The corpus, through the command line -------------------------------------------------
@@ -886,7 +886,7 @@ def _file_case(loader: str, name: str) -> Maker:
         out = ["--output", str(given_ / "out"), *FAST]
         if loader == "runjson":
             results_folder(real_run, given_)
-            shutil.copy(source, given_ / runinfo.FILENAME)
+            shutil.copy(source, given_ / run_record.FILENAME)
             return ["report", str(given_)], lambda: report(given_)
         file = given_ / name
         shutil.copy(source, file)
@@ -922,7 +922,7 @@ def _store_link_case(folder: Path, real_run: Path, plain: bytes) -> Case:
     """A results folder whose ``trials.sqlite`` is a link to an empty file outside it
     (SQLite would make it a store, and write its journal beside it)."""
     given_ = folder / "given"
-    shutil.copy(real_run / runinfo.FILENAME, given_ / runinfo.FILENAME)
+    shutil.copy(real_run / run_record.FILENAME, given_ / run_record.FILENAME)
     (folder / "outside" / "empty").write_bytes(b"")
     (given_ / STORE).symlink_to(folder / "outside" / "empty")
     return ["report", str(given_)], lambda: report(given_)
@@ -974,7 +974,7 @@ def corpus_case(make: Maker, root: Path, real_run: Path, plain: bytes
 def test_corpus_case_is_refused_in_process(make: Maker, root: Path, real_run: Path,
                                            plain_model: bytes) -> None:
     with corpus_case(make, root, real_run, plain_model) as (folder, (_, load)):
-        result = outcome(load, folder / "given", (STORE, runinfo.FILENAME, *(
+        result = outcome(load, folder / "given", (STORE, run_record.FILENAME, *(
             p.name for p in (folder / "given").iterdir())), read_only=False)
         assert isinstance(result, RoutetuneError)
         assert_no_secret(folder / "given")

@@ -77,8 +77,8 @@ def test_ray_is_imported_only_for_the_ray_executor() -> None:
     # The CLI, a tuning run's modules and even the Ray executor's own modules import no
     # Ray: only connecting to a cluster (`ray_cluster.connect`, --executor ray) does.
     code = ("import sys\n"
-            "import routetune.cli, routetune.run.tuning, routetune.search.local_pool\n"
-            "import routetune.search.ray_pool, routetune.search.ray_tasks\n"
+            "import routetune.cli, routetune.run.tuning, routetune.execution.local_pool\n"
+            "import routetune.plugins.ray.pool, routetune.plugins.ray.tasks\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
@@ -181,3 +181,110 @@ def test_the_type_checker_sees_the_package_as_python_imports_it() -> None:
         target = {"passes": ROOT / "passes", "plugins": ROOT / "plugins"}.get(
             name, ROOT / "core" / name)
         assert link.is_symlink() and link.resolve() == target.resolve(), name
+
+
+# Layers: core's packages and top-level modules import one way ------------------------
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundations", ("errors", "options", "signals", "logs", "stash")),
+    ("the model and its inputs", ("model/", "feeds/")),
+    ("the plugin contract", ("seasoning", "backend", "option_seasoning", "hookspecs",
+                             "registry", "plugin_manager")),
+    ("routes and timing", ("routes/", "timing/")),
+    ("records", ("records/", "refinement")),
+    ("judging and reports", ("judging/", "reporting/")),
+    ("one candidate's work", ("candidate/",)),
+    ("execution", ("execution/",)),
+    ("the search", ("search/",)),
+    ("a run", ("run/",)),
+    ("front ends and tools", ("cli", "api", "display", "testing", "conformance", "__main__")),
+)
+"""Core's rooms from the ground up (README, "The map"): a room imports only rooms of its
+own layer or below, and no rooms import each other in a circle. A room is a subpackage
+(``records/``) or a module at the top of the package (``registry``); the package's face
+(``routetune/__init__.py``) is the public API, not a room."""
+
+
+def runtime_imports(source: str) -> list[tuple[str, int]]:
+    """The modules a source file imports when it runs, with their lines: module-level
+    imports and those inside functions (lazy ones), not those under ``if TYPE_CHECKING:``
+    (annotations, which Python never runs). ``from P import name`` gives ``P.name``
+    too, for when ``name`` is a module."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                found.append((child.module, child.lineno))
+                found.extend((f"{child.module}.{a.name}", child.lineno) for a in child.names)
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+def room_of(module: str) -> str | None:
+    """The room of a core module (``routetune.records.trial`` -> ``records/``); None for
+    the face, a plugin or a pass."""
+    parts = module.split(".")
+    if parts[0] != "routetune" or len(parts) == 1 or parts[1] in ("plugins", "passes"):
+        return None
+    return parts[1] + "/" if (CORE / parts[1]).is_dir() else parts[1]
+
+
+def room_imports() -> dict[tuple[str, str], list[str]]:
+    """Room A -> room B: where A's modules import B's (``module:line``), at run time."""
+    mods = modules()
+    out: dict[tuple[str, str], list[str]] = {}
+    for name, path in mods.items():
+        source = room_of(name)
+        if source is None:
+            continue
+        for imported_name, line in runtime_imports(path.read_text()):
+            target = room_of(imported_name)
+            if target is not None and target != source and (
+                    imported_name in mods or imported_name.rpartition(".")[0] in mods):
+                out.setdefault((source, target), []).append(f"{name}:{line}")
+    return out
+
+
+def test_core_rooms_import_each_other_in_no_circle() -> None:
+    edges = room_imports()
+    graph: dict[str, set[str]] = {}
+    for source, target in edges:
+        graph.setdefault(source, set()).add(target)
+    assert len(graph) > 20 and len(edges) > 100  # the rooms that import another
+    assert cycles(graph) == []
+
+
+def test_every_import_runs_down_the_layers() -> None:
+    layer = {room: i for i, (_, rooms) in enumerate(LAYERS) for room in rooms}
+    rooms = {room for pair in room_imports() for room in pair}
+    assert rooms - set(layer) == set(), "give each new room a layer in LAYERS"
+    upward = sorted(f"{source} ({LAYERS[layer[source]][0]}) -> {target} "
+                    f"({LAYERS[layer[target]][0]}): {', '.join(where[:3])}"
+                    for (source, target), where in room_imports().items()
+                    if layer[target] > layer[source])
+    assert upward == []
+
+
+def test_the_layer_check_reads_lazy_imports_and_leaves_annotations_out() -> None:
+    source = ("from typing import TYPE_CHECKING\n"
+              "from routetune.errors import UsageError\n"
+              "if TYPE_CHECKING:\n"
+              "    from routetune.run.run_spec import RunSpec\n"
+              "def f():\n"
+              "    from routetune.records import store\n")
+    assert runtime_imports(source) == [
+        ("typing", 1), ("typing.TYPE_CHECKING", 1), ("routetune.errors", 2),
+        ("routetune.errors.UsageError", 2), ("routetune.records", 6),
+        ("routetune.records.store", 6)]
+    assert [room_of(m) for m in ("routetune.records.store", "routetune.registry",
+                                 "routetune", "routetune.plugins.ray.pool")] == [
+        "records/", "registry", None, None]

@@ -16,7 +16,7 @@ import pytest
 from graphs import conv_bn, wasteful
 from plugin_packages import installed
 
-from routetune.store import TrialStore
+from routetune.records.store import TrialStore
 
 SEASONINGS = "ort-threads,fuse-bn-into-conv,fold-constants,ort-opt-level,ort-no-spinning"
 

@@ -15,7 +15,7 @@ from routetune.feeds.examples import Example, fetch_example
 from routetune.feeds.inputs import parse_shapes, synthesize
 from routetune.feeds.profile import make_profile
 from routetune.feeds.sample_audio import VAD_FRAME, VAD_RATE, speech_audio
-from routetune.model import prepare
+from routetune.model.loading import prepare
 from routetune.registry import Registry
 from routetune.run.tuning import tune
 

@@ -81,7 +81,7 @@ def test_an_option_seasoning_with_a_misspelled_key_fails_before_the_search(
 LAZY_CHECK = """
 import sys
 from pathlib import Path
-from routetune.measure import MeasureSettings
+from routetune.timing.measure import MeasureSettings
 from routetune.plugin_manager import load_registry
 from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune

@@ -19,17 +19,16 @@ import numpy as np
 import onnx
 import pytest
 from command import routetune
-from graphs import conv_bn
+from graphs import conv_bn, external_model, run_path
 from quick import QUICK_FLAGS, quick_spec
-from test_weights import external_model, run_path
 
+from routetune.candidate.artifacts import matches_record
 from routetune.errors import UsageError
-from routetune.model import prepare
+from routetune.model.loading import prepare
+from routetune.model.weights import WEIGHTS
+from routetune.records.store import TrialStore
 from routetune.registry import Registry
 from routetune.run.tuning import tune
-from routetune.search.artifacts import matches_record
-from routetune.store import TrialStore
-from routetune.weights import WEIGHTS
 
 ROOT = Path(__file__).parents[1]
 PACKAGE = ("core", "passes", "plugins", "benchmarks")

@@ -10,10 +10,10 @@ import pytest
 from graphs import conv_bn, folded_mul_one, wasteful
 
 from routetune import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo, hookimpl
-from routetune.composer import RouteSpace
 from routetune.errors import PluginError
 from routetune.passes.precision.bisection import REPAIR
 from routetune.registry import Registry
+from routetune.routes.composer import RouteSpace
 from routetune.search.strategy import Strategy
 from routetune.testing import (
     ContractError,
@@ -31,8 +31,8 @@ CHECKED_ON_CPU = {"eliminate-noops", "fold-constants", "fuse-bn-into-conv", "fp1
 def test_builtin_seasonings_keep_the_contract(registry: Registry, tmp_path: Path) -> None:
     models = [conv_bn(tmp_path / "conv_bn.onnx"), wasteful(tmp_path / "wasteful.onnx"),
               folded_mul_one(tmp_path / "mul_one.onnx")]
-    from routetune.model import prepare
-    from routetune.weights import import_graph
+    from routetune.model.loading import prepare
+    from routetune.model.weights import import_graph
 
     cpu = registry.backend("onnxruntime")()
     checked = set()
@@ -122,7 +122,7 @@ class _Wanderer(Strategy):
     name = "wanderer"
 
     def ask(self) -> list:
-        from routetune.route import parse_route
+        from routetune.routes.route import parse_route
 
         return [parse_route("no-such-seasoning")]
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from routetune.errors import RoutetuneError
 from routetune.feeds import sample_audio, sample_inputs
-from routetune.run.option_schema import OptionError
+from routetune.options import OptionError
 
 InputSet = dict[str, np.ndarray]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from routetune.errors import UsageError, one_line
-from routetune.model import TensorSpec
-from routetune.run.option_schema import OptionError
+from routetune.model.loading import TensorSpec
+from routetune.options import OptionError
 
 Feed = dict[str, np.ndarray]
 
@@ -111,7 +111,7 @@ def shared_dim_conflict(specs: Sequence[TensorSpec],
     ONNX names a dynamic dimension (``dim_param``) so that every tensor with that name
     has the same size there, e.g. a BERT export's ``input_ids`` and ``attention_mask``
     share ``batch`` and ``sequence``. Unnamed dimensions have names of their own
-    (`routetune.model`), so they never conflict. Not checked up front: an exporter may
+    (`routetune.model.loading`), so they never conflict. Not checked up front: an exporter may
     reuse a name by mistake for a model that runs; a reference that fails says why.
 
     Args:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from routetune.errors import UsageError
-from routetune.run.option_schema import OptionError
+from routetune.options import OptionError
 
 if TYPE_CHECKING:
-    from routetune.model import TensorSpec
+    from routetune.model.loading import TensorSpec
 
 Shape = tuple[int, ...]
 

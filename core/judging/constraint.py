@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from routetune.errors import UsageError
 from routetune.judging.metrics import AnyMetric, TaskMetric
+from routetune.options import OptionError
 from routetune.registry import Registry
-from routetune.run.option_schema import OptionError
 
 DEFAULT_ACCURACY = "l0<=0.001,atol=1e-3,rtol=1e-3"
 """The default constraint: at most 0.1% of elements outside 1e-3 + 1e-3·|ref|. It

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from routetune.judging.accuracy import AccuracyMeasurement, Constraint, Unjudgeable, judge
-from routetune.trial import Status, Trial
+from routetune.records.trial import Status, Trial
 
 
 def measurement(trial: Trial) -> AccuracyMeasurement | None:

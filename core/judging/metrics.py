@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routetune import hookimpl
+from routetune.hookspecs import hookimpl
 from routetune.registry import Registry
 
 MetricFn = Callable[[np.ndarray, np.ndarray, float, float], float]

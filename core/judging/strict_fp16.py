@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from routetune.model import with_intermediates
+from routetune.model.loading import with_intermediates
 
 STRICT_OPS = frozenset({"Pow", "ReduceMean", "ReduceSum", "ReduceSumSquare", "Exp", "Softmax"})
 """Ops recomputed in float16."""

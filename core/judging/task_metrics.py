@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from routetune import hookimpl
+from routetune.hookspecs import hookimpl
 from routetune.judging.metrics import TaskMetric, TaskParam
 from routetune.registry import Registry
 

@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from routetune.errors import one_line
-from routetune.measure import across_repeats
-from routetune.search.strategy import rank_key
-from routetune.trial import Status, Trial
+from routetune.judging.ranking import rank_key
+from routetune.records.trial import Status, Trial
+from routetune.timing.measure import across_repeats
 
 if TYPE_CHECKING:
-    from routetune.search.phases import Confirmation
+    from routetune.records.trial import Confirmation
 
 DEFAULT_MIN_SPEEDUP = 1.03
 """``--min-speedup``: smaller effects are not worth a different engine, and sit within
@@ -38,7 +38,7 @@ CONFIRM_TRIES = 3
 
 CONFIRM_REPEATS = 3
 """Fresh processes a route is confirmed in (``--confirm-repeats``): it holds only if it
-clears in each (`routetune.measure.across_repeats` says why one loop is not enough)."""
+clears in each (`routetune.timing.measure.across_repeats` says why one loop is not enough)."""
 
 
 def _none_accurate(trials: Sequence[Trial], base: Trial) -> str:
@@ -112,9 +112,9 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
     Each route worth confirming, best first and `CONFIRM_TRIES` at most, is re-measured
     against the base route `repeats` times (`confirm`: each a fresh process, engines
     built anew, paired blocks), stopping at the first repeat that does not clear. It
-    holds when the repeats' combined speed-up (`routetune.measure.across_repeats`: every
+    holds when the repeats' combined speed-up (`routetune.timing.measure.across_repeats`: every
     repeat's interval above) clears `min_speedup`
-    (`routetune.measure.Speedup.clears`) and the confirmation was not noisy (unless
+    (`routetune.timing.measure.Speedup.clears`) and the confirmation was not noisy (unless
     `busy_machine` is ``ignore``); otherwise the next one is tried, and after the last
     the base route stands. Once one holds, a later route is confirmed only if its
     search-time interval lies above the held confirmation's (`_challenges`); it wins if

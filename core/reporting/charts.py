@@ -24,9 +24,8 @@ from matplotlib.path import Path as MplPath
 from matplotlib.text import Annotation
 from matplotlib.transforms import Bbox
 
-from routetune.reporting.display import short_route
 from routetune.reporting.report import ERROR_METRIC
-from routetune.reporting.report_text import speedup_text
+from routetune.reporting.report_text import short_route, speedup_text
 
 STYLE = {"ok": ("#2a9d4b", "o"), "accuracy-failed": ("#e0a100", "X"),
          "build-only": ("#3a7bd5", "s"), "crashed": ("#c0392b", "v"),

@@ -8,19 +8,16 @@ mapping; `write_reports` writes the three files (the HTML in
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from routetune.errors import StorageError, UsageError, one_line
-from routetune.route import parse_route
-from routetune.run import runinfo
-from routetune.run.outdir import refuse_links
-from routetune.search.strategy import ranked
-from routetune.store import FILENAME, TrialStore
-from routetune.trial import Trial
+from routetune.judging.ranking import ranked
+from routetune.records import run_record
+from routetune.records.store import FILENAME, TrialStore
+from routetune.records.trial import Trial
+from routetune.routes.route import parse_route
 
 ERROR_METRIC = "rel_l2"
 """The accuracy error the Pareto chart and the summaries use: ||out - ref|| / ||ref||,
@@ -31,7 +28,7 @@ def store_dir(path: Path) -> Path:
     """The output directory that holds the store of the records in `path`.
 
     `path` itself, or for a dated record folder (``OUTDIR/runs/<time>/``,
-    `routetune.run.runinfo.record_dir`) the output directory two levels up.
+    `routetune.run.run_record.record_dir`) the output directory two levels up.
     """
     if not (path / FILENAME).exists() and path.parent.name == "runs":
         return path.parent.parent
@@ -79,7 +76,7 @@ def stored_trials(outdir: Path, records: Path | None = None
     if not path.exists():
         raise UsageError(f"{outdir}: no {FILENAME} here; give the output directory of a "
                          "`routetune tune` run")
-    run = runinfo.read(records or outdir)
+    run = run_record.read(records or outdir)
     store = TrialStore.open(path)
     try:
         trials = store.trials()
@@ -106,7 +103,7 @@ def build_report(outdir: Path, records: Path | None = None) -> dict[str, Any]:
     Returns:
         ``run`` (``run.json``), ``trials`` (one row per trial of this run: route,
         status, reason, latency in ms, speed-up, error; the winner first, then the
-        accurate routes by speed, then the rest: `routetune.search.strategy.ranked`,
+        accurate routes by speed, then the rest: `routetune.judging.ranking.ranked`,
         the order every report shows), ``seasonings`` (`seasoning_effects`) and
         ``winner``.
 
@@ -136,7 +133,7 @@ type (``"result": []``, ``"min_speedup": "high"``), nested too deeply to render.
 def unreadable_record(folder: Path, error: BaseException) -> UsageError:
     """The one-line error for a ``run.json`` in `folder` that the report cannot use."""
     what = f"no field {error}" if isinstance(error, KeyError) else one_line(error, 200)
-    return UsageError(f"{folder / runinfo.FILENAME}: not a run record this routetune can "
+    return UsageError(f"{folder / run_record.FILENAME}: not a run record this routetune can "
                       f"read ({what}); delete it, or run `routetune tune` again")
 
 
@@ -240,44 +237,3 @@ def worst_error(trial: Trial, headline: tuple[str, bool] = (ERROR_METRIC, False)
     if not values:
         return None
     return min(values) if higher else max(values)
-
-
-def write_reports(outdir: Path, dest: Path | None = None) -> dict[str, Path]:
-    """Write ``report.json``, ``report.md`` and ``report.html`` of the run in `outdir`.
-
-    Args:
-        outdir: The run's output directory, or a dated record folder in it
-            (``OUTDIR/runs/<time>/``, whose ``run.json`` is read).
-        dest: Where to write them; default `outdir`.
-
-    Returns:
-        The paths, by format.
-
-    Raises:
-        UsageError: `outdir` holds no trial store.
-    """
-    from routetune.reporting.report_html import render_html
-    from routetune.reporting.report_text import render_markdown
-
-    refuse_links(outdir, label="")  # report writes report.* and SQLite's -wal/-shm files there
-    data = build_report(store_dir(outdir), outdir)
-    try:  # every report rendered before any is written
-        texts = {"md": render_markdown(data), "html": render_html(data),
-                 "json": json.dumps(data, indent=1, default=str) + "\n"}
-    except UNREADABLE as e:  # the trials are checked as they are read (routetune.store)
-        raise unreadable_record(outdir, e) from e
-    dest = dest or outdir
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"{dest}: cannot create the folder for the reports ({e.strerror})"
-                         ) from e
-    if not os.access(dest, os.W_OK):
-        raise UsageError(f"{dest}: a read-only folder; the reports (report.json, report.md, "
-                         f"report.html) are written there: make it writable (chmod u+w "
-                         f"{dest}), or copy the folder and report the copy")
-    paths = {"json": dest / "report.json", "md": dest / "report.md",
-             "html": dest / "report.html"}
-    for kind, path in paths.items():
-        runinfo.replace_text(path, texts[kind])  # a planted link is replaced, not followed
-    return paths

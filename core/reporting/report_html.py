@@ -28,7 +28,7 @@ from routetune.reporting.report_text import (
     speedup_text,
     winner_text,
 )
-from routetune.route import parse_route
+from routetune.routes.route import parse_route
 
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
        "img-src data:")

@@ -215,3 +215,56 @@ def conditions_text(run: dict[str, Any]) -> str:
 def _num(value: float | None, spec: str, suffix: str = "") -> str:
     return "" if value is None else f"{value:{spec}}{suffix}"
 
+
+ROUTE_WIDTH = 48
+"""Characters per line of a route in the terminal tables; it wraps only at a comma."""
+
+
+def route_steps(text: str) -> list[str]:
+    """A route's text split after each comma between steps (not those inside a step)."""
+    steps, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"{": 1, "[": 1, "}": -1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            steps.append(text[start:i + 1])
+            start = i + 1
+    steps.append(text[start:])
+    return steps
+
+
+def short_route(text: str, limit: int) -> str:
+    """A route's text in at most `limit` characters, cut between steps.
+
+    The first steps that fit, then ``… +N`` for the N left out; a first step longer than
+    `limit` is cut itself, ending in "…".
+    """
+    if len(text) <= limit:
+        return text
+    steps = route_steps(text)
+    kept = ""
+    for i, step in enumerate(steps):
+        rest = f"… +{len(steps) - i}"
+        if len(kept) + len(step) + len(rest) > limit:
+            return (kept + rest) if kept else step[:limit - 1] + "…"
+        kept += step
+    return kept
+
+
+def wrap_route(text: str, width: int = ROUTE_WIDTH, cut: bool = False) -> str:
+    """A route's text in lines of at most `width` characters, broken only after a comma.
+
+    A step is never split (``fp16{op_types_to_exclude=[Softmax,Pow]}`` stays whole,
+    however long), so each line can be copied back into a route; the commas inside a
+    step's parameters are not break points. With `cut`, a step longer than `width` is
+    shortened to `width` characters ending in "…" (the table's row number leads to the
+    whole route: ``routetune show --all`` in a wider terminal, or report.html).
+    """
+    steps = route_steps(text)
+    if cut:
+        steps = [step if len(step) <= width else step[:width - 1] + "…" for step in steps]
+    lines = [""]
+    for step in steps:
+        if lines[-1] and len(lines[-1]) + len(step) > width:
+            lines.append("")
+        lines[-1] += step
+    return "\n".join(lines)

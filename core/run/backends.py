@@ -9,7 +9,7 @@ each in a fresh process), against the first backend's base route: the figure eve
 speed-up of such a run is stated against.
 
 The winner is the contender with the highest paired speed-up whose interval clears
-``--min-speedup`` (`routetune.measure.Speedup.clears`) measured while the machine was
+``--min-speedup`` (`routetune.timing.measure.Speedup.clears`) measured while the machine was
 quiet; otherwise the first backend's base route stands. Contenders whose intervals overlap
 the winner's are named as a tie. Nothing here knows a backend by name: any number of
 backends, from any plugin, compete in the same way.
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from routetune.options import OptionError
 from routetune.registry import Registry
-from routetune.run.option_schema import OptionError
 from routetune.run.outdir import locked, make_outdir
 from routetune.run.preparation import Prepared, available_backend
 from routetune.run.run_spec import RunSpec

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from routetune.errors import UsageError
-from routetune.run.option_schema import OptionError
+from routetune.options import OptionError
+from routetune.records.run_record import refuse_links
 
 LOCK_NAME = ".routetune.lock"
 
@@ -88,28 +88,6 @@ def refuse_foreign(outdir: Path) -> None:
             "output", f" {outdir}: this folder holds other files and no routetune run; a run "
             "writes run.json, report.* and winner.* there and could replace files of yours: "
             "choose a new or empty folder")
-
-
-def refuse_links(outdir: Path, label: str = "--output ") -> None:
-    """Refuse an output directory that holds a symbolic or hard link anywhere inside it.
-
-    routetune never makes links in its folders, and it writes, appends to and
-    truncates files there (the lock file, logs, the winner's files); a link planted in a
-    folder from elsewhere would make it write outside the folder (SECURITY.md). The
-    folder itself may be a link: that is the user's own choice.
-
-    Raises:
-        UsageError: A link inside `outdir`, named, with the fix.
-    """
-    for root, dirs, files in os.walk(outdir):  # links to folders are listed, not entered
-        for name in (*dirs, *files):
-            entry = Path(root) / name
-            if entry.is_symlink() or (name in files and entry.lstat().st_nlink > 1):
-                raise UsageError(
-                    f"{label}{outdir}: {entry} is a symbolic or hard link, which "
-                    "routetune never makes (a folder from elsewhere may hold links that "
-                    "lead out of it); remove it" + (", or choose another --output"
-                                                    if label else ""))
 
 
 @contextmanager

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from routetune.backend import Backend
-from routetune.composer import RouteSpace, resolve_route
+from routetune.candidate.artifacts import MODELS, save_model
 from routetune.errors import BackendError, UsageError, one_line
+from routetune.execution import DEFAULT_TIMEOUT_S
 from routetune.feeds import examples
 from routetune.feeds.inputs import (
     load_npz,
@@ -35,20 +36,20 @@ from routetune.judging.accuracy import (
     check_outputs,
     parse_accuracy,
 )
-from routetune.model import PreparedModel, prepare, sha256, with_weights_in
+from routetune.model.loading import PreparedModel, prepare, sha256, with_weights_in
+from routetune.model.weights import import_graph
 from routetune.option_seasoning import check_option_keys
+from routetune.options import OptionError
 from routetune.plugin_manager import load_registry
+from routetune.refinement import Refinement
 from routetune.registry import Registry
-from routetune.route import Route, parse_route
-from routetune.run.option_schema import OptionError
+from routetune.routes.composer import RouteSpace, resolve_route
+from routetune.routes.route import Route, parse_route
+from routetune.routes.space import restrict_space
 from routetune.run.outdir import make_outdir
-from routetune.run.run_spec import DEFAULT_TIMEOUT_S, RunSpec
-from routetune.search.artifacts import MODELS, save_model
-from routetune.search.refinement import Refinement
+from routetune.run.run_spec import RunSpec
 from routetune.search.strategy import configure
 from routetune.seasoning import SeasoningInfo
-from routetune.space import restrict_space
-from routetune.weights import import_graph
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Prepared:
     settings_hash: str
     source: Mapping[str, Any]
     refinements: tuple[type[Refinement], ...] = ()
-    """The refinements of the seasonings offered (`routetune.search.refinement`)."""
+    """The refinements of the seasonings offered (`routetune.refinement`)."""
     profile: ShapeProfile | None = None
     base: Route = field(default_factory=Route)
     pinned: tuple[Route, ...] = ()
@@ -114,11 +115,12 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     if opts.shapes and opts.opt_shapes:
         raise OptionError("shapes", f" with {opt}: {shapes_} sets min, opt and max at once; "
                           f"give {opt} with {low}/{high} instead")
-    check_workers(opts)
+    check_workers(opts, registry)
     registry.reference_backend()  # what every candidate is checked against, before any work
     backend = available_backend(registry, opts.backend)
     check_option_keys(registry, backend)  # a plugin's misspelled option: now, not mid-search
-    strategy_options = configure(registry.strategy(opts.search), opts)  # before any work
+    strategy_options = configure(registry.strategy(opts.search), opts.search_options,  # before
+                                 opts.beam_width, opts.spelled)  # any work
     source: dict[str, Any] = {}
     shapes_flag = opts.spelled("opt_shapes" if opts.opt_shapes else "shapes")
     given_shapes = parse_shapes(opts.opt_shapes or opts.shapes, shapes_flag)
@@ -249,13 +251,14 @@ MIN_WORKER_MEMORY_MB = 512
 """The smallest ``--worker-memory``: a worker maps about 400 MiB of libraries."""
 
 
-def check_workers(opts: RunSpec) -> None:
+def check_workers(opts: RunSpec, registry: Registry) -> None:
     """Refuse worker settings that cannot work.
 
     Raises:
         UsageError: No build worker or more than CPU cores, a timeout that is not a
-            positive finite number, too little memory, or worker settings with
-            ``--in-process``.
+            positive finite number, too little memory, worker settings with
+            ``--in-process`` or an executor that takes none, an unknown executor, or a
+            cluster address for an executor that runs on none.
     """
     cores = os.cpu_count() or 1
     if not 1 <= opts.build_workers <= cores:
@@ -274,15 +277,17 @@ def check_workers(opts: RunSpec) -> None:
                           "have no workers, timeouts or memory limits; drop one or the other")
     if opts.in_process and opts.executor != "local":
         raise OptionError("in_process", f" with {opts.spelled('executor')} {opts.executor}: "
-                          "trials run in this process or on the cluster; drop one or the other")
-    if opts.executor == "ray" and (opts.build_workers != 1 or memory is not None):
-        raise OptionError("executor", f" ray with {opts.spelled('build_workers')} or "
-                          f"{opts.spelled('worker_memory_mb')}: on a Ray cluster each node "
-                          "builds as many routes at once as it has CPUs (`ray start --num-cpus`)"
-                          "; drop them")
-    if opts.executor != "ray" and opts.ray_address is not None:
+                          "trials run in this process or by that executor; drop one or the "
+                          "other")
+    executor = registry.executor(opts.executor_name)
+    if executor.refuses_worker_options and (opts.build_workers != 1 or memory is not None):
+        raise OptionError("executor", f" {executor.name} with {opts.spelled('build_workers')} "
+                          f"or {opts.spelled('worker_memory_mb')}: "
+                          f"{executor.refuses_worker_options}")
+    if not executor.cluster and opts.ray_address is not None:
         raise OptionError("ray_address", f" {opts.ray_address}: only with "
-                          f"{opts.spelled('executor')} ray; add it, or drop the address")
+                          f"{opts.spelled('executor')} ray (or another executor that runs "
+                          "on a cluster); add it, or drop the address")
 
 
 def reference_backend(registry: Registry, backend: Backend) -> Backend:

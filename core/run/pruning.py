@@ -4,7 +4,7 @@ Every trial's candidate model is kept while the search runs (workers share route
 prefixes through them). At the end, `prune` removes those of the routes nobody will
 look at again. A removed model costs nothing but time: a later run that needs it
 (a resumed confirmation, `routetune build`) applies the route again
-(`routetune.search.candidate.Candidate.checked_model`), since routes are reproducible.
+(`routetune.candidate.candidate.Candidate.checked_model`), since routes are reproducible.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from routetune.candidate.artifacts import MODELS
+from routetune.records.trial import Status, Trial
 from routetune.reporting.report import worst_error
-from routetune.search.artifacts import MODELS
-from routetune.trial import Status, Trial
 
 PREFIXES = "artifacts/prefixes"
-"""The index of shared route prefixes (`routetune.search.artifacts.PrefixStore`)."""
+"""The index of shared route prefixes (`routetune.candidate.artifacts.PrefixStore`)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from routetune.candidate.artifacts import build_engine, open_engine
+from routetune.candidate.candidate import with_preflight
+from routetune.candidate.records import TrialInputs
 from routetune.errors import (
     BuildError,
     EngineNotRunnable,
@@ -26,17 +29,14 @@ from routetune.errors import (
 )
 from routetune.judging.accuracy import Verdict, check_accuracy
 from routetune.logs import LOGS, captured, keep, quietly
+from routetune.model.weights import copy_model
+from routetune.options import OptionError
 from routetune.registry import Registry
-from routetune.route import Route
-from routetune.run.option_schema import OptionError
+from routetune.routes.route import Route
 from routetune.run.outdir import locked
 from routetune.run.preparation import prepare_run, reference_backend, reference_outputs
 from routetune.run.run_spec import RunSpec
 from routetune.run.winner import WINNER_OUTPUTS, load_outputs
-from routetune.search.artifacts import build_engine, open_engine
-from routetune.search.candidate import with_preflight
-from routetune.search.phases import TrialInputs
-from routetune.weights import copy_model
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def rebuild(opts: RunSpec, route: str | None, registry: Registry) -> Rebuilt:
     with locked(run.outdir), tempfile.TemporaryDirectory(prefix="routetune-build-") as tmp, \
             captured(log, f"build {resolved}"):
         inputs = TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (),
-                             {}, run.outdir, run.model.data, run.spec)
+                             {}, run.outdir, run.model.data, run.spec.trial_settings())
         # what the engine is checked against, first: a model that does not run is the
         # user's input to fix (exit 2), whatever a route would do to it
         stored, what = _expected(run.outdir, resolved, run.settings_hash)

@@ -21,7 +21,7 @@ Schema version 2 (``schema_version = 2``); ``routetune schema`` prints it as JSO
 - ``[measure]``: ``min_runs``, ``min_time_s``, ``latency``, ``min_speedup``,
   ``confirm_repeats``, ``busy_machine``.
 - ``[executor]``: ``name`` (``local`` or ``ray``) and ``ray_address``: where trials run
-  (`routetune.search.ray_pool`).
+  (`routetune.plugins.ray.pool`).
 
 The tables other than ``[model]``'s validator, ``[[seasonings]]`` and ``[accuracy]
 outputs`` are made from the option declarations (`routetune.run.run_spec.RunSpec`).
@@ -46,7 +46,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from routetune.errors import UsageError, one_line
-from routetune.run.option_schema import OptionError, OptionInfo, options_of
+from routetune.options import OptionError, OptionInfo, options_of
 from routetune.run.recipe_problems import field_path, plugin_problems, schema_problem
 from routetune.run.run_spec import RunSpec
 

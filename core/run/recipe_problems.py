@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from routetune.errors import RoutetuneError
-from routetune.run.option_schema import OptionError
+from routetune.options import OptionError
 
 if TYPE_CHECKING:
     from routetune.registry import Registry
@@ -45,8 +45,8 @@ def plugin_problems(doc: dict[str, Any], registry: Registry) -> list[str]:
     It reads the TOML document itself, so that a recipe that the schema refuses gets
     these problems in the same message; a field of the wrong type is the schema's.
     """
-    from routetune.composer import resolve_route
-    from routetune.route import parse_route
+    from routetune.routes.composer import resolve_route
+    from routetune.routes.route import parse_route
 
     problems: list[str] = []
 

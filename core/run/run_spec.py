@@ -3,8 +3,8 @@
 The command line, a recipe and the Python API each give values; `merge` combines them
 (what was given overrides the recipe, the recipe overrides the defaults) into one
 `RunSpec`, which flows unchanged from the entry point to the worker processes
-(`routetune.search.phases.TrialInputs.spec`). The option table is the dataclass itself
-(`routetune.run.option_schema`).
+(`routetune.candidate.records.TrialInputs.spec`). The option table is the dataclass itself
+(`routetune.options`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from routetune.conditions import MODES
+from routetune.candidate.records import TrialSettings
 from routetune.errors import UsageError
+from routetune.execution import DEFAULT_TIMEOUT_S
 from routetune.judging.accuracy import DEFAULT_ACCURACY
 from routetune.judging.verdict import CONFIRM_REPEATS, DEFAULT_MIN_SPEEDUP
-from routetune.measure import MeasureSettings
-from routetune.route import parse_value
-from routetune.run.option_schema import (
+from routetune.options import (
     OptionError,
     OptionInfo,
     Source,
@@ -32,6 +31,9 @@ from routetune.run.option_schema import (
     problem,
     values_of,
 )
+from routetune.routes.route import parse_value
+from routetune.timing.conditions import MODES
+from routetune.timing.measure import MeasureSettings
 
 if TYPE_CHECKING:
     from routetune.registry import Registry
@@ -40,14 +42,6 @@ BOTH = ("tune", "build")
 
 KEEP = ("all", "front", "winner")
 """``--keep`` choices (`routetune.run.pruning`)."""
-
-EXECUTORS = ("local", "ray")
-"""``--executor`` choices: `routetune.search.local_pool.LocalPool`,
-`routetune.search.ray_pool.RayPool`."""
-
-DEFAULT_TIMEOUT_S = 1800.0
-"""Default per-phase timeout in seconds: a large TensorRT build at optimisation level 5
-can take many minutes; a hang still ends."""
 
 
 def _names(value: str | Iterable[str]) -> tuple[str, ...]:
@@ -66,7 +60,7 @@ def _path(value: str | Path) -> Path:
 
 
 def _space(terms: list[str] | None) -> dict[str, dict[str, tuple[Any, ...]]]:
-    from routetune.space import parse_space
+    from routetune.routes.space import parse_space
 
     return parse_space(terms or ())
 
@@ -192,9 +186,10 @@ class RunSpec:
         False, help="Run trials in this process, one at a time, without isolation or "
         "timeouts (for debugging plugins).", flag="--in-process")
     executor: str = option(
-        "local", help="Where trials run: local (worker processes on this machine) or ray "
-        "(the nodes of a Ray cluster, see --ray-address; needs the ray extra).",
-        recipe="executor.name", choices=EXECUTORS)
+        "local", help="Where trials run: local (worker processes on this machine), ray "
+        "(the nodes of a Ray cluster, see --ray-address; needs the ray extra) or a "
+        "plugin's (`routetune seasonings` lists them).",
+        recipe="executor.name")
     ray_address: str | None = option(
         None, help="The Ray cluster of --executor ray: its head's HOST:PORT, or auto (the "
         "cluster `ray start` started on this machine); default: start Ray here for the run.",
@@ -245,6 +240,15 @@ class RunSpec:
             if reworded is e:
                 raise
             raise reworded from e
+
+    @property
+    def executor_name(self) -> str:
+        """Where trials run: ``in-process`` with ``--in-process``, else ``--executor``."""
+        return "in-process" if self.in_process else self.executor
+
+    def trial_settings(self) -> TrialSettings:
+        """What a candidate's work takes of these options (`TrialInputs.settings`)."""
+        return TrialSettings(self.measure, self.backend_options, self.busy_machine)
 
     def check(self) -> None:
         """Check every option's value against its declared bounds and choices.

@@ -2,7 +2,7 @@
 
 Every backend's base route and winner are built again and timed together in loops of
 interleaved paired blocks, each loop in a fresh process, and the loops' speed-ups are
-combined (`routetune.measure.across_repeats`).
+combined (`routetune.timing.measure.across_repeats`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from routetune.candidate.artifacts import open_engine
+from routetune.candidate.candidate import CONFIRM_BLOCKS, with_preflight
+from routetune.candidate.pairing import PairedTiming
+from routetune.candidate.records import Recorded, TrialInputs
 from routetune.judging.verdict import CONFIRM_REPEATS
-from routetune.measure import (
+from routetune.plugin_manager import load_registry
+from routetune.records.trial import Status, Trial
+from routetune.registry import Registry
+from routetune.run.preparation import Prepared, reference_backend
+from routetune.signals import spawning_quietly
+from routetune.timing.measure import (
     Block,
     Latency,
     MeasureSettings,
@@ -26,15 +35,6 @@ from routetune.measure import (
     measure_blocks,
     paired_speedup,
 )
-from routetune.plugin_manager import load_registry
-from routetune.registry import Registry
-from routetune.run.preparation import Prepared, reference_backend
-from routetune.search.artifacts import open_engine
-from routetune.search.candidate import CONFIRM_BLOCKS, with_preflight
-from routetune.search.pairing import PairedTiming
-from routetune.search.phases import Recorded, TrialInputs
-from routetune.signals import spawning_quietly
-from routetune.trial import Status, Trial
 
 if TYPE_CHECKING:
     from routetune.run.tuning import TuneResult
@@ -80,7 +80,7 @@ def side_by_side(prepared: Sequence[Prepared], runs: Sequence[TuneResult],
     loop runs in a fresh process (spawned; in this one with `in_process`), which builds
     the engines anew and times them in `CONFIRM_BLOCKS` blocks at least and three times
     the search's time. The loops' speed-ups are combined
-    (`routetune.measure.across_repeats`): how much faster one engine is than another
+    (`routetune.timing.measure.across_repeats`): how much faster one engine is than another
     moves from one process to the next and over seconds, beyond one loop's interval.
 
     Returns:
@@ -151,7 +151,7 @@ def timed_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial]],
 
     Runs in a fresh process (`side_by_side`): the registry is loaded here. A job whose
     engine cannot be rebuilt is left out, with its reason. The loop is watched as a
-    trial's measurement is (`routetune.search.pairing.PairedTiming`), on the first
+    trial's measurement is (`routetune.candidate.pairing.PairedTiming`), on the first
     job's inputs.
     """
     registry = load_registry()
@@ -169,7 +169,7 @@ def timed_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial]],
         if not runners:
             return Loop(timed, failed, [], [], {})
         watch = PairedTiming(registry.backend(first.backend)(first.profile), first)
-        quiet = logging.getLogger("routetune.conditions")
+        quiet = logging.getLogger("routetune.timing.conditions")
         quiet.disabled = True  # a wait is recorded in `conditions`, not logged line by line
         try:
             (latencies, blocks), conditions = watch.watched(
@@ -187,7 +187,7 @@ def _over_loops(loops: Sequence[Loop], k: int, base: int | None
                 ) -> tuple[Latency, Speedup | None]:
     """Runner `k`'s latency and paired speed-up over `base` from several loops.
 
-    The speed-up combines the loops' (`routetune.measure.across_repeats`); the latency
+    The speed-up combines the loops' (`routetune.timing.measure.across_repeats`); the latency
     is that of the loop with the median speed-up (the first loop's without a base).
     """
     if base is None:
@@ -199,7 +199,7 @@ def _over_loops(loops: Sequence[Loop], k: int, base: int | None
 
 def _inputs(run: Prepared) -> TrialInputs:
     return TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (), {},
-                       run.outdir, run.model.data, run.spec)
+                       run.outdir, run.model.data, run.spec.trial_settings())
 
 
 def _open(registry: Registry, inputs: TrialInputs, base: tuple[Any, ...], trial: Trial

@@ -13,25 +13,26 @@ from pathlib import Path
 from typing import Any
 
 from routetune.errors import StorageError, UsageError
+from routetune.execution.executor import Executor, ExecutorSettings
+from routetune.execution.local_pool import TIMELINE
 from routetune.judging.accuracy import check_accuracy
+from routetune.judging.ranking import ranked
 from routetune.judging.verdict import DEFAULT_MIN_SPEEDUP, confirm_winner
 from routetune.logs import LOGS, keep, quietly
+from routetune.records import run_record
+from routetune.records.store import FILENAME, TrialStore
+from routetune.records.trial import Confirmation, Status, Trial
 from routetune.registry import Registry
-from routetune.reporting.report import write_reports
-from routetune.route import Route, Step
+from routetune.reporting.files import write_reports
+from routetune.routes.route import Route, Step
 from routetune.run import runinfo
 from routetune.run.outdir import locked, move_aside
 from routetune.run.preparation import Prepared, prepare_run, reference_backend, reference_outputs
 from routetune.run.pruning import Pruned, prune
 from routetune.run.run_spec import RunSpec
 from routetune.run.winner import WINNER_OUTPUTS, save_outputs, write_winner
-from routetune.search.executor import Executor, InlineExecutor
-from routetune.search.local_pool import TIMELINE, LocalPool
 from routetune.search.loop import Budget, SearchLoop
-from routetune.search.phases import Confirmation
-from routetune.search.strategy import Strategy, ranked
-from routetune.store import FILENAME, TrialStore
-from routetune.trial import Status, Trial
+from routetune.search.strategy import Strategy
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ class TuneResult:
         Returns:
             The paths, by format (``html``, ``md``, ``json``).
         """
-        from routetune.reporting.report import write_reports
+        from routetune.reporting.files import write_reports
 
         records = self.files["run"].parent if "run" in self.files else self.outdir
         return write_reports(records, Path(path) if path is not None else None)
@@ -230,20 +231,21 @@ def _tune_locked(
         if opts.fresh:
             move_aside(store_path)
             move_aside(run.outdir / "artifacts" / TIMELINE)
-            move_aside(run.outdir / runinfo.FILENAME)
+            move_aside(run.outdir / run_record.FILENAME)
         store = TrialStore.open(store_path)
     except BaseException:
         executor.close()
         raise
     try:
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
-                          run.constraint, store, run.outdir, opts, run.settings_hash,
+                          run.constraint, store, run.outdir, opts.trial_settings(),
+                          run.settings_hash,
                           reference, [r(run.registry) for r in run.refinements],
                           base=run.base, executor=executor)
         run.base_passes = loop.base_passes
         record = runinfo.start_record(run, opts, loop.versions)
-        records = runinfo.record_dir(run.outdir, record)
-        runinfo.write(records, record)
+        records = run_record.record_dir(run.outdir, record)
+        run_record.write(records, record)
         strategy = run.registry.strategy(opts.search)(run.space, run.strategy_options)
         skipped = [loop.record_skipped(Route((Step(n),)), reason)
                    for n, reason in run.not_applicable.items()]
@@ -288,7 +290,7 @@ def _tune_locked(
         store.close()
     result = _finish(run, opts, trials, store_path, winner, reason, confirmations,
                      loop.stopped, records, frozenset(fresh))
-    result.files["run"] = runinfo.write(records, runinfo.finish_record(record, result))
+    result.files["run"] = run_record.write(records, runinfo.finish_record(record, result))
     if winner.status == Status.OK and (records / WINNER_OUTPUTS).is_file():
         result.files["outputs"] = records / WINNER_OUTPUTS  # listed in `tune`'s last line
     result.files.update({f"report.{k}": v
@@ -316,20 +318,15 @@ def plan(strategy: Strategy, run: Prepared, opts: RunSpec) -> Plan:
 
 
 def make_executor(run: Prepared, opts: RunSpec) -> Executor:
-    """The executor `opts` asks for: worker processes (`LocalPool`) unless in-process.
+    """The executor `opts` asks for, from the registry (`RunSpec.executor_name`).
 
-    Measuring workers: one per GPU that runs this backend's engines
-    (`Backend.gpus`), or one for the host CPU. With ``--executor ray``, a
-    `routetune.search.ray_pool.RayPool` (Ray is imported only then).
+    Its measuring workers: one per GPU that runs this backend's engines
+    (`Backend.gpus`), or one for the host CPU.
     """
-    if opts.in_process:
-        return InlineExecutor()
     gpus = run.backend.gpus(run.backend.full_settings(run.backend_options))
-    if opts.executor == "ray":
-        from routetune.search.ray_pool import RayPool
-
-        return RayPool(opts.ray_address, run.backend.name, bool(gpus), opts.trial_timeout_s)
-    return LocalPool(opts.build_workers, gpus, opts.trial_timeout_s, opts.worker_memory_mb)
+    settings = ExecutorSettings(run.backend.name, tuple(gpus), opts.build_workers,
+                                opts.trial_timeout_s, opts.worker_memory_mb, opts.ray_address)
+    return run.registry.executor(opts.executor_name).make(settings)
 
 
 def _finish(run: Prepared, opts: RunSpec, trials: list[Trial], store: Path, winner: Trial,

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from routetune.candidate.artifacts import matches_record
 from routetune.errors import StorageError
+from routetune.model.weights import copy_model, save_standalone
 from routetune.run.recipe import write_winner_recipe
-from routetune.search.artifacts import matches_record
-from routetune.weights import copy_model, save_standalone
 
 if TYPE_CHECKING:
     from routetune.run.preparation import Prepared

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routetune import hookimpl
+from routetune.hookspecs import hookimpl
 from routetune.registry import Registry
 from routetune.search.beam import Beam
 from routetune.search.exhaustive import Exhaustive

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from routetune.route import Route
-from routetune.run.option_schema import option
-from routetune.search.strategy import Strategy, rank_key
-from routetune.trial import Status, Trial
+from routetune.judging.ranking import rank_key
+from routetune.options import option
+from routetune.records.trial import Status, Trial
+from routetune.routes.route import Route
+from routetune.search.strategy import Strategy
 
 
 @dataclass(frozen=True)

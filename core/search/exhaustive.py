@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from routetune.route import Route
+from routetune.routes.route import Route
 from routetune.search.strategy import Strategy
 
 

@@ -1,7 +1,7 @@
 """The search loop: ask the strategy for routes, run them on an executor, store trials.
 
 The loop owns everything a strategy must not do: budgets, persistence, deduplication,
-and the order in which results are told. The executor (`routetune.search.executor`)
+and the order in which results are told. The executor (`routetune.execution.executor`)
 builds, checks and times candidates, in worker processes by default; a failure inside
 one candidate becomes that trial's status and reason, and the search goes on.
 
@@ -26,21 +26,27 @@ import onnx_graphsurgeon as gs
 
 import routetune
 from routetune.backend import Backend
+from routetune.candidate.candidate import with_preflight
+from routetune.candidate.records import (
+    BUILT,
+    Outcome,
+    Recorded,
+    StoredEngine,
+    TrialInputs,
+    TrialSettings,
+)
+from routetune.execution.executor import NOT_MEASURED, Executor, InlineExecutor, Job
 from routetune.judging.accuracy import Constraint
 from routetune.judging.judge import judged
 from routetune.logs import LOGS, captured
-from routetune.model import PreparedModel, sha256
+from routetune.model.loading import PreparedModel, sha256
+from routetune.records.store import TrialStore
+from routetune.records.trial import Confirmation, Status, Trial
+from routetune.refinement import Refinement
 from routetune.registry import Registry
-from routetune.route import Route
-from routetune.run.run_spec import RunSpec
-from routetune.search.candidate import with_preflight
-from routetune.search.executor import NOT_MEASURED, Executor, InlineExecutor, Job
-from routetune.search.phases import BUILT, Confirmation, Outcome, Recorded, TrialInputs
-from routetune.search.refinement import Refinement
+from routetune.routes.route import Route
 from routetune.search.strategy import Strategy
 from routetune.signals import interrupted
-from routetune.store import TrialStore
-from routetune.trial import Status, Trial
 
 logger = logging.getLogger(__name__)
 
@@ -69,13 +75,14 @@ class SearchLoop:
         constraint: The accuracy constraint.
         store: The trial store.
         outdir: The output directory; candidate models go under ``artifacts/``.
-        spec: The run as asked for (how long to time, the build options every route
-            starts from, the busy-machine policy); it goes to the workers unchanged.
+        settings: What the candidates' work takes of the run's options (how long to
+            time, the build options every route starts from, the busy-machine policy);
+            it goes to the workers with the inputs.
         settings_hash: sha256 of the inputs, constraint and measurement settings.
         reference: The backend that runs models in FP32 for precision seasonings
             (`Backend.evaluate`); None for none.
         refinements: The refinements of the seasonings offered, called after each batch
-            (`routetune.search.refinement`), such as precision-repair's. Their trials
+            (`routetune.refinement`), such as precision-repair's. Their trials
             are stored and compete for the win, but are not told to the strategy.
         base: Graph and precision steps applied to every route, the base route
             included (a recipe's ``base``), after the backend's preflight (the pinned prefix).
@@ -97,7 +104,7 @@ class SearchLoop:
         constraint: Constraint,
         store: TrialStore,
         outdir: Path,
-        spec: RunSpec,
+        settings: TrialSettings,
         settings_hash: str,
         reference: Backend | None = None,
         refinements: Sequence[Refinement] = (),
@@ -121,7 +128,7 @@ class SearchLoop:
         inputs = TrialInputs(model, backend.name, backend.profile, tuple(feeds),
                              tuple(references),
                              constraint.tolerance_map(list(references[0]) if references else []),
-                             outdir, model.data, spec, reference=reference is not None,
+                             outdir, model.data, settings, reference=reference is not None,
                              task_params=constraint.task_params())
         with captured(outdir / LOGS / "base.log", "preflight"):
             local, self.base_passes = with_preflight(registry, inputs, backend, reference,
@@ -334,14 +341,12 @@ class SearchLoop:
         """Re-measure a stored trial against the base route in a fresh worker process.
 
         Both engines are built anew and timed in paired blocks
-        (`routetune.search.candidate.Candidate.confirm`).
+        (`routetune.candidate.candidate.Candidate.confirm`).
 
         Raises:
             BuildError: An engine could not be rebuilt.
         """
-        return self.executor.call("confirm", trial.route, trial.artifact,
-                                  dict(trial.settings), trial.fingerprint, _recorded(trial),
-                                  fresh=True)
+        return self.executor.confirm(_stored(trial))
 
     def outputs(self, trial: Trial) -> list[dict[str, np.ndarray]] | None:
         """Rebuild a stored trial's engine and run it on every input set.
@@ -352,8 +357,7 @@ class SearchLoop:
         """
         if not trial.artifact:
             return None
-        return self.executor.call("outputs", trial.route, trial.artifact,
-                                  dict(trial.settings), trial.fingerprint, _recorded(trial))
+        return self.executor.outputs(_stored(trial))
 
     def record_skipped(self, route: Route, reason: str) -> Trial:
         """Store a route that was not built (a seasoning that does not apply)."""
@@ -375,9 +379,11 @@ class SearchLoop:
         self.executor.close()
 
 
-def _recorded(trial: Trial) -> Recorded:
-    """What the store recorded of the trial's build, for the worker to check files against."""
-    return Recorded(trial.candidate_sha256 or "", trial.engine_sha256 or "")
+def _stored(trial: Trial) -> StoredEngine:
+    """A stored trial's engine, and what the store recorded of its build."""
+    return StoredEngine(trial.route, trial.artifact or "", dict(trial.settings),
+                        trial.fingerprint,
+                        Recorded(trial.candidate_sha256 or "", trial.engine_sha256 or ""))
 
 
 def _versions(backend: Backend) -> dict[str, str]:

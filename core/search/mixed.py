@@ -21,13 +21,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from routetune.composer import RouteSpace
-from routetune.route import Route
-from routetune.run.option_schema import option
+from routetune.judging.ranking import rank_key
+from routetune.options import option
+from routetune.records.trial import Status, Trial
+from routetune.routes.composer import RouteSpace
+from routetune.routes.route import Route
 from routetune.search.one_at_a_time import single_changes
-from routetune.search.strategy import Strategy, rank_key
+from routetune.search.strategy import Strategy
 from routetune.seasoning import ParamValue, SeasoningInfo
-from routetune.trial import Status, Trial
 
 
 def beats_base(trial: Trial) -> bool:

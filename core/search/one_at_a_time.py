@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from routetune.composer import RouteSpace, canonical_step
-from routetune.route import Route, Step
+from routetune.routes.composer import RouteSpace, canonical_step
+from routetune.routes.route import Route, Step
 from routetune.search.strategy import Strategy
 
 

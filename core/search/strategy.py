@@ -6,18 +6,15 @@ Strategies do no I/O, no timing and no building: `routetune.search.loop` owns th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
-from routetune.composer import RouteSpace
 from routetune.errors import UsageError
-from routetune.route import Route
-from routetune.run.option_schema import OptionError, build, check_keyword, options_of, problem
-from routetune.trial import Status, Trial
-
-if TYPE_CHECKING:
-    from routetune.run.run_spec import RunSpec
+from routetune.options import OptionError, build, check_keyword, options_of, problem
+from routetune.records.trial import Trial
+from routetune.routes.composer import RouteSpace
+from routetune.routes.route import Route
 
 
 @dataclass(frozen=True)
@@ -63,67 +60,34 @@ class Strategy:
         return None
 
 
-class Rank(NamedTuple):
-    """How good an accurate trial is; smaller sorts first (`rank_key`).
-
-    Args:
-        relative: p50 over the base route's measured alongside (a ratio; inf without
-            a base measurement).
-        ms: p50 in ms, which decides only when no trial has a base measurement (the
-            base route could not be built); inf when unmeasured.
-        steps: The route's seasonings, parameters not counted
-            (``fp16{op_types_to_exclude=[Softmax,Pow]}`` is one step).
-        text: The route's text, so that the order is total.
-    """
-
-    relative: float
-    ms: float
-    steps: int
-    text: str
-
-
-def rank_key(trial: Trial) -> Rank:
-    """Sort key of accurate trials: faster first, then fewer steps, then by text.
-
-    Speed is the p50 relative to the base route measured alongside (`Trial.relative`:
-    the inverse of the paired speed-up), never milliseconds of different moments.
-    """
-    relative = trial.relative
-    return Rank(relative.p50 if relative else float("inf"),
-                trial.latency.p50 if trial.latency else float("inf"),
-                len(trial.steps), trial.route)
-
-
-def ranked(trials: Sequence[Trial], winner: Trial | None = None) -> list[Trial]:
-    """The trials as a reader wants them: the winner, the accurate by `rank_key`, the rest.
-
-    The rest (failed, skipped) keep `rank_key`'s order too (measured ones by speed).
-    """
-    rest = sorted((t for t in trials if t is not winner),
-                  key=lambda t: ((0 if t.status == Status.OK else 1), *rank_key(t)))
-    return ([winner] if winner is not None else []) + rest
-
-
-def configure(cls: type[Strategy], spec: RunSpec) -> Any:
+def configure(cls: type[Strategy], search_options: Mapping[str, Any],
+              beam_width: int | None = None,
+              spelled: Callable[[str], str] = lambda name: name) -> Any:
     """The strategy's `Strategy.Options` from the run's ``search_options``.
 
-    ``beam_width`` is the shorthand of the beam strategy's option of that name.
+    Args:
+        cls: The strategy.
+        search_options: Its options, by name, as given.
+        beam_width: ``--beam-width``, the shorthand of the beam strategy's option of
+            that name; None when not given.
+        spelled: An option's name as the user wrote it (``--search-option``, a recipe
+            field, a keyword), for the message that names two of them.
 
     Raises:
         OptionError: An option the strategy does not declare, a value of the wrong
             type or out of its bounds, or ``beam_width`` given twice with two values;
-            it names the option as the user wrote it.
+            the run rewords it after where the option was written.
     """
     declared = {o.name: o for o in options_of(cls.Options)}
-    given = dict(spec.search_options)
-    if spec.beam_width is not None:
-        other = given.get("beam_width", spec.beam_width)
-        if other != spec.beam_width:  # two values for one option: neither wins silently
-            raise OptionError("beam_width", f" {spec.beam_width}: {spec.spelled('search_options')}"
+    given = dict(search_options)
+    if beam_width is not None:
+        other = given.get("beam_width", beam_width)
+        if other != beam_width:  # two values for one option: neither wins silently
+            raise OptionError("beam_width", f" {beam_width}: {spelled('search_options')}"
                               f" also sets beam_width={other!r}; give one of them")
-        given["beam_width"] = spec.beam_width
+        given["beam_width"] = beam_width
     for key, value in given.items():
-        where = "beam_width" if key == "beam_width" and spec.beam_width is not None else (
+        where = "beam_width" if key == "beam_width" and beam_width is not None else (
             "search_options")
         shown = f" {value}" if where == "beam_width" else f" {key}={value!r}"
         if key not in declared:

@@ -3,7 +3,7 @@
 Two Cast patterns are legal ONNX that rewrites must not leave behind (issue 14, kind 6):
 a Cast to the type its input already has, which ONNX Runtime's optimiser has been seen
 to break on (onnxruntime#32416), and two Casts of one tensor to one type, which do the
-same work twice. `tidy_casts` removes both; `routetune.postconditions.cast_faults` finds them.
+same work twice. `tidy_casts` removes both; `routetune.model.postconditions.cast_faults` finds them.
 """
 
 from __future__ import annotations

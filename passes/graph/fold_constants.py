@@ -11,6 +11,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from routetune.errors import PostconditionError
+from routetune.model.weights_check import resolving_in
 from routetune.passes.graph.constants import (
     constant_node,
     inferred_types,
@@ -20,7 +21,6 @@ from routetune.passes.graph.constants import (
 )
 from routetune.passes.graph.fold_if import inline_constant_ifs
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-from routetune.weights_check import resolving_in
 
 if TYPE_CHECKING:
     from routetune.backend import Backend

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from routetune.model.weights_check import resolving_in
 from routetune.passes.graph.constants import (
     copy_graph,
     inferred_types,
@@ -20,7 +21,6 @@ from routetune.passes.graph.constants import (
     unique_name,
 )
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-from routetune.weights_check import resolving_in
 
 if TYPE_CHECKING:
     from routetune.backend import Backend

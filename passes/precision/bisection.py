@@ -1,6 +1,6 @@
 """Precision repair in the search: after an accuracy failure, find how few nodes must stay FP32.
 
-``precision-repair``'s refinement (`RepairRefinement`, `routetune.search.refinement`):
+``precision-repair``'s refinement (`RepairRefinement`, `routetune.refinement`):
 the search loop calls it after each batch when the seasoning is offered.
 
 After each batch of routes a strategy asks for, the loop picks, for each precision
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from routetune.judging.ranking import rank_key
+from routetune.records.trial import Status, Trial
+from routetune.refinement import Refinement, Skip, Visit
 from routetune.registry import Registry
-from routetune.route import Route, Step
-from routetune.search.refinement import Refinement, Skip, Visit
-from routetune.search.strategy import rank_key
+from routetune.routes.route import Route, Step
 from routetune.seasoning import SeasoningInfo
-from routetune.trial import Status, Trial
 
 REPAIR = "precision-repair"
 """The seasoning the refinement inserts (`routetune.passes.precision.repair`)."""

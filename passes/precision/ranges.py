@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from routetune.model import with_intermediates
+from routetune.model.loading import with_intermediates
 from routetune.passes.graph.constants import constant_value, copy_graph
 from routetune.seasoning import RouteContext
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from routetune.model import with_intermediates
+from routetune.model.loading import with_intermediates
 
 LOW_DTYPES = frozenset({"float16", "bfloat16"})
 

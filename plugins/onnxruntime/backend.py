@@ -20,7 +20,7 @@ import onnxruntime as ort
 
 from routetune.backend import Backend, Engine, Feed, OptionSpec, Runner
 from routetune.errors import BuildError
-from routetune.float_env import FloatEnv, flushing
+from routetune.timing.float_env import FloatEnv, flushing
 
 NS = "onnxruntime."
 CONFIG = NS + "config."
@@ -321,7 +321,7 @@ def engine_float_env(settings: Mapping[str, Any]) -> FloatEnv | None:
 
     ONNX Runtime sets them in the thread that makes the process's first such session and
     never again, and runs a session's nodes in the calling thread too; the search keeps
-    them out of the thread (`routetune.float_env`) and turns them on around this
+    them out of the thread (`routetune.timing.float_env`) and turns them on around this
     engine's calls, as a process that made this one session would have them.
     """
     if settings.get(CONFIG + "session.set_denormal_as_zero") != "1":

@@ -20,7 +20,7 @@ from onnxruntime.quantization import (
     CalibrationDataReader,
 )
 
-from routetune.model import FLOAT_TYPES, with_intermediates
+from routetune.model.loading import FLOAT_TYPES, with_intermediates
 from routetune.plugins.onnxruntime.backend import reference_options
 
 QUANTIZED_OPS = frozenset({

@@ -45,7 +45,7 @@ from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_d
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from routetune.backend import Backend
-from routetune.model import name_nodes
+from routetune.model.loading import name_nodes
 from routetune.passes.graph.casts import tidy_casts
 from routetune.passes.graph.constants import copy_graph, inferred_types, replace_graph
 from routetune.passes.precision.lowering import LOWERED, Lowering

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import onnx_graphsurgeon as gs
 
-from routetune.model import name_nodes
+from routetune.model.loading import name_nodes
 from routetune.passes.graph.constants import replace_graph
 from routetune.plugins.onnxruntime.calibration import low_precision, quantized_ops
 from routetune.seasoning import (

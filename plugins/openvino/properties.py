@@ -165,7 +165,7 @@ OvDenormals = option_seasoning("OvDenormals", SeasoningInfo(
        whose activations decay towards zero; the accuracy check says whether the zeroed
        values mattered. Compiling also turns them on in the calling thread, for the rest
        of the process (OpenVINO 2026.4.1); the search keeps that out of the thread
-       (`routetune.float_env`), so later trials and accuracy checks are unchanged.
+       (`routetune.timing.float_env`), so later trials and accuracy checks are unchanged.
     """)
 
 

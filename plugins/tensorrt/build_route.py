@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from routetune.errors import PluginError
 from routetune.option_seasoning import set_options
-from routetune.route import parse_scalar
+from routetune.routes.route import parse_scalar
 from routetune.seasoning import (
     Param,
     ParamValue,

@@ -13,7 +13,7 @@ from routetune.feeds.inputs import (
     shared_dim_conflict,
     synthesize,
 )
-from routetune.model import TensorSpec
+from routetune.model.loading import TensorSpec
 
 X = TensorSpec("x", np.dtype(np.float32), ("N", 3, "H", "W"))
 IDS = TensorSpec("ids", np.dtype(np.int64), (1, 8))

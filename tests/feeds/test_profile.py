@@ -8,7 +8,7 @@ import pytest
 from routetune.errors import UsageError
 from routetune.feeds.inputs import parse_shapes, resolve_shapes
 from routetune.feeds.profile import ShapeProfile, make_profile
-from routetune.model import TensorSpec
+from routetune.model.loading import TensorSpec
 
 SPECS = (TensorSpec("x", np.dtype(np.float32), ("N", 3, "H", "W")),
          TensorSpec("scale", np.dtype(np.float32), (1,)))

@@ -172,8 +172,8 @@ def test_ambiguous_or_incomplete_expressions_are_one_line(registry: Registry, te
 def test_the_metrics_of_each_input_set_say_which_set_an_error_comes_from(
         registry: Registry, tmp_path) -> None:  # noqa: ANN001
     from routetune.judging.judge import measurement
-    from routetune.store import TrialStore
-    from routetune.trial import Trial
+    from routetune.records.store import TrialStore
+    from routetune.records.trial import Trial
 
     refs = [{"y": np.ones(4, np.float32)}, {"y": np.arange(4, dtype=np.float32)}]
     outs = [{"y": np.ones(4, np.float32)}, {"y": np.array([0, 1, 2, 5], np.float32)}]

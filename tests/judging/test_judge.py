@@ -13,11 +13,11 @@ from quick import quick_spec
 
 from routetune.judging.accuracy import AccuracyMeasurement, Unjudgeable, judge, parse_accuracy
 from routetune.judging.judge import judged
+from routetune.records.store import SCHEMA_VERSION, TrialStore
+from routetune.records.trial import Status, Trial
 from routetune.registry import Registry
 from routetune.reporting.report import build_report
 from routetune.run.tuning import tune
-from routetune.store import SCHEMA_VERSION, TrialStore
-from routetune.trial import Status, Trial
 
 DATA = Path(__file__).parents[1] / "data"
 

@@ -19,7 +19,7 @@ from routetune.feeds import sample_inputs
 from routetune.feeds.examples import examples, load_inputs
 from routetune.judging.accuracy import check_accuracy, check_outputs, parse_accuracy
 from routetune.judging.task_metrics import TASK_METRICS, ctc_greedy
-from routetune.model import prepare
+from routetune.model.loading import prepare
 from routetune.registry import Registry
 
 METRICS = {m.name: m for m in TASK_METRICS}

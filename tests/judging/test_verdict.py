@@ -7,9 +7,8 @@ import dataclasses
 import pytest
 
 from routetune.judging.verdict import confirm_winner, pick_winner
-from routetune.measure import Latency, Speedup
-from routetune.search.phases import Confirmation
-from routetune.trial import Trial
+from routetune.records.trial import Confirmation, Trial
+from routetune.timing.measure import Latency, Speedup
 
 LAT = Latency(40, 1.0, 1.1, 1.2, 1.0, 0.95, 1.05)
 
@@ -48,7 +47,7 @@ def test_the_runner_up_is_confirmed_before_the_base_route_is_kept() -> None:
 
 def test_a_route_holds_only_if_it_clears_in_every_fresh_process() -> None:
     """One loop's interval misses how the engines' relative speed moves over seconds
-    (`routetune.measure.across_repeats`): a win must hold in each repeat."""
+    (`routetune.timing.measure.across_repeats`): a win must hold in each repeat."""
     trials = [trial("base", None), trial("a", 1.40), trial("b", 1.30)]
     confirm, asked = confirmer({"a": [1.45, 1.02, 1.50], "b": [1.30, 1.20, 1.25]})
     winner, reason, done = confirm_winner(trials, confirm)

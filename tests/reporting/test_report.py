@@ -20,7 +20,8 @@ from quick import quick_spec
 
 from routetune.errors import UsageError
 from routetune.reporting.charts import TOP_SPEEDUPS, pareto_chart, speedup_chart
-from routetune.reporting.report import build_report, write_reports
+from routetune.reporting.files import write_reports
+from routetune.reporting.report import build_report
 from routetune.reporting.report_html import render_html, route_html
 from routetune.run.tuning import tune
 

@@ -14,8 +14,9 @@ from graphs import matmul_chain
 from quick import QUICK_FLAGS, QUICK_KEYWORDS
 
 import routetune
-from routetune.measure import Latency, Speedup
+from routetune.options import check_keyword, options_of
 from routetune.plugin_manager import load_registry
+from routetune.records.trial import Trial
 from routetune.run.backends import (
     BackendsResult,
     Contender,
@@ -24,12 +25,11 @@ from routetune.run.backends import (
     tune_backends,
     write,
 )
-from routetune.run.option_schema import check_keyword, options_of
 from routetune.run.preparation import Prepared
 from routetune.run.run_spec import RunSpec, merge
 from routetune.run.side_by_side import side_by_side
 from routetune.run.winner import WINNER_OUTPUTS, load_outputs
-from routetune.trial import Trial
+from routetune.timing.measure import Latency, Speedup
 
 LAT = Latency(40, 1.0, 1.1, 1.2, 1.0, 0.95, 1.05)
 

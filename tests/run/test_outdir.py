@@ -8,11 +8,11 @@ from graphs import matmul_chain
 from quick import quick_spec
 
 from routetune.errors import UsageError
-from routetune.model import sha256
+from routetune.model.loading import sha256
+from routetune.records.store import TrialStore
+from routetune.records.trial import Trial
 from routetune.run.outdir import make_outdir, move_aside
 from routetune.run.tuning import tune
-from routetune.store import TrialStore
-from routetune.trial import Trial
 
 
 def test_move_aside_never_overwrites_an_earlier_backup(tmp_path: Path) -> None:

@@ -10,11 +10,11 @@ import pytest
 from graphs import conv_bn, matmul_chain
 from quick import quick_spec
 
+from routetune.candidate.artifacts import MODELS
+from routetune.records.trial import Trial
 from routetune.reporting.report import worst_error
 from routetune.run.pruning import PREFIXES, accurate_front, kept_trials
 from routetune.run.tuning import TuneResult, tune
-from routetune.search.artifacts import MODELS
-from routetune.trial import Trial
 
 
 def search(model: Path, out: Path, keep: str) -> TuneResult:

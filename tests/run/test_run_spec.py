@@ -13,10 +13,10 @@ from graphs import conv_bn
 
 import routetune
 from routetune.api import tune as api_tune
-from routetune.composer import RouteSpace
 from routetune.errors import UsageError
+from routetune.options import option, options_of
 from routetune.registry import Registry
-from routetune.run.option_schema import option, options_of
+from routetune.routes.composer import RouteSpace
 from routetune.run.recipe import json_schema
 from routetune.run.run_spec import RunSpec, merge
 from routetune.search.strategy import Strategy, configure
@@ -115,8 +115,8 @@ def test_strategy_options_are_checked_against_the_strategys_declaration(
         tmp_path: Path, registry: Registry) -> None:
     from routetune.search.beam import Beam
 
-    assert configure(Beam, RunSpec(search_options={"beam_width": 5})).beam_width == 5
-    assert configure(Beam, RunSpec(beam_width=2)).beam_width == 2  # the shorthand
+    assert configure(Beam, {"beam_width": 5}).beam_width == 5
+    assert configure(Beam, {}, beam_width=2).beam_width == 2  # the shorthand
     cases = {
         (("beam_width", 0),): "--search-option beam_width=0: must be 1 or more",
         (("width", 2),): "--search-option width=2: the beam search takes no option "
@@ -126,7 +126,7 @@ def test_strategy_options_are_checked_against_the_strategys_declaration(
     for given, message in cases.items():
         spec = RunSpec(search_options=dict(given), entry="cli")
         with pytest.raises(UsageError) as e, spec.worded():
-            configure(Beam, spec)
+            configure(Beam, spec.search_options, spec.beam_width, spec.spelled)
         assert str(e.value) == message
     model = conv_bn(tmp_path / "m.onnx")
     done = cli("tune", str(model), "--search-option", "beam_width=0", "--output",
@@ -176,7 +176,7 @@ def test_the_probe_s_cases_are_one_line_each(tmp_path: Path, registry: Registry)
     # the shorthand and the option disagree: neither wins silently
     spec = RunSpec(beam_width=2, search_options={"beam_width": 3}, entry="cli")
     with pytest.raises(UsageError) as e, spec.worded():
-        configure(Beam, spec)
+        configure(Beam, spec.search_options, spec.beam_width, spec.spelled)
     assert str(e.value) == ("--beam-width 2: --search-option also sets beam_width=3; give "
                             "one of them")
     model = conv_bn(tmp_path / "m.onnx")

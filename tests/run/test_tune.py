@@ -15,9 +15,9 @@ from quick import QUICK_FLAGS, quick_spec
 from routetune.feeds.examples import get_example
 from routetune.judging.accuracy import parse_accuracy
 from routetune.judging.judge import judged
-from routetune.measure import MeasureSettings
 from routetune.registry import Registry
 from routetune.run.tuning import tune
+from routetune.timing.measure import MeasureSettings
 
 
 @pytest.fixture

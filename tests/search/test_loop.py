@@ -16,10 +16,10 @@ from quick import quick_spec
 from routetune.errors import UsageError
 from routetune.judging.metrics import Metric
 from routetune.judging.verdict import CONFIRM_REPEATS, pick_winner
-from routetune.measure import MeasureSettings
 from routetune.registry import Registry
 from routetune.run.tuning import TuneResult, tune
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
+from routetune.timing.measure import MeasureSettings
 
 
 class Shortcut(Seasoning):

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from routetune.composer import RouteSpace
-from routetune.measure import Latency
-from routetune.route import Route
+from routetune.records.trial import Status, Trial
+from routetune.routes.composer import RouteSpace
+from routetune.routes.route import Route
 from routetune.search.beam import Beam, BeamOptions
 from routetune.search.exhaustive import Exhaustive
 from routetune.search.mixed import Mixed, MixedOptions
 from routetune.search.one_at_a_time import OneAtATime
 from routetune.seasoning import Param, SeasoningInfo
-from routetune.trial import Status, Trial
+from routetune.timing.measure import Latency
 
 
 def space(max_depth: int | None = None) -> RouteSpace:

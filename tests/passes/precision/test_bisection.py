@@ -8,18 +8,18 @@ import pytest
 from graphs import matmul_chain
 from quick import quick_spec
 
-from routetune.measure import Latency
+from routetune.judging.ranking import rank_key
 from routetune.passes.precision.bisection import (
     bisect_repair,
     faster_than_base,
     repair_point,
     repairs,
 )
+from routetune.records.trial import Trial
 from routetune.registry import Registry
-from routetune.route import Route, parse_route
+from routetune.routes.route import Route, parse_route
 from routetune.run.tuning import tune
-from routetune.search.strategy import rank_key
-from routetune.trial import Trial
+from routetune.timing.measure import Latency
 
 
 def count_of(route: Route) -> int:

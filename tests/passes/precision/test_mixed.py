@@ -16,11 +16,11 @@ from onnx import TensorProto, helper, numpy_helper
 from quick import quick_spec
 
 from routetune.feeds.examples import get_example
-from routetune.model import PreparedModel, prepare
+from routetune.model.loading import PreparedModel, prepare
+from routetune.model.postconditions import cast_faults, check_candidate
 from routetune.passes.graph.fuse_bn_into_conv import FuseBnIntoConv
 from routetune.passes.precision.mixed import Bf16, Fp16
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
-from routetune.postconditions import cast_faults, check_candidate
 from routetune.registry import Registry
 from routetune.run.tuning import tune
 from routetune.seasoning import PassResult, RouteContext, RouteState

@@ -11,7 +11,6 @@ import pytest
 from graphs import conv_bn, matmul_chain, shared_dim
 from quick import quick_spec
 
-from routetune.measure import MeasureSettings, measure, measure_side_by_side
 from routetune.option_seasoning import FromParam
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.cuda import (
@@ -24,6 +23,7 @@ from routetune.plugins.onnxruntime.cuda_options import CudaNhwc, flags_beyond_ca
 from routetune.registry import Registry
 from routetune.run.tuning import tune
 from routetune.seasoning import RouteContext, RouteState
+from routetune.timing.measure import MeasureSettings, measure, measure_side_by_side
 
 CUDA = OnnxRuntimeCudaBackend()
 WHY = CUDA.available()
@@ -171,7 +171,7 @@ def test_nvml_reads_the_gpu_and_sees_another_process_computing_on_it() -> None:
     import sys
     import time
 
-    from routetune.conditions import gpu_conditions
+    from routetune.timing.conditions import gpu_conditions
 
     quiet = gpu_conditions("0", set())
     assert "nvml" not in quiet, quiet  # nvidia-ml-py is in the gpu extra

@@ -100,7 +100,7 @@ def test_without_openvino_the_backend_is_unavailable_and_says_how_to_install(
 LAZY_CHECK = """
 import sys
 from pathlib import Path
-from routetune.measure import MeasureSettings
+from routetune.timing.measure import MeasureSettings
 from routetune.plugin_manager import load_registry
 from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune

@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 from tensorrt_helpers import PROFILE, TRT, conv, needs_trt, settings
 
+from routetune.candidate.artifacts import build_engine
 from routetune.errors import BuildError, EngineNotRunnable
 from routetune.feeds.profile import ShapeProfile
 from routetune.plugins.tensorrt.backend import (
@@ -25,7 +26,6 @@ from routetune.plugins.tensorrt.backend import (
 )
 from routetune.plugins.tensorrt.loaders import configure
 from routetune.plugins.tensorrt.logger import make_logger
-from routetune.search.artifacts import build_engine
 
 pytestmark = needs_trt
 
@@ -277,8 +277,8 @@ def test_int8_qdq_for_tensorrt_keeps_biases_fp32_and_builds(tmp_path: Path,
 def test_the_base_pipeline_names_paddles_unknown_dims_apart(tmp_path: Path) -> None:
     """Paddle2ONNX writes x[-1,3,?,?]; TensorRT treats dims that share a name as equal,
     so 48x192 contradicts itself and the build fails. routetune's base pipeline
-    (`routetune.model.sanitize`) names each unknown dimension apart; then it builds."""
-    from routetune.model import prepare
+    (`routetune.model.loading.sanitize`) names each unknown dimension apart; then it builds."""
+    from routetune.model.loading import prepare
 
     w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3],
                            np.random.default_rng(0).random(108).astype(np.float32))
@@ -315,7 +315,7 @@ def test_a_failure_message_is_tensorrts_error_not_its_routine_warnings() -> None
 def test_a_candidate_with_external_data_is_parsed_from_its_file(tmp_path: Path) -> None:
     # Real-models issue, kind 4: TensorRT parses a candidate by path (parse_from_file),
     # so its weights are read from the run's store next to it, as ONNX Runtime reads them
-    from routetune.weights import externalize
+    from routetune.model.weights import externalize
 
     store = tmp_path / "artifacts" / "models"
     store.mkdir(parents=True)

@@ -10,7 +10,6 @@ import json
 
 import pytest
 
-from routetune.composer import RouteSpace
 from routetune.errors import PluginError, UsageError
 from routetune.plugins.tensorrt.backend import TensorRtBackend
 from routetune.plugins.tensorrt.build_route import (
@@ -18,10 +17,11 @@ from routetune.plugins.tensorrt.build_route import (
     parse_knobs,
     route_text,
 )
-from routetune.route import Route, Step, parse_route
+from routetune.routes.composer import RouteSpace
+from routetune.routes.route import Route, Step, parse_route
+from routetune.routes.space import parse_space, restrict_space
 from routetune.search.one_at_a_time import single_changes
 from routetune.seasoning import RouteContext, RouteState
-from routetune.space import parse_space, restrict_space
 
 RECORDED = json.dumps({
     "tuner_version": "2.19.15",

@@ -1,6 +1,6 @@
 """Seasonings that misbehave on purpose: each must end as one recorded trial.
 
-For routetune's isolation tests (tests/search/test_local_pool.py) only. Every seasoning
+For routetune's isolation tests (tests/execution/test_local_pool.py) only. Every seasoning
 but ``chaos-drop-waste`` and ``chaos-slow`` breaks the worker that applies it in its own
 way; ``chaos-drop-waste`` is the healthy route that must win (on tests/graphs.py
 `wasteful`); ``chaos-slow`` builds slowly, for the time budget's tests.

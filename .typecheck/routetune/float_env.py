@@ -1,1 +1,0 @@
-../../core/float_env.py

@@ -1,1 +1,0 @@
-../../core/model.py

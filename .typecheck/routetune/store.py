@@ -1,1 +1,0 @@
-../../core/store.py

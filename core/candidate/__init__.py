@@ -1,0 +1,1 @@
+"""One candidate's work: apply its route, build its engine, check and time it."""

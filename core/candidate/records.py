@@ -1,0 +1,158 @@
+"""What a trial's phases take and give, between the search loop and its workers.
+
+`TrialInputs` goes to every worker once (`routetune.execution.handoff`), with the
+`TrialSettings` it takes of the run's options; a phase answers with an `Outcome`;
+`StoredEngine` names a stored trial's engine to build again (a confirmation, which
+answers with a `routetune.records.trial.Confirmation`); `Recorded` carries what the
+trial store recorded of a build, for a worker to check files against. The run's option
+parser imports this module: it imports no model library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from routetune.records.trial import Status
+from routetune.timing.conditions import BusyPolicy
+from routetune.timing.measure import MeasureSettings
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from routetune.feeds.profile import ShapeProfile
+    from routetune.judging.accuracy import Tolerances
+    from routetune.model.loading import PreparedModel
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """What a candidate's work takes of the run's options (`routetune.run.run_spec.RunSpec`).
+
+    Args:
+        measure: How long to time each candidate (``--min-runs``, ``--min-time``, …).
+        backend_options: Build options every route starts from (backend option keys).
+        busy_machine: The ``--busy-machine`` mode (`routetune.timing.conditions.MODES`).
+    """
+
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    busy_machine: str = BusyPolicy.mode
+
+
+BUILT: Literal["built"] = "built"
+"""`Outcome.status` of a build phase that succeeded: the trial goes on to `measure`."""
+
+
+@dataclass(frozen=True)
+class TrialInputs:
+    """Everything a candidate's work needs; picklable, so that a worker process gets it.
+
+    Args:
+        model: The prepared model.
+        backend: The backend's name (looked up in the registry).
+        profile: The optimisation profile the backend builds for.
+        feeds: The validation input sets (input name to array).
+        references: The FP32 reference outputs, one mapping per input set.
+        tolerances: Per output, ``(atol, rtol)`` to measure accuracy at
+            (`routetune.judging.accuracy.Constraint.tolerance_map`); the bounds are applied by
+            the search loop (`routetune.judging.judge`), not here.
+        outdir: The output directory; models and engines go under ``artifacts/``.
+        base_data: The model after the backend's preflight and the pinned prefix
+            (`with_preflight`), serialized.
+        settings: What the candidate's work takes of the run's options: how long to
+            time, the build options every route starts from, the busy-machine policy.
+        base_passes: The pass records of the preflight and the pinned prefix, recorded
+            with every trial.
+        reference: Whether precision seasonings and the strict FP16 check may run
+            models in FP32 on the reference backend (the FP32 reference role).
+        task_params: Per task metric, the ``@`` values to measure besides its default
+            (`routetune.judging.constraint.Constraint.task_params`).
+        tuner_pids: `BusyPolicy.tuner`: processes whose trees are the tuner's, set where
+            the worker is not the tuner's child (a Ray worker); empty otherwise.
+    """
+
+    model: PreparedModel
+    backend: str
+    profile: ShapeProfile | None
+    feeds: tuple[Mapping[str, np.ndarray], ...]
+    references: tuple[Mapping[str, np.ndarray], ...]
+    tolerances: Tolerances
+    outdir: Path
+    base_data: bytes
+    settings: TrialSettings = field(default_factory=TrialSettings)
+    base_passes: tuple[Mapping[str, Any], ...] = ()
+    reference: bool = True
+    task_params: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    tuner_pids: tuple[int, ...] = ()
+
+    @property
+    def measure(self) -> MeasureSettings:
+        """How long to time each candidate (``settings.measure``)."""
+        return self.settings.measure
+
+    @property
+    def base_settings(self) -> Mapping[str, Any]:
+        """Build options every route starts from (``settings.backend_options``)."""
+        return self.settings.backend_options
+
+    @property
+    def busy(self) -> BusyPolicy:
+        """What a measurement does on a busy machine (its ``gpu`` is set by the worker)."""
+        return BusyPolicy(self.settings.busy_machine, tuner=self.tuner_pids)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the trial store recorded of a trial's build, to check files against.
+
+    Args:
+        candidate: `Trial.candidate_sha256`: sha256 of the candidate model's bytes
+            followed by its full settings as sorted JSON, hex.
+        engine: `Trial.engine_sha256`: sha256 of the kept engine file, hex; empty when
+            the backend keeps none.
+    """
+
+    candidate: str
+    engine: str = ""
+
+
+@dataclass(frozen=True)
+class StoredEngine:
+    """A stored trial's engine, to build again from its kept candidate model.
+
+    What a winner's confirmation (`Candidate.confirm`) and its outputs
+    (`Candidate.outputs`) start from, in the process where engines are timed.
+
+    Args:
+        route: The route's text.
+        artifact: Its candidate model's path, relative to the output directory.
+        settings: Its full build settings (backend option keys).
+        fingerprint: Its trial fingerprint (it names the engine file).
+        recorded: What the trial store recorded of its build, to check files against.
+    """
+
+    route: str
+    artifact: str
+    settings: Mapping[str, Any]
+    fingerprint: str
+    recorded: Recorded
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one phase of a trial found.
+
+    Args:
+        status: A trial status (`routetune.records.trial.Status`; ``ok`` after a measurement:
+            the loop judges it), or `BUILT` after a build phase that succeeded.
+        reason: One line: why the trial is not ``ok``, or notes.
+        fields: `routetune.records.trial.Trial` fields found so far (``passes``, ``settings``,
+            ``artifact``, ``build_ms``, ``latency`` …).
+    """
+
+    status: Status | Literal["built"]
+    reason: str = ""
+    fields: Mapping[str, Any] = field(default_factory=dict)

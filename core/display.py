@@ -1,0 +1,348 @@
+"""Terminal tables (rich) for trials and for the installed plugins."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import JustifyMethod
+from rich.markup import escape
+from rich.table import Table
+
+from routetune.options import options_of
+from routetune.records.trial import Trial
+from routetune.registry import Registry
+from routetune.reporting.report import ERROR_METRIC, worst_error
+from routetune.reporting.report_text import ROUTE_WIDTH, short_route, speedup_figure, wrap_route
+
+if TYPE_CHECKING:
+    from routetune.run.backends import BackendsResult
+    from routetune.run.preparation import Prepared
+    from routetune.run.tuning import Plan, TuneResult
+
+STATUS_STYLE = {
+    "ok": "green", "accuracy-failed": "yellow", "build-failed": "red",
+    "crashed": "red", "timed-out": "magenta", "skipped": "dim", "build-only": "cyan",
+}
+
+SHOWN_PARAMS = 12
+"""Parameters listed per seasoning by ``routetune seasonings`` (TensorRT has ~200 knobs)."""
+
+
+TOP = 10
+"""Accurate routes the end-of-run summary shows (all: ``--verbose`` or ``routetune show``)."""
+
+
+def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
+    """What ``routetune tune`` is about to do, in short lines that do not wrap at 80 columns.
+
+    The model's name and hash, the backend and its device, the base pipeline's preflight
+    (one line per step), the route space with the trials planned, the time budget and
+    the accuracy constraint (an example's own say so).
+    """
+    size, offered = run.space.size(), len(run.space.infos)
+    lines = [f"model    {escape(run.model.source.name)} · sha256 "
+             f"{run.model.source_sha256[:16]}",
+             f"backend  {escape(run.backend.name)} {escape(run.backend.version())}",
+             f"device   {escape(run.backend.device())}"]
+    for p in run.base_passes or ():
+        stats = ", ".join(f"{k} {v}" for k, v in p["stats"].items() if v)
+        lines.append(f"preflight {escape(p['step'])}" + (f": {escape(stats)}" if stats else ""))
+    lines.append(f"space    {size:,} route{'s' * (size != 1)} from {offered} "
+                 f"seasoning{'s' * (offered != 1)} · search {escape(search)} · {plan}")
+    if run.time_budget_s is not None:
+        whose = run.source.get("time_budget")
+        lines.append(f"budget   {run.time_budget_s:g} s of search"
+                     + (f" · {escape(whose)} (--time-budget to change)" if whose else ""))
+    whose = run.source.get("accuracy")
+    lines.append(f"accuracy {escape(run.constraint.text)}"
+                 + (f" · {escape(whose)} task constraint" if whose else ""))
+    return lines
+
+
+def status_line(trials: Sequence[Trial]) -> str:
+    """How many trials ended in each status, with each failure's most common reason."""
+    counts = Counter(str(t.status) for t in trials)
+    parts = []
+    for status, n in counts.most_common():
+        reasons = Counter(t.reason for t in trials if str(t.status) == status and t.reason)
+        common = ""
+        if status != "ok" and reasons:
+            reason, times = reasons.most_common(1)[0]
+            label = f"most often, {times}x" if times > 1 else "e.g."
+            common = f" ({label}: {reason[:90]}{'…' * (len(reason) > 90)})"
+        parts.append(f"[{STATUS_STYLE.get(status, '')}]{n} {status}[/]{escape(common)}")
+    return f"{len(trials)} trials: " + "; ".join(parts)
+
+
+def accurate_table(trials: Sequence[Trial], winner: Trial | None, registry: Registry,
+                   top: int | None = TOP, width: int = 100, order: str = "winner first",
+                   headline: tuple[str, bool] = (ERROR_METRIC, False)) -> Table:
+    """The winner and the fastest accurate routes, in the order given (`ranked`).
+
+    A `compact_table` without reasons (accurate routes have none): it fits `width`.
+    `headline` is the accuracy value shown (`compact_table`).
+    """
+    accurate = [t for t in trials if t.status == "ok"]
+    rows = [t for t in trials if t is winner or t.status == "ok"]
+    shown = rows if top is None else rows[:top]
+    title = (f"the {len(shown)} fastest of {len(accurate)} accurate routes, {order}"
+             if len(shown) < len(rows) else f"{len(accurate)} accurate routes, {order}")
+    if winner is not None and winner.status != "ok":  # a fallback that is not accurate
+        title += f"; the fallback, '{winner.route}', is {winner.status}"
+    return compact_table(shown, winner, title, width, reasons=winner is not None
+                         and winner.status != "ok", headline=headline)
+
+
+def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, width: int,
+                  reasons: bool = True, headline: tuple[str, bool] = (ERROR_METRIC, False)
+                  ) -> Table:
+    """Trials in the given order, in `width` columns: route, speed-up, p50, error, status.
+
+    The error column is `headline`'s value for the worst output: the first task metric
+    the constraint bounds (``mask_iou@0.3``), else rel-L2
+    (`routetune.judging.constraint.Constraint.headline`).
+
+    Figures never wrap; the route wraps at its commas (`wrap_route`) to what is left of
+    `width`, at least 20 characters; the status and its reason fold in the rest. The full
+    columns are `trials_table`'s (``--verbose``).
+    """
+    route_width = max(20, min(ROUTE_WIDTH, width - (68 if reasons else 48)))
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("route", no_wrap=True)
+    table.add_column("speed-up [95%]", justify="right", no_wrap=True)
+    if not reasons:
+        table.add_column("p50 ms", justify="right", no_wrap=True)
+    table.add_column(headline[0], justify="right", no_wrap=True)
+    if reasons:
+        table.add_column("status: reason", overflow="fold", min_width=26)
+    for i, t in enumerate(trials, 1):
+        route = escape(wrap_route(t.route, route_width, cut=True))
+        speed = speedup_figure(t.speedup, None if t.paired is None else (
+            t.paired.ci_low, t.paired.ci_high)) if t.speedup else ""
+        error = worst_error(t, headline)
+        cells = [str(i), f"[bold]{route}[/bold]" if t is winner else route, speed]
+        if not reasons:
+            cells.append(f"{t.latency.p50:.3f}" if t.latency else "")
+        cells.append("" if error is None else f"{error:.2g}")
+        if reasons:
+            status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
+            status += " [magenta]noisy[/]" if t.noisy else ""
+            cells.append(status + (f": {escape(t.reason)}" if t.reason else ""))
+        table.add_row(*cells)
+    return table
+
+
+def accuracy_text(trial: Trial, registry: Registry) -> str:
+    """The worst value of each headline metric across outputs (``l0 0 cos 0.99999``)."""
+    if not trial.accuracy:
+        return ""
+    parts = []
+    for name in ("l0", "cos", "rel_l2", "linf"):
+        values = [m[name] for m in trial.accuracy.values() if name in m]
+        if not values:
+            continue
+        higher = name in registry.metrics and registry.metrics[name].item.higher_is_better
+        worst = min(values) if higher else max(values)
+        parts.append(f"{name} {worst:.6g}")
+    return " ".join(parts)
+
+
+def trials_table(
+    trials: Sequence[Trial], winner: Trial | None, registry: Registry,
+    title: str = "",
+) -> Table:
+    """A table of trials in the given order: route, status and reason, latency, accuracy.
+
+    Latency columns are in ms: p50 and p90 of all timed runs, and ``±`` the half-width
+    of the 95% interval of the median of the block medians. "base p50" is the base
+    route's p50 measured in alternating blocks with the trial. Speed-up is the paired
+    estimate (`routetune.timing.measure.paired_speedup`) with its 95% interval over blocks: the
+    machine's speed drifts, so p50s of different trials are not compared directly. A
+    trial timed while the machine was busy is marked "noisy" in its status.
+    """
+    table = Table(title=title, show_lines=False, expand=False)
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("#", "right"), ("route", "left"), ("status", "left"), ("p50 ms", "right"),
+        ("p90 ms", "right"), ("±", "right"), ("base p50 ms", "right"), ("speed-up", "right"),
+        ("accuracy", "left"), ("reason", "left"))
+    for col, justify in columns:
+        if col == "route":  # wrapped at its commas by wrap_route, never inside a step
+            table.add_column(col, justify=justify, no_wrap=True)
+        else:
+            table.add_column(col, justify=justify, overflow="fold")
+    for i, t in enumerate(trials, 1):
+        lat = t.latency
+        speed = speedup_figure(t.speedup, None if t.paired is None else (
+            t.paired.ci_low, t.paired.ci_high)) if t.speedup else ""
+        route = escape(wrap_route(t.route))
+        route = f"[bold]{route}[/bold]" if t is winner else route
+        status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
+        if t.noisy:
+            status += " [magenta]noisy[/]"
+        table.add_row(
+            str(i), route, status,
+            f"{lat.p50:.3f}" if lat else "", f"{lat.p90:.3f}" if lat else "",
+            f"{lat.spread:.3f}" if lat else "",
+            f"{t.base_latency.p50:.3f}" if t.base_latency else "", speed,
+            accuracy_text(t, registry), escape(verdict_text(t, registry)),
+        )
+    return table
+
+
+def verdict_text(trial: Trial, registry: Registry) -> str:
+    """The trial's reason, then what each precision step decided.
+
+    For each precision step: its non-zero statistics (``fp16: low_nodes 252,
+    fp32_nodes 35, kept_data_max 20``), and for ``precision-repair`` the nodes it kept
+    in FP32, so that a reader sees why a precision route passed or failed.
+    """
+    parts = [trial.reason] if trial.reason else []
+    for record in trial.passes:
+        step = str(record.get("step", ""))
+        name = step.split("{")[0]
+        if name not in registry.seasonings or (
+                registry.seasoning(name).info.stage != "precision"):
+            continue
+        stats = ", ".join(f"{k} {v}" for k, v in record.get("stats", {}).items() if v)
+        text = f"{name}: {stats or 'no change'}"
+        note = str(record.get("note", ""))
+        if note.startswith("kept in FP32:"):
+            text += f"; {note.split('; ')[0]}"
+        parts.append(text)
+    return " | ".join(parts)
+
+
+def seasonings_table(registry: Registry) -> Table:
+    """Every installed seasoning: name, stage, parameters, constraints, backends, plugin.
+
+    Where a seasoning can never apply on an available backend (a precision the backend
+    has no kernels for), the summary says so.
+    """
+    backends = [e.item() for e in registry.backends.values()]
+    backends = [b for b in backends if b.available() is None]
+    table = Table(title="seasonings")
+    for col in ("name", "stage", "parameters (choices; default)", "constraints", "backends",
+                "plugin", "summary"):
+        table.add_column(col, overflow="fold")
+    for name, entry in sorted(registry.seasonings.items()):
+        info = entry.item.info
+        params = "; ".join(
+            f"{p.name}={'|'.join(map(str, p.choices))} (default {p.default})"
+            for p in info.params[:SHOWN_PARAMS])
+        if len(info.params) > SHOWN_PARAMS:
+            params += f"; … {len(info.params) - SHOWN_PARAMS} more"
+        cons = " ".join(
+            f"{label} {','.join(sorted(v))}" for label, v in (
+                ("requires", info.requires), ("conflicts", info.conflicts),
+                ("after", info.after), ("before", info.before)) if v
+        )
+        summary = info.summary
+        for backend in backends:
+            why = entry.item().supports(backend)
+            if why and (not info.backends or backend.name in info.backends):
+                summary += f" [yellow](not on {backend.name}: {escape(why)})[/]"
+        plugin = f"{entry.plugin} ({registry.plugins.get(entry.plugin, '?')})"
+        table.add_row(name, info.stage, escape(params), cons,
+                      ",".join(sorted(info.backends)) or "all", plugin, summary)
+    return table
+
+
+def components_table(registry: Registry) -> Table:
+    """The installed backends, search strategies, metrics and executors, with their plugins."""
+    table = Table(title="backends, search strategies, accuracy metrics, executors")
+    for col in ("kind", "name", "plugin", "note"):
+        table.add_column(col, overflow="fold")
+    for name, entry in sorted(registry.backends.items()):
+        backend = entry.item()
+        reason = backend.available()
+        note = escape(f"unavailable: {reason}" if reason else f"version {backend.version()}")
+        table.add_row("backend", name, entry.plugin, note)
+    for name, strategy in sorted(registry.strategies.items()):
+        options = "; ".join(f"option {o.name}={o.default!r}: {o.meta.help}"
+                            for o in options_of(strategy.item.Options))
+        doc = (strategy.item.__doc__ or "").splitlines()[0]
+        table.add_row("search", name, strategy.plugin, escape(f"{doc} {options}".strip()))
+    for name, metric in sorted(registry.metrics.items()):
+        item, note = metric.item, metric.item.help
+        param = getattr(item, "param", None)
+        if param is not None:  # a task metric's @ value
+            name += f"@{param.name}"
+            note += f"; @{param.name}: {param.help}, default {param.default:g}"
+        table.add_row("metric", name, metric.plugin, escape(note))
+    for name, executor in sorted(registry.executors.items()):
+        table.add_row("executor", name, executor.plugin, escape(executor.item.summary))
+    return table
+
+
+def winner_line(result: TuneResult) -> str:
+    """The winner and why, short: the confirmations' figures follow (`conditions_lines`)."""
+    route = f"[bold]{escape(result.winner.route)}[/bold]"
+    if not result.confirmations:  # nothing re-measured: the verdict's own words
+        return f"winner: {route} ({escape(result.winner_reason)})"
+    rule = f"--min-speedup {result.min_speedup:g}"
+    confirmed = result.confirmed
+    if confirmed is not None:
+        p, k = confirmed.paired, len(confirmed.repeats)
+        where = f"in each of {k} fresh processes" if k > 1 else "in a fresh process"
+        return (f"winner: {route} ({p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] over "
+                f"the base route, confirmed {where}: above {rule} beyond its 95% interval)")
+    n = len(result.confirmations)
+    return (f"winner: {route} (the base route stands: no faster route held a speed-up above "
+            f"{rule} beyond its 95% interval when re-measured in fresh processes; "
+            f"{n} tried)")
+
+
+def conditions_lines(result: TuneResult) -> list[str]:
+    """What the verdict rests on: the confirmations, and how busy the machine was."""
+    lines = []
+    for c in result.confirmations:
+        p = c.paired
+        held = "held" if result.confirmed is c else "did not hold"
+        lines.append(
+            f"  {escape(c.route)}: {p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] ({held}), "
+            f"p50 {c.latency.p50:.3f} vs {c.base_latency.p50:.3f} ms, {p.pairs} block pairs, "
+            f"base drift ±{p.drift:.1%}")
+    measured = [t for t in result.trials if t.latency is not None]
+    noisy = result.noisy
+    text = (f"machine: {len(noisy)} of {len(measured)} measured trials noisy "
+            f"(--busy-machine {result.busy_machine})")
+    if result.waited_s >= 0.5:
+        text += f"; waited {result.waited_s:.0f} s in all for a quiet machine"
+    if noisy:
+        text += "; busy: " + escape(noisy[0].noisy)
+        colour = "yellow"
+    else:
+        colour = "dim"
+    lines.append(f"[{colour}]{text}[/]")
+    return lines
+
+
+def backends_lines(result: BackendsResult) -> list[Any]:
+    """A multi-backend run for the terminal.
+
+    Each backend's winner, the side-by-side table, the verdict and where the files are.
+    """
+    lines: list[Any] = []
+    for run in result.runs:
+        confirmed = (f"{run.winner_speedup:.2f}x over its own base route, confirmed"
+                     if run.confirmed else "its base route stands")
+        lines.append(f"{run.base.backend}: {len(run.trials)} trials; winner "
+                     f"'{short_route(run.winner.route, 60)}', {confirmed} ({run.outdir})")
+    base = result.contenders[0]
+    table = Table(title=f"side by side, one loop: speed-up over {escape(base.name)}")
+    for column in ("backend", "route", "p50 ms", "speed-up [95%]"):
+        table.add_column(column)
+    for c in result.contenders:
+        figure = (f"{c.paired.value:.2f}x [{c.paired.ci_low:.2f}, {c.paired.ci_high:.2f}]"
+                  if c.paired else f"not timed: {escape(c.failed)}")
+        mark = " (winner)" if c is result.winner else ""
+        table.add_row(c.backend, escape(short_route(c.trial.route, 50)) + mark,
+                      f"{c.latency.p50:.3f}" if c.latency else "-", figure)
+    lines.append(table)
+    lines.append(f"winner: {escape(result.winner.name)}: {escape(result.reason)}")
+    lines.append(f"wrote {', '.join(result.files)} to {result.outdir}")
+    return lines

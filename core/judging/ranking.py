@@ -1,0 +1,53 @@
+"""Ranking: which accurate trial is better, by its speed against the base route.
+
+The order the verdict confirms routes in (`routetune.judging.verdict`), strategies keep
+routes by (beam, mixed), and reports list them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from routetune.records.trial import Status, Trial
+
+
+class Rank(NamedTuple):
+    """How good an accurate trial is; smaller sorts first (`rank_key`).
+
+    Args:
+        relative: p50 over the base route's measured alongside (a ratio; inf without
+            a base measurement).
+        ms: p50 in ms, which decides only when no trial has a base measurement (the
+            base route could not be built); inf when unmeasured.
+        steps: The route's seasonings, parameters not counted
+            (``fp16{op_types_to_exclude=[Softmax,Pow]}`` is one step).
+        text: The route's text, so that the order is total.
+    """
+
+    relative: float
+    ms: float
+    steps: int
+    text: str
+
+
+def rank_key(trial: Trial) -> Rank:
+    """Sort key of accurate trials: faster first, then fewer steps, then by text.
+
+    Speed is the p50 relative to the base route measured alongside (`Trial.relative`:
+    the inverse of the paired speed-up), never milliseconds of different moments.
+    """
+    relative = trial.relative
+    return Rank(relative.p50 if relative else float("inf"),
+                trial.latency.p50 if trial.latency else float("inf"),
+                len(trial.steps), trial.route)
+
+
+def ranked(trials: Sequence[Trial], winner: Trial | None = None) -> list[Trial]:
+    """The trials as a reader wants them: the winner, the accurate by `rank_key`, the rest.
+
+    The rest (failed, skipped) keep `rank_key`'s order too (measured ones by speed).
+    """
+    rest = sorted((t for t in trials if t is not winner),
+                  key=lambda t: ((0 if t.status == Status.OK else 1), *rank_key(t)))
+    return ([winner] if winner is not None else []) + rest

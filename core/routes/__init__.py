@@ -1,0 +1,1 @@
+"""Routes: route text, the route composer and its spaces, and restricted spaces."""

@@ -1,0 +1,1 @@
+"""Timing: paired measurement, machine conditions, the floating-point environment."""

@@ -1,0 +1,137 @@
+"""The trial table's verdict column."""
+
+from __future__ import annotations
+
+from routetune.display import status_line, verdict_text
+from routetune.records.trial import Trial
+from routetune.registry import Registry
+from routetune.reporting.report_text import short_route, wrap_route
+
+
+def test_the_verdict_names_what_each_precision_step_decided(registry: Registry) -> None:
+    passes = (
+        {"step": "fold-constants", "stats": {"folded": 3}, "note": ""},
+        {"step": "int8-qdq{per_channel=false}", "stats": {"quantized_nodes": 6,
+                                                          "excluded_range_mismatch": 0}},
+        {"step": "precision-repair{count=2}", "stats": {"ranked": 8, "kept_fp32": 2},
+         "note": "kept in FP32: matmul0 (MatMul, adds rel-L2 0.01), matmul4 (MatMul, adds "
+                 "rel-L2 0.004); 8 converted nodes ranked; int8-qdq: "},
+    )
+    trial = Trial("f", "m", "fold-constants,int8-qdq{per_channel=false},precision-repair"
+                  "{count=2}", "onnxruntime", "cpu", "s", "ok", "y: rel_l2 0.01",
+                  passes=passes)
+    assert verdict_text(trial, registry) == (
+        "y: rel_l2 0.01 | int8-qdq: quantized_nodes 6 | precision-repair: ranked 8, "
+        "kept_fp32 2; kept in FP32: matmul0 (MatMul, adds rel-L2 0.01), matmul4 (MatMul, "
+        "adds rel-L2 0.004)")
+
+
+def test_a_route_wraps_only_between_steps() -> None:
+    route = ("fuse-bn-into-conv,ort-no-spinning,fp16{op_types_to_exclude=[Softmax,Pow,Exp]},"
+             "ort-threads{inter_op=2,intra_op=1}")
+    lines = wrap_route(route, 30).splitlines()
+    assert lines == ["fuse-bn-into-conv,", "ort-no-spinning,",
+                     "fp16{op_types_to_exclude=[Softmax,Pow,Exp]},",  # one step, kept whole
+                     "ort-threads{inter_op=2,intra_op=1}"]
+    assert "".join(lines) == route  # copied back, it is the route
+    assert wrap_route("base") == "base"
+
+
+def test_the_status_line_counts_and_names_the_common_reason() -> None:
+    trials = [Trial(str(i), "m", f"r{i}", "b", "d", "s", status, reason)
+              for i, (status, reason) in enumerate([
+                  ("ok", ""), ("ok", ""), ("accuracy-failed", "y: cos 0.9, needs >= 0.99"),
+                  ("accuracy-failed", "y: cos 0.9, needs >= 0.99"),
+                  ("skipped", "no kernels")])]
+    line = status_line(trials)
+    assert line.startswith("5 trials: ")
+    assert "2 ok" in line and "2 accuracy-failed" in line
+    assert "most often, 2x: y: cos 0.9, needs >= 0.99" in line and "e.g.: no kernels" in line
+
+
+def test_a_route_is_shortened_between_steps() -> None:
+    route = "ort-denormal-as-zero,ort-parallel{inter_op_threads=2},ort-threads{intra_op=2}"
+    assert short_route(route, 100) == route
+    assert short_route(route, 60) == "ort-denormal-as-zero,ort-parallel{inter_op_threads=2},… +1"
+    assert short_route(route, 50) == "ort-denormal-as-zero,… +2"
+    long_step = "int8-qdq{per_channel=false,symmetric_activations=false},fp16"
+    assert short_route(long_step, 30) == "int8-qdq{per_channel=false,sy…"
+    assert wrap_route(long_step, 24, cut=True) == "int8-qdq{per_channel=fa…\nfp16"
+
+
+def test_the_compact_table_fits_80_columns_with_its_figures_whole(registry: Registry) -> None:
+    from rich.console import Console
+
+    from routetune.display import accurate_table, compact_table
+    from routetune.timing.measure import Latency, Speedup
+
+    lat = Latency(n=30, p50=12.345, p90=13.0, p99=13.5, mean=12.4, ci_low=12.2, ci_high=12.5)
+    trials = [Trial("f", "m", r, "onnxruntime", "cpu", "s", status, reason, latency=lat,
+                    base_latency=lat, paired=Speedup(1.234, 1.1, 1.3, 30, 0.02),
+                    accuracy={"y": {"rel_l2": 7.2e-7}})
+              for r, status, reason in (
+                  ("base", "ok", ""),
+                  ("fold-constants,fuse-bn-into-conv,ort-threads{intra_op=2}", "ok", ""),
+                  ("int8-qdq{per_channel=false,symmetric_activations=false},ort-threads",
+                   "accuracy-failed", "sigmoid_0.tmp_0: l0 0.0101563, needs <= 0.001"))]
+    console = Console(width=80, record=True, color_system=None)
+    console.print(accurate_table(trials, trials[0], registry, width=80))
+    console.print(compact_table(trials, trials[0], "all", width=80))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "1.23x [1.10, 1.30]" in text and "7.2e-07" in text and "12.345" in text
+    for step in ("fold-constants,", "fuse-bn-into-conv,", "ort-threads{intra_op=2}"):
+        assert step in text  # wrapped after a comma, each step whole
+    assert "int8-qdq{per_channe…" in text  # a step too long is cut, never wrapped
+
+
+def test_a_fallback_that_fails_the_constraint_is_not_called_accurate(registry: Registry
+                                                                      ) -> None:
+    from rich.console import Console
+
+    from routetune.display import accurate_table
+    from routetune.timing.measure import Latency
+
+    lat = Latency(n=30, p50=1.0, p90=1.1, p99=1.2, mean=1.0, ci_low=0.9, ci_high=1.1)
+    trials = [Trial("f", "m", r, "onnxruntime", "cpu", "s", "accuracy-failed",
+                    "p: prob_abs 4.02e-06, needs <= 1e-06", latency=lat, base_latency=lat)
+              for r in ("base", "fp16")]
+    console = Console(width=100, record=True, color_system=None)
+    console.print(accurate_table(trials, trials[0], registry, width=100))
+    text = console.export_text()
+    assert "0 accurate routes" in text and "the fallback, 'base', is accuracy-failed" in text
+    assert "prob_abs 4.02e-06" in text and "fp16" not in text  # the base's reason, shown
+
+
+def test_the_tables_show_the_task_metric_the_constraint_bounds(tmp_path) -> None:  # noqa: ANN001
+    from command import routetune
+    from graphs import matmul_chain
+    from quick import QUICK_FLAGS
+
+    model = matmul_chain(tmp_path / "m.onnx", depth=2, width=32, batch=8)
+    out = tmp_path / "out"
+    tune = routetune("tune", str(model), "--accuracy", "top1>=0.9,rel_l2<=0.5", "--seasonings",
+                     "ort-threads", "--output", str(out), *QUICK_FLAGS)
+    assert tune.returncode == 0, tune.stderr[-2000:]
+    show = routetune("show", str(out), "--all")
+    for text in (tune.stdout, show.stdout):  # the judged value, not rel-L2
+        header = next(line for line in text.splitlines() if "speed-up [95%]" in line)
+        assert "top1" in header and "rel_l2" not in header, header
+        base = next(line for line in text.splitlines() if line.split()[1:2] == ["base"])
+        at = header.index("top1")  # right-justified under its header
+        assert base[at:at + 4].strip() == "1", (header, base)  # every argmax agrees
+    report = (out / "report.md").read_text()
+    assert "| speed-up | top1 |" in report
+    row = next(line for line in report.splitlines() if line.startswith("| `base`"))
+    assert row.split("|")[6].strip() == "1", row
+
+
+def test_a_hopeless_speedup_keeps_its_digits() -> None:
+    from routetune.reporting.report_text import speedup_figure, speedup_text
+
+    assert speedup_figure(1.2345, (1.2, 1.31)) == "1.23x [1.20, 1.31]"
+    assert speedup_figure(0.026, (0.023, 0.031)) == "0.026x [0.023, 0.031]"
+    assert speedup_figure(0.0063, (0.0042, 0.0064)) == "0.0063x [0.0042, 0.0064]"  # not 0.00
+    assert speedup_figure(0.5) == "0.50x"
+    assert speedup_text({"speedup": 0.0063, "speedup_ci": [0.0042, 0.0064], "noisy": "x"}) == (
+        "0.0063x [0.0042, 0.0064] *noisy*")
