@@ -104,8 +104,9 @@ def replay(strategy: Any, table: dict[str, Any]) -> dict[str, Any]:
     """Run `strategy`'s ask/tell on stored trials: routes asked, engines built, winner."""
     from routetune.judging.ranking import rank_key
     from routetune.routes.route import Route
+    from routetune.search.strategy import Result
 
-    strategy.tell(Route(), table["base"])
+    strategy.tell(Route(), Result.of(table["base"]))
     asked, builds, told = 0, 1, {"base": table["base"]}
     while batch := strategy.ask():
         for route in batch:
@@ -116,7 +117,7 @@ def replay(strategy: Any, table: dict[str, Any]) -> dict[str, Any]:
             asked += 1
             builds += built(trial)
             told[str(route)] = trial
-            strategy.tell(route, trial)
+            strategy.tell(route, Result.of(trial))
     ok = [t for t in told.values() if t.status == "ok"]
     winner = min(ok, key=rank_key)
     return {"asked": asked, "builds": builds, "winner": winner.route,

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -362,32 +362,45 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``routetune`` script. Exits 2 on bad input, with one line.
 
     Bad flags (a missing argument, ``--max-depth abc``) come from the command-line
-    framework; they are printed as one line too, with a pointer to ``--help``.
+    framework; they are printed as one line too, with a pointer to ``--help``. Whatever
+    is raised after a Ctrl-C or SIGTERM arrived is that stop (a library may turn the
+    `KeyboardInterrupt` into its own error: onnxruntime's extension into an ImportError,
+    matplotlib's class set-up into a RuntimeError): exit 130 or 143, one line.
     """
     command = typer.main.get_command(app)
     signals.install()
     try:
         code = command.main(args=argv, prog_name="routetune", standalone_mode=False)
-    except RoutetuneError as e:
-        first, *problems = (e.lines() if isinstance(e, UsageError)
-                            else [" ".join(str(e).split())])
-        print(f"routetune: error: {first}", *(f"  {p}" for p in problems), sep="\n",
-              file=sys.stderr)
-        sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):  # typer returns 130 for the latter, but not always
         code = 130
-    except Exception as e:  # the framework's usage errors: ClickException and subclasses
-        if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
-            raise
-        message = with_flag_value(" ".join(e.format_message().split()), e,
-                              sys.argv[1:] if argv is None else argv)
-        if message:  # empty after no-arguments help, which was printed already
-            hint = " (see routetune --help)" if e.exit_code == 2 else ""
-            print(f"routetune: error: {message}{hint}", file=sys.stderr)
-        sys.exit(e.exit_code)
+    except Exception as e:
+        if not signals.interrupted_by():
+            _exit_with_one_line(e, sys.argv[1:] if argv is None else argv)
+        code = signals.exit_code()  # the stop's doing, whatever a library made of it
     stopped = signals.unanswered()
     if stopped:  # a Ctrl-C or SIGTERM before the command could write what it had
         print(stopped, file=sys.stderr)
     if signals.interrupted_by():
         signals.exit_now()  # a press repeated during Python's shutdown would kill it silently
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _exit_with_one_line(e: Exception, argv: list[str]) -> NoReturn:
+    """Print a user error as one line and exit: 2, or the framework's code.
+
+    A `RoutetuneError` (its problems one per line below it), or the framework's usage
+    error (`ClickException` and its kin); anything else is a bug, raised again.
+    """
+    if isinstance(e, RoutetuneError):
+        first, *problems = (e.lines() if isinstance(e, UsageError)
+                            else [" ".join(str(e).split())])
+        print(f"routetune: error: {first}", *(f"  {p}" for p in problems), sep="\n",
+              file=sys.stderr)
+        sys.exit(2)
+    if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
+        raise e
+    message = with_flag_value(" ".join(e.format_message().split()), e, argv)
+    if message:  # empty after no-arguments help, which was printed already
+        hint = " (see routetune --help)" if e.exit_code == 2 else ""
+        print(f"routetune: error: {message}{hint}", file=sys.stderr)
+    sys.exit(e.exit_code)

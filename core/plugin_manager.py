@@ -11,7 +11,7 @@ from typing import Any
 import pluggy
 from pluggy import HookImpl
 
-from routetune import hookspecs, signals
+from routetune import hookspecs
 from routetune.errors import PluginError, one_line
 from routetune.registry import Registry
 
@@ -59,8 +59,6 @@ def get_plugin_manager(disabled: tuple[str, ...] = (),
         try:
             plugin = ep.load()
         except Exception as e:
-            if signals.interrupted_by():  # a Ctrl-C in an extension module's initialisation
-                raise KeyboardInterrupt from e  # (onnxruntime's says ImportError)
             raise PluginError(f"plugin '{ep.name}' ({dist}) failed to load: {e}; disable it "
                               f"with {DISABLE_ENV}={ep.name}") from e
         if any(plugin is other for other in extra.values()):

@@ -266,19 +266,19 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
         if why:
             raise ContractError(f"{what}: the default of option '{info.name}' "
                                 f"({info.default!r}) {why}")
-    from routetune.search.strategy import configure
+    from routetune.search.strategy import Result, configure
 
     chosen = configure(registry.strategy(name), dict(options or {}))
     allowed = set(space.routes())
     base_ms = 10.0
 
-    def trial(route: Route) -> Trial:
+    def trial(route: Route) -> Result:
         ms = base_ms * 0.9 ** len(route)
         lat = Latency(10, ms, ms, ms, ms, ms * 0.99, ms * 1.01)
         base = Latency(10, base_ms, base_ms, base_ms, base_ms, base_ms * 0.99,
                        base_ms * 1.01)
-        return Trial(str(route), "m", str(route), "b", "d", "s", Status.OK, latency=lat,
-                     base_latency=base)
+        return Result.of(Trial(str(route), "m", str(route), "b", "d", "s", Status.OK,
+                               latency=lat, base_latency=base))
 
     drives: list[list[Route]] = []
     for _ in range(2):

@@ -85,6 +85,23 @@ def test_strategy_example_takes_its_own_options(tmp_path: Path) -> None:
         tune(dataclasses.replace(spec, search_options={"count": 0}), registry)
 
 
+def test_executor_example_runs_a_search(tmp_path: Path) -> None:
+    registry = registry_with(example("routetune_logged"), "logged")
+    assert registry.executors["logged"].plugin == "logged"
+    result = tune(quick_spec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "out",
+                             shapes="x:1x3x32x32", seasonings=("ort-threads",),
+                             search="exhaustive", executor="logged", in_process=False),
+                  registry)
+    lines = (tmp_path / "out" / "logged.txt").read_text().splitlines()
+    routes = {t.route for t in result.trials if t.status != "skipped"}
+    assert {line.split()[1] for line in lines} == routes and len(routes) > 1
+    assert all(line.split()[2] == "ok" for line in lines)
+    with pytest.raises(UsageError, match="--executor logged with --build-workers"):
+        tune(quick_spec(model=conv_bn(tmp_path / "m.onnx"), output=tmp_path / "o2",
+                        shapes="x:1x3x32x32", executor="logged", in_process=False,
+                        build_workers=2, entry="cli"), registry)
+
+
 def test_contract_kit_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The package test that CONTRIBUTING shows, with its plugin importable."""
     monkeypatch.setitem(sys.modules, "routetune_mulone", example("routetune_mulone"))

@@ -44,7 +44,15 @@ from routetune.candidate.artifacts import (
     save_model,
 )
 from routetune.candidate.pairing import PairedTiming
-from routetune.candidate.records import BUILT, Outcome, Recorded, StoredEngine, TrialInputs
+from routetune.candidate.records import (
+    BUILT,
+    Built,
+    Measured,
+    Outcome,
+    Recorded,
+    StoredEngine,
+    TrialInputs,
+)
 from routetune.errors import (
     BuildError,
     EngineNotRunnable,
@@ -119,11 +127,10 @@ class Candidate:
         finally:
             gc.collect()  # the passes' graphs, before the engine needs the memory
         artifact = self.save_model(data)
-        fields: dict[str, Any] = {
-            "candidate_sha256": sha256(data + json.dumps(settings, sort_keys=True).encode()),
-            "passes": tuple(passes), "settings": settings,
-            "artifact": str(artifact.relative_to(self.outdir)),
-        }
+        fields = Measured(
+            candidate_sha256=sha256(data + json.dumps(settings, sort_keys=True).encode()),
+            passes=tuple(passes), settings=settings,
+            artifact=str(artifact.relative_to(self.outdir)))
         try:
             t0 = time.perf_counter_ns()
             engine = self.engine(artifact, settings, fingerprint, "")
@@ -134,7 +141,7 @@ class Candidate:
             return Outcome(Status.BUILD_FAILED, describe(e), fields)
         return Outcome(BUILT, "", fields)
 
-    def measure(self, route: Route, fingerprint: str, built: Mapping[str, Any]) -> Outcome:
+    def measure(self, route: Route, fingerprint: str, built: Built) -> Outcome:
         """Run a built candidate, measure its accuracy and time it.
 
         Args:
@@ -151,12 +158,12 @@ class Candidate:
             and ``other_latency`` (`PairedTiming.measure`), ``device_memory_bytes``,
             ``conditions`` and ``noisy`` (`routetune.timing.conditions`) added to `built`.
         """
-        fields = dict(built)
+        fields = Measured(**built)
         settings = fields["settings"]
         memory = self.timing.memory_before(route)
         try:
             engine = self.engine(self.outdir / fields["artifact"], settings, fingerprint,
-                                 fields.get("engine_sha256", ""))
+                                 fields.get("engine_sha256") or "")
             runner = open_engine(self.backend, engine)
         except EngineNotRunnable as e:
             built_text = (f"built ({fields['engine_bytes']} bytes in "
@@ -181,15 +188,16 @@ class Candidate:
                                       "float32): " + "; ".join(overflows.values()))
                     elif overflows is not None:
                         notes.append("strict FP16 check: no overflow")
-                fields.update(accuracy=measured.metrics, faults=tuple(faults),
-                              notes=tuple(notes), tolerances=measured.tolerances,
-                              accuracy_per_set=measured.per_set)
+                fields.update(Measured(accuracy=measured.metrics, faults=tuple(faults),
+                                       notes=tuple(notes), tolerances=measured.tolerances,
+                                       accuracy_per_set=measured.per_set))
                 timed, conditions = self.timing.watched(
                     lambda: self.timing.measure(runner, route))
-                notes += timed.pop("notes")
-                fields.update(timed, notes=tuple(notes), conditions=conditions,
-                              noisy=conditions["busy"],
-                              device_memory_bytes=self.timing.memory_taken(memory))
+                notes += timed.pop("notes", ())
+                fields.update(timed)
+                fields.update(Measured(notes=tuple(notes), conditions=conditions,
+                                       noisy=conditions["busy"],
+                                       device_memory_bytes=self.timing.memory_taken(memory)))
         except Exception as e:  # a crash inside one candidate never stops the search
             return Outcome(Status.CRASHED, describe(e), fields)
         return Outcome(Status.OK, "", fields)

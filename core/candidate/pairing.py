@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 
 from routetune.backend import Backend, Runner
 from routetune.candidate.artifacts import build_engine, open_engine, save_model
-from routetune.candidate.records import TrialInputs
+from routetune.candidate.records import Timing, TrialInputs
 from routetune.routes.route import Route
 from routetune.timing.conditions import BusyPolicy, measure_watched
 from routetune.timing.measure import (
@@ -92,7 +92,7 @@ class PairedTiming:
         """
         return measure_watched(self.policy(), self.status(), timed)
 
-    def measure(self, runner: Runner, route: Route) -> dict[str, Any]:
+    def measure(self, runner: Runner, route: Route) -> Timing:
         """Time a candidate in paired blocks with the base route's engine, then alone.
 
         The paired blocks time what ``--latency`` names (`MeasureSettings.latency`).
@@ -108,8 +108,8 @@ class PairedTiming:
             ``notes``: why the timing ended early, when it did.
         """
         feeds, settings = self.inputs.feeds, self.inputs.measure
-        timed: dict[str, Any] = {"latency_kind": settings.latency, "base_latency": None,
-                                 "paired": None, "other_latency": None, "notes": ()}
+        timed = Timing(latency_kind=settings.latency, base_latency=None, paired=None,
+                      other_latency=None, notes=())
         base = None if route.is_base else self.base_runner()
         if route.is_base or base is None:
             timed["latency"] = measure(runner, feeds, settings)
@@ -121,8 +121,9 @@ class PairedTiming:
                 stopped.extend(s for s in [hopeless(blocks)] if s is not None)
                 return bool(stopped)
 
-            (timed["latency"], timed["base_latency"]), blocks = measure_blocks(
-                [runner, base], feeds, settings, give_up)
+            (latency, base_latency), blocks = measure_blocks([runner, base], feeds, settings,
+                                                              give_up)
+            timed["latency"], timed["base_latency"] = latency, base_latency
             timed["paired"] = paired_speedup(blocks, 0, 1)
             if stopped:
                 p = stopped[0]

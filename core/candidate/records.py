@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from routetune.records.trial import Status
 from routetune.timing.conditions import BusyPolicy
-from routetune.timing.measure import MeasureSettings
+from routetune.timing.measure import Latency, MeasureSettings, Speedup
 
 if TYPE_CHECKING:
     import numpy as np
@@ -141,6 +141,56 @@ class StoredEngine:
     recorded: Recorded
 
 
+class Built(TypedDict, total=False):
+    """What a build phase found: `routetune.records.trial.Trial`'s fields of the build.
+
+    Every key is there after a build that made an engine; a build that failed has those
+    it reached (a failed pass, none).
+    """
+
+    candidate_sha256: str
+    """sha256 of the candidate model's bytes followed by its full settings (hex)."""
+    passes: tuple[Mapping[str, Any], ...]
+    settings: Mapping[str, Any]
+    artifact: str
+    """The candidate model's path, relative to the output directory."""
+    build_ms: float
+    engine_bytes: int
+    engine_sha256: str | None
+
+
+class Timing(TypedDict, total=False):
+    """What timing a candidate found (`routetune.candidate.pairing.PairedTiming.measure`)."""
+
+    latency: Latency
+    base_latency: Latency | None
+    paired: Speedup | None
+    latency_kind: str
+    other_latency: Latency | None
+    notes: tuple[str, ...]
+
+
+class Measured(Built, total=False):
+    """What a measure phase found, added to its build's (`Built`).
+
+    `Trial`'s fields of accuracy and timing: those it reached, when it crashed midway.
+    """
+
+    accuracy: Mapping[str, Mapping[str, float]]
+    faults: tuple[str, ...]
+    notes: tuple[str, ...]
+    tolerances: Mapping[str, tuple[float, float]]
+    accuracy_per_set: Mapping[str, tuple[Mapping[str, float], ...]]
+    latency: Latency
+    base_latency: Latency | None
+    paired: Speedup | None
+    latency_kind: str
+    other_latency: Latency | None
+    conditions: Mapping[str, Any]
+    noisy: str
+    device_memory_bytes: int | None
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What one phase of a trial found.
@@ -149,10 +199,10 @@ class Outcome:
         status: A trial status (`routetune.records.trial.Status`; ``ok`` after a measurement:
             the loop judges it), or `BUILT` after a build phase that succeeded.
         reason: One line: why the trial is not ``ok``, or notes.
-        fields: `routetune.records.trial.Trial` fields found so far (``passes``, ``settings``,
-            ``artifact``, ``build_ms``, ``latency`` …).
+        fields: The trial's fields found so far: its build's (`Built`), and after a
+            measure phase its accuracy and timing (`Measured`).
     """
 
     status: Status | Literal["built"]
     reason: str = ""
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    fields: Measured = field(default_factory=lambda: Measured())

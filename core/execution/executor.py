@@ -28,6 +28,9 @@ from routetune.records.trial import Confirmation, Status
 from routetune.registry import Registry
 from routetune.routes.route import Route
 
+__all__ = ["NOT_MEASURED", "AfterBuild", "Confirmation", "Executor", "ExecutorSettings",
+           "InlineExecutor", "Job", "Outcome", "StoredEngine", "TrialInputs"]
+
 
 @dataclass(frozen=True)
 class Job:

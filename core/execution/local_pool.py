@@ -34,14 +34,14 @@ import concurrent.futures
 import multiprocessing
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import pebble
 
-from routetune.candidate.records import BUILT, Outcome, StoredEngine, TrialInputs
+from routetune.candidate.records import BUILT, Measured, Outcome, StoredEngine, TrialInputs
 from routetune.errors import describe
 from routetune.execution import DEFAULT_TIMEOUT_S, worker
 from routetune.execution.executor import (
@@ -290,7 +290,7 @@ class LocalPool(Executor):
         return self._outdir / LOGS / f"{job.fingerprint[:16]}.log"
 
     def _outcome(self, future: concurrent.futures.Future[Any], job: Job, phase: str,
-                 fields: Mapping[str, Any], gpu: str | None) -> Outcome:
+                 fields: Measured, gpu: str | None) -> Outcome:
         """The phase's outcome, or the trial's ``crashed``/``timed-out`` record."""
         start, end, pid = self._scheduled.pop(future), time.time(), None
         try:

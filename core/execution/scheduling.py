@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from routetune.candidate.records import Outcome
+from routetune.candidate.records import Measured, Outcome
 from routetune.errors import UsageError
 from routetune.execution.executor import Job
 from routetune.records.trial import Status
@@ -94,7 +94,7 @@ class Timeline:
             f.write(json.dumps(event) + "\n")
 
 
-def timed_out(phase: str, timeout_s: float, fields: Mapping[str, Any], tail: str = ""
+def timed_out(phase: str, timeout_s: float, fields: Measured, tail: str = ""
               ) -> Outcome:
     """The outcome of a phase that ran past ``--trial-timeout`` (its worker was killed).
 
@@ -108,7 +108,7 @@ def timed_out(phase: str, timeout_s: float, fields: Mapping[str, Any], tail: str
                    f"the worker was killed{tail}", fields)
 
 
-def died(phase: str, how: str, fields: Mapping[str, Any], tail: str = "") -> Outcome:
+def died(phase: str, how: str, fields: Measured, tail: str = "") -> Outcome:
     """The ``crashed`` outcome of a phase whose worker died.
 
     Args:

@@ -19,15 +19,14 @@ import resource
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from routetune.candidate.candidate import Candidate
-from routetune.candidate.records import Outcome, StoredEngine
+from routetune.candidate.records import Built, Measured, Outcome, StoredEngine
 from routetune.errors import describe
 from routetune.execution.handoff import Address, receive
 from routetune.logs import captured
@@ -98,13 +97,13 @@ def build(route: Route, fingerprint: str, log: Path) -> Timed:
                      _timeout_s, _memory_mb)
 
 
-def measure(route: Route, fingerprint: str, built: Mapping[str, Any], log: Path) -> Timed:
+def measure(route: Route, fingerprint: str, built: Built, log: Path) -> Timed:
     """The measure phase of one trial (`Candidate.measure`)."""
     return run_phase(log, f"measure {route}", built,
                      lambda: _live().measure(route, fingerprint, built), _timeout_s, _memory_mb)
 
 
-def run_phase(log: Path, what: str, fields: Mapping[str, Any], run: Callable[[], Outcome],
+def run_phase(log: Path, what: str, fields: Built, run: Callable[[], Outcome],
               timeout_s: float | None = None, memory_mb: int | None = None,
               restore: bool = False) -> Timed:
     """Run a phase with its output in `log`; a Python stack dump there before a timeout.
@@ -131,7 +130,7 @@ def run_phase(log: Path, what: str, fields: Mapping[str, Any], run: Callable[[],
         try:
             outcome = run()
         except BaseException as e:
-            outcome = Outcome(Status.CRASHED, describe(e, where=True), fields)
+            outcome = Outcome(Status.CRASHED, describe(e, where=True), Measured(**fields))
         finally:
             faulthandler.cancel_dump_traceback_later()
         if memory_mb is not None and "out of memory" in outcome.reason:

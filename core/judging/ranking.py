@@ -7,9 +7,27 @@ routes by (beam, mixed), and reports list them in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from routetune.records.trial import Status, Trial
+from routetune.routes.route import Route
+from routetune.timing.measure import Latency
+
+
+class Ranked(Protocol):
+    """What a ranking reads: a stored `Trial`, or the result a strategy is told."""
+
+    @property
+    def latency(self) -> Latency | None:
+        """The route's latency (ms); None when it was not measured."""
+
+    @property
+    def relative(self) -> Latency | None:
+        """Its latency relative to the base route's, measured alongside (a ratio)."""
+
+    @property
+    def steps(self) -> Route:
+        """The route."""
 
 
 class Rank(NamedTuple):
@@ -31,16 +49,16 @@ class Rank(NamedTuple):
     text: str
 
 
-def rank_key(trial: Trial) -> Rank:
+def rank_key(trial: Ranked) -> Rank:
     """Sort key of accurate trials: faster first, then fewer steps, then by text.
 
     Speed is the p50 relative to the base route measured alongside (`Trial.relative`:
     the inverse of the paired speed-up), never milliseconds of different moments.
     """
     relative = trial.relative
+    steps = trial.steps
     return Rank(relative.p50 if relative else float("inf"),
-                trial.latency.p50 if trial.latency else float("inf"),
-                len(trial.steps), trial.route)
+                trial.latency.p50 if trial.latency else float("inf"), len(steps), str(steps))
 
 
 def ranked(trials: Sequence[Trial], winner: Trial | None = None) -> list[Trial]:

@@ -23,7 +23,6 @@ from routetune.records import run_record
 from routetune.records.store import FILENAME, TrialStore
 from routetune.records.trial import Confirmation, Status, Trial
 from routetune.registry import Registry
-from routetune.reporting.files import write_reports
 from routetune.routes.route import Route, Step
 from routetune.run import runinfo
 from routetune.run.outdir import locked, move_aside
@@ -293,6 +292,8 @@ def _tune_locked(
     result.files["run"] = run_record.write(records, runinfo.finish_record(record, result))
     if winner.status == Status.OK and (records / WINNER_OUTPUTS).is_file():
         result.files["outputs"] = records / WINNER_OUTPUTS  # listed in `tune`'s last line
+    from routetune.reporting.files import write_reports  # matplotlib: loaded when needed
+
     result.files.update({f"report.{k}": v
                          for k, v in write_reports(records).items()})
     return dataclasses.replace(result, pruned=prune(run.outdir, trials, winner, opts.keep,

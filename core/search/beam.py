@@ -13,9 +13,9 @@ from typing import Any
 
 from routetune.judging.ranking import rank_key
 from routetune.options import option
-from routetune.records.trial import Status, Trial
+from routetune.records.trial import Status
 from routetune.routes.route import Route
-from routetune.search.strategy import Strategy
+from routetune.search.strategy import Result, Strategy
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Beam(Strategy):
         super().__init__(*args, **kwargs)
         self._beam: list[Route] = [Route()]
         self._seen: set[Route] = {Route()}
-        self._depth_results: list[tuple[Route, Trial]] = []
+        self._depth_results: list[tuple[Route, Result]] = []
         self._started = False
 
     def ask(self) -> list[Route]:
@@ -64,7 +64,7 @@ class Beam(Strategy):
         depths = max(self.space.max_depth - 1, 0)
         return min(first + depths * self.options.beam_width * first, self.space.size() - 1)
 
-    def tell(self, route: Route, trial: Trial) -> None:
-        """Record a trial of the current depth."""
+    def tell(self, route: Route, result: Result) -> None:
+        """Record a result of the current depth."""
         if not route.is_base:
-            self._depth_results.append((route, trial))
+            self._depth_results.append((route, result))

@@ -29,6 +29,7 @@ from routetune.backend import Backend
 from routetune.candidate.candidate import with_preflight
 from routetune.candidate.records import (
     BUILT,
+    Measured,
     Outcome,
     Recorded,
     StoredEngine,
@@ -45,7 +46,7 @@ from routetune.records.trial import Confirmation, Status, Trial
 from routetune.refinement import Refinement
 from routetune.registry import Registry
 from routetune.routes.route import Route
-from routetune.search.strategy import Strategy
+from routetune.search.strategy import Result, Strategy
 from routetune.signals import interrupted
 
 logger = logging.getLogger(__name__)
@@ -221,7 +222,7 @@ class SearchLoop:
                     break
                 ordered.append(finished[route])
                 if tell:
-                    strategy.tell(route, finished[route])
+                    strategy.tell(route, Result.of(finished[route]))
             return ordered
 
         try:
@@ -326,8 +327,8 @@ class SearchLoop:
             why = f"same engine as route '{same}' (equal engine files and run-time options)"
         if same == route:
             return None
-        fields = {k: built.fields[k] for k in ("candidate_sha256", "passes")
-                  if k in built.fields}
+        fields = Measured(candidate_sha256=built.fields["candidate_sha256"],
+                          passes=built.fields.get("passes", ()))
         if engine:
             fields["engine_sha256"] = engine
         return Outcome(Status.SKIPPED, why, fields)

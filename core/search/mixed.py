@@ -23,19 +23,18 @@ from typing import Any
 
 from routetune.judging.ranking import rank_key
 from routetune.options import option
-from routetune.records.trial import Status, Trial
+from routetune.records.trial import Status
 from routetune.routes.composer import RouteSpace
 from routetune.routes.route import Route
 from routetune.search.one_at_a_time import single_changes
-from routetune.search.strategy import Strategy
+from routetune.search.strategy import Result, Strategy
 from routetune.seasoning import ParamValue, SeasoningInfo
 
 
-def beats_base(trial: Trial) -> bool:
-    """Whether a trial is accurate and faster than the base route beyond noise."""
-    rel = trial.relative
-    return (trial.status == Status.OK and rel is not None and trial.base_latency is not None
-            and rel.ci_high < 1.0)
+def beats_base(result: Result) -> bool:
+    """Whether a route is accurate and faster than the base route beyond noise."""
+    rel = result.relative
+    return result.status == Status.OK and rel is not None and rel.ci_high < 1.0
 
 
 def positive_space(space: RouteSpace, positive: list[Route]) -> RouteSpace:
@@ -81,7 +80,7 @@ class Mixed(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._phase = 0
-        self._told: dict[Route, Trial] = {}
+        self._told: dict[Route, Result] = {}
         self._climbed: set[Route] = set()  # routes the ascent has extended
 
     def ask(self) -> list[Route]:
@@ -113,6 +112,6 @@ class Mixed(Strategy):
         self._climbed.add(best)
         return [r for r in self.space.extensions(best) if r not in self._told]
 
-    def tell(self, route: Route, trial: Trial) -> None:
-        """Record a trial."""
-        self._told[route] = trial
+    def tell(self, route: Route, result: Result) -> None:
+        """Record a result."""
+        self._told[route] = result

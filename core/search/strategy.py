@@ -12,9 +12,40 @@ from typing import Any, ClassVar
 
 from routetune.errors import UsageError
 from routetune.options import OptionError, build, check_keyword, options_of, problem
-from routetune.records.trial import Trial
+from routetune.records.trial import Status, Trial
 from routetune.routes.composer import RouteSpace
 from routetune.routes.route import Route
+from routetune.timing.measure import Latency
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a strategy is told of one route's trial: how it ended, and how fast it ran.
+
+    Args:
+        route: The route.
+        status: How its trial ended (`Status.OK`: built, ran and met the accuracy
+            constraint; only such a route may win).
+        latency: Its latency (ms); None when it was not measured.
+        relative: Its latency relative to the base route's measured alongside (a ratio
+            with its 95% interval: the inverse of the paired speed-up); None without a
+            base measurement.
+    """
+
+    route: Route
+    status: Status
+    latency: Latency | None = None
+    relative: Latency | None = None
+
+    @property
+    def steps(self) -> Route:
+        """The route (`routetune.judging.ranking.Ranked`)."""
+        return self.route
+
+    @classmethod
+    def of(cls, trial: Trial) -> Result:
+        """The result of a stored trial."""
+        return cls(trial.steps, Status(trial.status), trial.latency, trial.relative)
 
 
 @dataclass(frozen=True)
@@ -49,8 +80,8 @@ class Strategy:
         """The next routes to try; an empty list when the search is done."""
         raise NotImplementedError
 
-    def tell(self, route: Route, trial: Trial) -> None:
-        """Report the trial of a route that `ask` returned (or of the base route)."""
+    def tell(self, route: Route, result: Result) -> None:
+        """Report how the trial of a route that `ask` returned (or the base route) went."""
 
     PLANNED_IS_BOUND: ClassVar[bool] = False
     """Whether `planned` is an upper bound (the search may stop sooner), not a count."""

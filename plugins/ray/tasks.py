@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 
 from routetune.candidate.candidate import Candidate
-from routetune.candidate.records import StoredEngine, TrialInputs
+from routetune.candidate.records import Built, StoredEngine, TrialInputs
 from routetune.execution.worker import Timed, run_phase
 from routetune.logs import LOGS, captured
 from routetune.model import weights
@@ -340,7 +340,7 @@ class Measurer:
         _live(self.box, self.run)
         return where()
 
-    def measure(self, route: Route, fingerprint: str, built: Mapping[str, Any],
+    def measure(self, route: Route, fingerprint: str, built: Built,
                 deadline: float, *bundles: Bundle) -> Done:
         """The measure phase of one trial (`Candidate.measure`), its build's files first.
 

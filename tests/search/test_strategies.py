@@ -9,6 +9,7 @@ from routetune.search.beam import Beam, BeamOptions
 from routetune.search.exhaustive import Exhaustive
 from routetune.search.mixed import Mixed, MixedOptions
 from routetune.search.one_at_a_time import OneAtATime
+from routetune.search.strategy import Result
 from routetune.seasoning import Param, SeasoningInfo
 from routetune.timing.measure import Latency
 
@@ -43,13 +44,13 @@ def synthetic_ms(route: Route) -> float:
 
 
 def drive(strategy) -> list[list[Route]]:  # noqa: ANN001
-    strategy.tell(Route(), outcome(Route(), 10.0))
+    strategy.tell(Route(), Result.of(outcome(Route(), 10.0)))
     batches = []
     while batch := strategy.ask():
         batches.append(batch)
         for r in batch:
             status = Status.ACCURACY_FAILED if "d" in r.names else Status.OK
-            strategy.tell(r, outcome(r, synthetic_ms(r), status))
+            strategy.tell(r, Result.of(outcome(r, synthetic_ms(r), status)))
     return batches
 
 
@@ -109,15 +110,16 @@ def test_mixed_combines_only_the_changes_that_beat_the_base_beyond_noise() -> No
     d: fast but inaccurate, c{k=2}: slower. Phase 2 is a × c{k∈{1,3}} only."""
     times = {"a": 8.0, "b": 9.95, "c": 10.2, "c{k=2}": 11.0, "c{k=3}": 7.0, "d": 5.0}
     strategy = Mixed(space(), MixedOptions(ascent=False))  # trtexec's mixed
-    strategy.tell(Route(), paired(Route(), 10.0))
+    strategy.tell(Route(), Result.of(paired(Route(), 10.0)))
     first = strategy.ask()
     assert [str(r) for r in first] == ["a", "b", "c", "c{k=2}", "c{k=3}", "d"]
     for r in first:
-        strategy.tell(r, paired(r, times[str(r)], "accuracy-failed" if str(r) == "d" else "ok"))
+        status = "accuracy-failed" if str(r) == "d" else "ok"
+        strategy.tell(r, Result.of(paired(r, times[str(r)], status)))
     second = strategy.ask()
     assert sorted(str(r) for r in second) == ["a,c", "a,c{k=3}"]
     for r in second:
-        strategy.tell(r, paired(r, 6.0))
+        strategy.tell(r, Result.of(paired(r, 6.0)))
     assert strategy.ask() == []
 
 
@@ -132,12 +134,13 @@ def test_mixed_ascends_from_the_best_route_to_a_knob_that_helps_only_with_others
             str(route), 10.2)
 
     strategy = Mixed(space())
-    strategy.tell(Route(), paired(Route(), 10.0))
+    strategy.tell(Route(), Result.of(paired(Route(), 10.0)))
     batches = []
     while batch := strategy.ask():
         batches.append(sorted(str(r) for r in batch))
         for r in batch:
-            strategy.tell(r, paired(r, ms(r), "accuracy-failed" if "d" in r.names else "ok"))
+            status = "accuracy-failed" if "d" in r.names else "ok"
+            strategy.tell(r, Result.of(paired(r, ms(r), status)))
     assert batches[:2] == [["a", "b", "c", "c{k=2}", "c{k=3}", "d"], ["a,c", "a,c{k=3}"]]
     assert batches[2] == ["a,b,c{k=3}", "a,c{k=3},d"]  # the extensions of a,c{k=3}
     assert batches[3:] == [["a,b,c{k=3},d"]]  # then of a,b,c{k=3}, the new fastest
@@ -147,9 +150,9 @@ def test_mixed_ascends_from_the_best_route_to_a_knob_that_helps_only_with_others
 
 def test_mixed_stops_after_one_at_a_time_when_fewer_than_two_changes_help() -> None:
     strategy = Mixed(space(), MixedOptions(ascent=False))
-    strategy.tell(Route(), paired(Route(), 10.0))
+    strategy.tell(Route(), Result.of(paired(Route(), 10.0)))
     for r in strategy.ask():
-        strategy.tell(r, paired(r, 8.0 if str(r) == "a" else 10.5))
+        strategy.tell(r, Result.of(paired(r, 8.0 if str(r) == "a" else 10.5)))
     assert strategy.ask() == []
 
 
