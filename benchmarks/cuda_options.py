@@ -43,7 +43,7 @@ def main() -> None:
 
     from routetune.plugin_manager import load_registry
     from routetune.plugins.cuda import cuda_versions
-    from routetune.plugins.onnxruntime.cuda import provider_defaults
+    from routetune.plugins.onnxruntime.cuda_provider import provider_defaults
 
     registry = load_registry()
     report: dict[str, Any] = {"machine": {**cuda_versions(), "onnxruntime": ort.__version__,

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from routetune.errors import UsageError
 from routetune.options import check_keyword, options_of
 from routetune.plugin_manager import load_registry
-from routetune.run.run_spec import RunSpec, merge
+from routetune.run.recipe import merge
+from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import TuneResult
 
 if TYPE_CHECKING:

@@ -19,7 +19,8 @@ from routetune.errors import RoutetuneError, UsageError, with_flag_value
 from routetune.judging.verdict import FAILED
 from routetune.options import options_of
 from routetune.plugin_manager import load_registry
-from routetune.run.run_spec import RunSpec, merge
+from routetune.run.recipe import merge
+from routetune.run.run_spec import RunSpec
 
 if TYPE_CHECKING:
     from routetune.registry import Registry

@@ -10,7 +10,8 @@ from graphs import conv_bn
 from quick import QUICK_FLAGS, QUICK_KEYWORDS, quick_spec, searches_that_wait
 
 from routetune.registry import Registry
-from routetune.run.run_spec import RunSpec, merge
+from routetune.run.recipe import merge
+from routetune.run.run_spec import RunSpec
 from routetune.run.tuning import tune
 
 

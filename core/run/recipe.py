@@ -46,9 +46,9 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from routetune.errors import UsageError, one_line
-from routetune.options import OptionError, OptionInfo, options_of
+from routetune.options import OptionError, OptionInfo, Source, build, option_named, options_of
 from routetune.run.recipe_problems import field_path, plugin_problems, schema_problem
-from routetune.run.run_spec import RunSpec
+from routetune.run.run_spec import RunSpec, defaults
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -342,4 +342,56 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
 def _drop_empty(doc: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if v not in ({}, None) and not (
         k == "base" and v == [])}
+
+
+def merge(given: Mapping[str, Any], entry: Source, registry: Registry) -> RunSpec:
+    """One `RunSpec` from the options given and the recipe among them.
+
+    Each option takes, in order of precedence: the value given (on the command line
+    or as a keyword), the recipe's, the default. ``space`` is merged per parameter and
+    ``search_options`` per option;
+    ``seasonings`` given drops the recipe's spaces of seasonings left out; a model or
+    example given replaces the recipe's model and its sha256.
+
+    Args:
+        given: Option name → value, for the options the user gave (not the defaults).
+        entry: The front end that gave them (``cli`` or ``api``).
+        registry: The installed plugins, to validate the recipe against.
+
+    Raises:
+        UsageError: The recipe does not validate (one line, field by field).
+    """
+    values = defaults()
+    sources: dict[str, Source] = {}
+    recipe = given.get("recipe")
+    if recipe is not None:
+        try:
+            from_recipe = recipe_values(load_recipe(recipe, registry), recipe)
+        except OptionError as e:  # the recipe file itself: named as the user gave it
+            raise UsageError(option_named(RunSpec, e.option).spelled(entry) + e.rest) from e
+        values.update(from_recipe)
+        sources.update(dict.fromkeys(from_recipe, "recipe"))
+    for name, value in given.items():
+        if name == "space":
+            value = _merged_space(values["space"], value)
+        elif name == "search_options":  # per option, as --space is per parameter
+            value = {**values["search_options"], **value}
+        values[name] = value
+        sources[name] = entry
+    if recipe is not None and "seasonings" in given and values["seasonings"] is not None:
+        keep = set(values["seasonings"])  # the recipe's spaces of seasonings left out go
+        values["space"] = {k: v for k, v in values["space"].items() if k in keep}
+    if recipe is not None and ("model" in given or "example" in given):
+        values["model"], values["example"] = given.get("model"), given.get("example")
+        values["model_sha256"] = None  # the recipe's hash is of its own model
+    return build(RunSpec, {**values, "sources": sources, "entry": entry})
+
+
+def _merged_space(recipe: Mapping[str, Mapping[str, tuple[Any, ...]]],
+                  given: Mapping[str, Mapping[str, tuple[Any, ...]]]
+                  ) -> dict[str, dict[str, tuple[Any, ...]]]:
+    out = {k: dict(v) for k, v in recipe.items()}
+    for name, params in given.items():
+        out.setdefault(name, {}).update(params)
+    return out
 

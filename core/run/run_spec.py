@@ -1,10 +1,10 @@
 """`RunSpec`: what a run was asked to do, each option declared once, frozen and picklable.
 
-The command line, a recipe and the Python API each give values; `merge` combines them
-(what was given overrides the recipe, the recipe overrides the defaults) into one
-`RunSpec`, which flows unchanged from the entry point to the worker processes
-(`routetune.candidate.records.TrialInputs.spec`). The option table is the dataclass itself
-(`routetune.options`).
+The command line, a recipe and the Python API each give values;
+`routetune.run.recipe.merge` combines them (what was given overrides the recipe, the
+recipe overrides the defaults) into one `RunSpec`, which flows unchanged from the entry
+point to the worker processes (`routetune.candidate.records.TrialInputs.spec`). The option
+table is the dataclass itself (`routetune.options`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from routetune.options import (
     OptionError,
     OptionInfo,
     Source,
-    build,
     option,
-    option_named,
     options_of,
     problem,
     values_of,
@@ -36,7 +34,7 @@ from routetune.timing.conditions import MODES
 from routetune.timing.measure import MeasureSettings
 
 if TYPE_CHECKING:
-    from routetune.registry import Registry
+    pass
 
 BOTH = ("tune", "build")
 
@@ -269,57 +267,3 @@ class RunSpec:
 def defaults() -> dict[str, Any]:
     """Every option's default, by name."""
     return {o.name: o.default for o in options_of(RunSpec)}
-
-
-def merge(given: Mapping[str, Any], entry: Source, registry: Registry) -> RunSpec:
-    """One `RunSpec` from the options given and the recipe among them.
-
-    Each option takes, in order of precedence: the value given (on the command line
-    or as a keyword), the recipe's, the default. ``space`` is merged per parameter and
-    ``search_options`` per option;
-    ``seasonings`` given drops the recipe's spaces of seasonings left out; a model or
-    example given replaces the recipe's model and its sha256.
-
-    Args:
-        given: Option name → value, for the options the user gave (not the defaults).
-        entry: The front end that gave them (``cli`` or ``api``).
-        registry: The installed plugins, to validate the recipe against.
-
-    Raises:
-        UsageError: The recipe does not validate (one line, field by field).
-    """
-    values = defaults()
-    sources: dict[str, Source] = {}
-    recipe = given.get("recipe")
-    if recipe is not None:
-        from routetune.run.recipe import load_recipe, recipe_values
-
-        try:
-            from_recipe = recipe_values(load_recipe(recipe, registry), recipe)
-        except OptionError as e:  # the recipe file itself: named as the user gave it
-            raise UsageError(option_named(RunSpec, e.option).spelled(entry) + e.rest) from e
-        values.update(from_recipe)
-        sources.update(dict.fromkeys(from_recipe, "recipe"))
-    for name, value in given.items():
-        if name == "space":
-            value = _merged_space(values["space"], value)
-        elif name == "search_options":  # per option, as --space is per parameter
-            value = {**values["search_options"], **value}
-        values[name] = value
-        sources[name] = entry
-    if recipe is not None and "seasonings" in given and values["seasonings"] is not None:
-        keep = set(values["seasonings"])  # the recipe's spaces of seasonings left out go
-        values["space"] = {k: v for k, v in values["space"].items() if k in keep}
-    if recipe is not None and ("model" in given or "example" in given):
-        values["model"], values["example"] = given.get("model"), given.get("example")
-        values["model_sha256"] = None  # the recipe's hash is of its own model
-    return build(RunSpec, {**values, "sources": sources, "entry": entry})
-
-
-def _merged_space(recipe: Mapping[str, Mapping[str, tuple[Any, ...]]],
-                  given: Mapping[str, Mapping[str, tuple[Any, ...]]]
-                  ) -> dict[str, dict[str, tuple[Any, ...]]]:
-    out = {k: dict(v) for k, v in recipe.items()}
-    for name, params in given.items():
-        out.setdefault(name, {}).update(params)
-    return out

@@ -12,13 +12,11 @@ the other figure, a host-to-host run with the copies. Provider options are setti
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from routetune.backend import Engine, Feed, OptionSpec, Runner
@@ -32,34 +30,12 @@ from routetune.plugins.onnxruntime.backend import (
     session_options,
 )
 from routetune.plugins.onnxruntime.cuda_options import FLAG, SEARCHED, flags_beyond_catalog
+from routetune.plugins.onnxruntime.cuda_provider import PROVIDER, provider_defaults
 
 CUDA_NS = NS + "cuda."
-PROVIDER = "CUDAExecutionProvider"
 
 CUDA_OPTIONS = SEARCHED
 """The CUDA provider options routetune searches (`cuda_options.SEARCHED`)."""
-
-
-@functools.cache
-def provider_defaults() -> dict[str, str]:
-    """The installed CUDA provider's options and their defaults, by name.
-
-    Read from a one-node session (``get_provider_options``); empty when the provider
-    cannot start (no GPU, no CUDA libraries).
-    """
-    graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
-        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
-    model.ir_version = 8  # what every supported onnxruntime reads
-    if PROVIDER not in ort.get_available_providers():  # onnxruntime, not onnxruntime-gpu
-        return {}
-    try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=[PROVIDER])
-        return dict(session.get_provider_options().get(PROVIDER, {}))
-    except Exception:  # noqa: BLE001 - any failure means: no usable provider
-        return {}
 
 
 class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):

@@ -243,7 +243,7 @@ class CudaFlag(Seasoning):
 
 def make_cuda_flag() -> type[Seasoning]:
     """``ort-cuda-flag`` for the installed CUDA provider (`cuda_flag_seasoning`)."""
-    from routetune.plugins.onnxruntime.cuda import provider_defaults
+    from routetune.plugins.onnxruntime.cuda_provider import provider_defaults
 
     return cuda_flag_seasoning(provider_defaults())
 

@@ -17,9 +17,6 @@ openvino is imported only when this backend builds, runs or describes its device
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
-import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +27,12 @@ import numpy as np
 from routetune.backend import Backend, Engine, Feed, OptionSpec, Runner
 from routetune.errors import BuildError
 from routetune.feeds.examples import cache_dir
+from routetune.plugins.openvino.installed import DEVICE, core, cpu_facts, installed_version, missing
 from routetune.plugins.openvino.properties import NS, UNSET, cores
 
-DEVICE = "CPU"
 CACHE = "openvino"
 """The folder under routetune's cache (``$ROUTETUNE_CACHE`` or ``~/.cache/routetune``) for
 OpenVINO's model cache (`cache_folder`)."""
-INSTALL = "pip install 'routetune[openvino]'"
 FP8 = ("float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float8e8m0",
        "float4e2m1")
 
@@ -49,23 +45,6 @@ def cache_folder() -> Path:
     (SECURITY.md).
     """
     return cache_dir() / CACHE
-
-
-@dataclass(frozen=True)
-class CpuFacts:
-    """What OpenVINO's CPU plugin reports about this CPU.
-
-    Args:
-        name: ``FULL_DEVICE_NAME`` (``AMD EPYC``, ``Intel(R) Xeon(R) ...``).
-        capabilities: ``OPTIMIZATION_CAPABILITIES`` (``FP32``, ``BF16``, ``FP16``, ``INT8`` …).
-        default_precision: The default ``INFERENCE_PRECISION_HINT`` (``f32``, ``bf16``).
-        version: ``openvino.get_version()``, the full build string.
-    """
-
-    name: str
-    capabilities: tuple[str, ...]
-    default_precision: str
-    version: str
 
 
 @dataclass(frozen=True)
@@ -84,33 +63,6 @@ class Compiled:
     output_names: tuple[str, ...]
 
 
-@functools.cache
-def core() -> Any:
-    """The process's ``openvino.Core`` (one per process: it owns the plugin's threads)."""
-    import openvino as ov
-
-    return ov.Core()
-
-
-@functools.cache
-def cpu_facts() -> CpuFacts:
-    """Read `CpuFacts` from the installed OpenVINO (imports it)."""
-    import openvino as ov
-
-    ov_core = core()
-    precision = ov_core.get_property(DEVICE, "INFERENCE_PRECISION_HINT")
-    return CpuFacts(str(ov_core.get_property(DEVICE, "FULL_DEVICE_NAME")),
-                    tuple(ov_core.get_property(DEVICE, "OPTIMIZATION_CAPABILITIES")),
-                    precision.get_type_name(), ov.get_version())
-
-
-def _installed() -> str:
-    try:
-        return importlib.metadata.version("openvino")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
 class OpenVinoBackend(Backend):
     """Compiles OpenVINO models for the CPU and runs them through infer requests."""
 
@@ -118,13 +70,11 @@ class OpenVinoBackend(Backend):
 
     def available(self) -> str | None:
         """None with the openvino package installed; else why not, in one line."""
-        if importlib.util.find_spec("openvino") is None:
-            return f"the openvino package is not installed; {INSTALL}"
-        return None
+        return missing()
 
     def version(self) -> str:
         """The installed openvino distribution's version (``2026.4.1``)."""
-        return _installed() or "not installed"
+        return installed_version() or "not installed"
 
     def versions(self) -> dict[str, str]:
         """The OpenVINO build, and the CPU's name and capabilities as OpenVINO sees them."""

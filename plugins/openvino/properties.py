@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from routetune.option_seasoning import FromParam, OptionSeasoning, option_seasoning, set_options
+from routetune.plugins.openvino.installed import cpu_facts, missing
 from routetune.seasoning import Param, PassResult, RouteContext, RouteState, SeasoningInfo
 
 if TYPE_CHECKING:
@@ -264,14 +265,12 @@ def make_precision() -> type[OvPrecision]:
     Without openvino (``routetune seasonings`` lists every seasoning), one with no
     choices, whose reason is the backend's.
     """
-    from routetune.plugins.openvino.backend import OpenVinoBackend, cpu_facts
-
-    missing = OpenVinoBackend().available()
-    if missing:
+    why = missing()
+    if why:
         info = SeasoningInfo(name=OvPrecision.info.name, stage="build", backends=OV,
-                             summary=f"INFERENCE_PRECISION_HINT ({missing})")
+                             summary=f"INFERENCE_PRECISION_HINT ({why})")
         return type("OvPrecision", (OvPrecision,), {
-            "info": info, "left_out": {"bf16, f16": missing}, "__module__": __name__,
+            "info": info, "left_out": {"bf16, f16": why}, "__module__": __name__,
             "__qualname__": "OvPrecision"})
     facts = cpu_facts()
     return precision_seasoning(facts.capabilities, facts.default_precision, facts.name)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from command import routetune
 from graphs import conv_bn
 from PIL import Image
 from quick import quick_spec
@@ -171,8 +172,7 @@ def test_routes_break_only_between_steps() -> None:
 def test_report_command_rewrites_them_and_refuses_a_directory_without_a_store(
         outdir: Path, tmp_path: Path) -> None:
     (outdir / "report.html").unlink()
-    done = subprocess.run(["routetune", "report", str(outdir)], capture_output=True, text=True,
-                          timeout=120)
+    done = routetune("report", str(outdir))
     assert done.returncode == 0, done.stderr
     assert (outdir / "report.html").stat().st_size > 10_000
     with pytest.raises(UsageError, match="no trials.sqlite here"):
@@ -180,8 +180,7 @@ def test_report_command_rewrites_them_and_refuses_a_directory_without_a_store(
     broken = tmp_path / "broken"
     shutil.copytree(outdir, broken)
     (broken / "run.json").write_text("{not json")
-    done = subprocess.run(["routetune", "report", str(broken)], capture_output=True,
-                          text=True, timeout=120)
+    done = routetune("report", str(broken))
     assert done.returncode == 2
     assert done.stderr.startswith(f"routetune: error: {broken / 'run.json'}: not a readable "
                                   "run record")

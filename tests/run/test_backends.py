@@ -26,7 +26,8 @@ from routetune.run.backends import (
     write,
 )
 from routetune.run.preparation import Prepared
-from routetune.run.run_spec import RunSpec, merge
+from routetune.run.recipe import merge
+from routetune.run.run_spec import RunSpec
 from routetune.run.side_by_side import side_by_side
 from routetune.run.winner import WINNER_OUTPUTS, load_outputs
 from routetune.timing.measure import Latency, Speedup

@@ -14,8 +14,7 @@ from quick import QUICK_FLAGS, QUICK_KEYWORDS
 
 import routetune
 from routetune.errors import UsageError
-from routetune.run.recipe import Recipe, json_schema, load_recipe
-from routetune.run.run_spec import merge
+from routetune.run.recipe import Recipe, json_schema, load_recipe, merge
 
 
 def write(tmp_path: Path, text: str) -> Path:

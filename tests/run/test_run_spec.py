@@ -17,8 +17,8 @@ from routetune.errors import UsageError
 from routetune.options import option, options_of
 from routetune.registry import Registry
 from routetune.routes.composer import RouteSpace
-from routetune.run.recipe import json_schema
-from routetune.run.run_spec import RunSpec, merge
+from routetune.run.recipe import json_schema, merge
+from routetune.run.run_spec import RunSpec
 from routetune.search.strategy import Strategy, configure
 from routetune.testing import ContractError, check_strategy, registry_with
 

@@ -17,9 +17,9 @@ from routetune.plugins.onnxruntime.cuda import (
     CUDA_NS,
     CUDA_OPTIONS,
     OnnxRuntimeCudaBackend,
-    provider_defaults,
 )
 from routetune.plugins.onnxruntime.cuda_options import CudaNhwc, flags_beyond_catalog, unaccounted
+from routetune.plugins.onnxruntime.cuda_provider import provider_defaults
 from routetune.registry import Registry
 from routetune.run.tuning import tune
 from routetune.seasoning import RouteContext, RouteState

@@ -14,7 +14,8 @@ from routetune.errors import BackendError, BuildError
 from routetune.feeds.profile import ShapeProfile
 from routetune.option_seasoning import check_option_keys
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
-from routetune.plugins.openvino.backend import CACHE, OpenVinoBackend, cpu_facts
+from routetune.plugins.openvino.backend import CACHE, OpenVinoBackend
+from routetune.plugins.openvino.installed import core, cpu_facts
 from routetune.plugins.openvino.properties import (
     LEFT_OUT,
     NS,
@@ -121,7 +122,7 @@ def test_versions_and_device_name_the_cpu_and_its_capabilities() -> None:
 
 
 def test_every_writable_cpu_property_is_searched_or_left_out_with_a_reason() -> None:
-    from routetune.plugins.openvino.backend import core
+
 
     reported = core().get_property("CPU", "SUPPORTED_PROPERTIES")
     writable = {name for name, mode in reported.items() if "W" in str(mode)}

@@ -33,7 +33,7 @@ if __name__ == "__main__":
 @needs_openvino
 def test_a_search_on_openvino_records_ok_trials_with_the_cpus_capabilities(
         tmp_path: Path) -> None:
-    from routetune.plugins.openvino.backend import cpu_facts
+    from routetune.plugins.openvino.installed import cpu_facts
 
     model = conv_bn(tmp_path / "m.onnx")
     out = tmp_path / "out"
