@@ -43,8 +43,8 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult | Backen
             (``"x:1x3x224x224"``), ``min_shapes``, ``opt_shapes``, ``max_shapes``,
             ``space``, ``routes``, ``base``, ``backend_options``, ``model_sha256``,
             ``fresh``, ``max_trials``, ``time_budget_s`` (s), ``min_runs``,
-            ``min_time_s`` (s), ``latency`` (``device``, ``end-to-end``),
-            ``build_workers``, ``trial_timeout_s`` (s), ``worker_memory_mb`` (MiB),
+            ``min_time_s`` (s), ``latency`` (``device``, ``end-to-end``), ``race``
+            (bool: stop timing a candidate that cannot win), ``build_workers``, ``trial_timeout_s`` (s), ``worker_memory_mb`` (MiB),
             ``in_process``, ``executor`` (``local``, ``ray``), ``ray_address``,
             ``min_speedup``, ``confirm_repeats``,
             ``busy_machine`` (``wait``, ``warn``, ``ignore``),

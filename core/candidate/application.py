@@ -144,6 +144,7 @@ class RouteApplier:
         evaluate = self.evaluate if self.reference is not None else None
         ctx = RouteContext(self.backend, tuple(self.inputs.feeds), str(applied), evaluate,
                            self.store, self.run_on_device)
+        before = _state_digest(state)
         t0 = time.perf_counter_ns()
         try:
             if state.graph is not None and seasoning.info.stage != "build":
@@ -158,8 +159,14 @@ class RouteApplier:
         except (Exception, SystemExit) as e:  # sys.exit() in a plugin is a crash too
             raise SeasoningCrashed(step.name, str(applied), e) from e
         ms = (time.perf_counter_ns() - t0) / 1e6
-        return {"step": str(step), "modified": result.modified, "stats": dict(result.stats),
-                "note": result.note, "ms": round(ms, 3)}
+        modified, note = result.modified, result.note
+        if not modified and _state_digest(state) != before:  # the record must be honest:
+            modified = True  # the search takes an unmodified step for the same engine
+            note = "; ".join(filter(None, [note, "reported modified: false, but changed the "
+                                           "model or the settings: recorded as modified"]))
+            logger.warning("%s after '%s': %s", step, applied, note)
+        return {"step": str(step), "modified": modified, "stats": dict(result.stats),
+                "note": note, "ms": round(ms, 3)}
 
     def evaluate(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
         """Run `model` in FP32 on the reference backend on every input set; all outputs.
@@ -211,3 +218,35 @@ class RouteApplier:
     def save_model(self, data: bytes) -> Path:
         """Keep a candidate model under ``artifacts/models/<sha256[:16]>.onnx``; its path."""
         return save_model(self.outdir, data)
+
+
+def _state_digest(state: RouteState) -> tuple[Any, ...]:
+    """What a pass may change of a route's state, for comparing before and after it.
+
+    The nodes (operator, domain, attributes, input and output names), the graph's
+    inputs and outputs, the constants (name, shape, dtype and which array holds the
+    values: a pass that writes new values writes a new array) and the settings. The
+    values themselves are not read: for a 2 GiB model that would cost seconds a step.
+    """
+    settings = tuple(sorted((k, repr(v)) for k, v in state.settings.items()))
+    graph = state.graph
+    if graph is None:
+        return (settings,)
+
+    def light(value: Any) -> Any:
+        if isinstance(value, gs.Tensor):
+            return ("tensor", value.name)
+        if isinstance(value, np.ndarray):
+            return ("array", value.shape, str(value.dtype), id(value))
+        if isinstance(value, gs.Graph):
+            return ("graph", value.name, len(value.nodes))
+        return repr(value)
+
+    nodes = tuple((n.op, n.domain, tuple(t.name for t in n.inputs),
+                   tuple(t.name for t in n.outputs),
+                   tuple(sorted((k, light(v)) for k, v in n.attrs.items())))
+                  for n in graph.nodes)
+    constants = tuple(sorted((t.name, tuple(t.shape or ()), str(t.dtype), id(t._values))
+                             for t in graph.tensors().values() if isinstance(t, gs.Constant)))
+    return (settings, nodes, constants, tuple(t.name for t in graph.inputs),
+            tuple(t.name for t in graph.outputs))

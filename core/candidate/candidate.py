@@ -60,7 +60,12 @@ from routetune.errors import (
     SeasoningError,
     describe,
 )
-from routetune.judging.accuracy import measure_accuracy
+from routetune.judging.accuracy import (
+    AccuracyMeasurement,
+    Unjudgeable,
+    judge,
+    measure_accuracy,
+)
 from routetune.judging.strict_fp16 import mentions_float16, strict_fp16_overflows
 from routetune.model.loading import sha256
 from routetune.model.postconditions import cast_faults, check_candidate
@@ -70,11 +75,13 @@ from routetune.registry import Registry
 from routetune.routes.route import Route, Step, parse_route
 from routetune.seasoning import RouteState
 from routetune.timing.measure import (
+    Block,
     Latency,
     Speedup,
     measure_blocks,
     paired_speedup,
 )
+from routetune.timing.race import FAILED_ACCURACY, Bar, cannot_reach, out_of_race
 
 logger = logging.getLogger(__name__)
 
@@ -141,13 +148,16 @@ class Candidate:
             return Outcome(Status.BUILD_FAILED, describe(e), fields)
         return Outcome(BUILT, "", fields)
 
-    def measure(self, route: Route, fingerprint: str, built: Built) -> Outcome:
+    def measure(self, route: Route, fingerprint: str, built: Built,
+                bar: Bar | None = None) -> Outcome:
         """Run a built candidate, measure its accuracy and time it.
 
         Args:
             route: The route.
             fingerprint: The trial's fingerprint (names a kept engine file).
             built: The fields of its `BUILT` outcome.
+            bar: The speed-up it races against (`routetune.timing.race`); None: only
+                0.5x (`routetune.timing.race.HOPELESS`).
 
         Returns:
             ``ok`` (measured; the search loop judges it against the constraint),
@@ -191,8 +201,11 @@ class Candidate:
                 fields.update(Measured(accuracy=measured.metrics, faults=tuple(faults),
                                        notes=tuple(notes), tolerances=measured.tolerances,
                                        accuracy_per_set=measured.per_set))
+                if bar is not None and self._fails(fields):
+                    bar = FAILED_ACCURACY
                 timed, conditions = self.timing.watched(
-                    lambda: self.timing.measure(runner, route))
+                    lambda: self.timing.measure(runner, route, bar),
+                    None if bar is None else lambda t: cannot_reach(t.get("paired"), bar))
                 notes += timed.pop("notes", ())
                 fields.update(timed)
                 fields.update(Measured(notes=tuple(notes), conditions=conditions,
@@ -202,12 +215,31 @@ class Candidate:
             return Outcome(Status.CRASHED, describe(e), fields)
         return Outcome(Status.OK, "", fields)
 
+    def _fails(self, fields: Measured) -> bool:
+        """Whether a measured candidate fails the accuracy constraint it races under.
+
+        The constraint is `TrialInputs.constraint`; never without one.
+        """
+        constraint = self.inputs.constraint
+        if constraint is None:
+            return False
+        measurement = AccuracyMeasurement(
+            fields.get("accuracy", {}), fields.get("faults", ()), fields.get("notes", ()),
+            fields.get("tolerances", {}), fields.get("accuracy_per_set", {}))
+        try:
+            return not judge(measurement, constraint).passed
+        except Unjudgeable:
+            return False
+
     def confirm(self, stored: StoredEngine) -> Confirmation:
         """Re-measure a stored trial against the base route, both engines built anew.
 
         Meant for a fresh worker process: nothing of the search's sessions is reused.
         The two engines are timed in paired blocks (`CONFIRM_BLOCKS` at least, and 3x
-        the search's minimum time), under the busy-machine policy.
+        the search's minimum time), under the busy-machine policy. Racing
+        (`MeasureSettings.race`), the timing stops once the paired blocks show the
+        route cannot clear ``--min-speedup`` (`routetune.timing.race.out_of_race`): it
+        would not hold; ``conditions["raced"]`` then gives that bar.
 
         Raises:
             BuildError: An engine could not be rebuilt.
@@ -226,14 +258,27 @@ class Candidate:
                                              (base_path, base_settings, "", "")):
                 runners.append(open_engine(self.backend, self.engine(model, options, key, sha)))
 
+            floor = self.inputs.settings.min_speedup
+            bar = Bar(floor, f"--min-speedup {floor:g}") if m.race else None
+            raced: list[float] = []
+
+            def give_up(blocks: list[Block]) -> bool:
+                if bar is not None and out_of_race(blocks, bar) is not None:
+                    raced.append(bar.speedup)
+                return bool(raced)
+
             def timed() -> tuple[list[Latency], Speedup]:
-                latencies, blocks = measure_blocks(runners, self.inputs.feeds, settings_)
+                raced.clear()
+                latencies, blocks = measure_blocks(runners, self.inputs.feeds, settings_,
+                                                   give_up)
                 return latencies, paired_speedup(blocks, 0, 1)
 
             (latencies, paired), conditions = self.timing.watched(timed)
         finally:
             for runner in runners:
                 runner.close()
+        if raced:
+            conditions = {**conditions, "raced": raced[0]}
         return Confirmation(route, latencies[0], latencies[1], paired, conditions)
 
     def outputs(self, stored: StoredEngine) -> list[dict[str, np.ndarray]] | None:

@@ -3,7 +3,8 @@
 The base route's engine is opened once per worker and kept; each candidate is timed in
 alternating blocks with it (`routetune.timing.measure.measure_blocks`), so that the machine's
 drift cancels out of the speed-up (`routetune.timing.measure.paired_speedup`). A candidate
-that is clearly far slower than the base route is timed no further (`hopeless`). Every
+whose paired blocks show it cannot clear its bar is timed no further
+(`routetune.timing.race`). Every
 timing waits for a quiet machine, or marks itself noisy, as ``--busy-machine`` says
 (`routetune.timing.conditions.measure_watched`).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,36 +33,11 @@ from routetune.timing.measure import (
     measure_blocks,
     paired_speedup,
 )
+from routetune.timing.race import HOPELESS, Bar, out_of_race, race_note
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-HOPELESS_SPEEDUP = 0.5
-"""A candidate whose paired speed-up stays below this in every one of `HOPELESS_PAIRS`
-paired blocks or more (the whole 95% interval below it) is timed no further: it is at
-least twice as slow as the base route, so it cannot win, and its figure is already
-clear. On PP-OCR's recognizer on an H200, a cuDNN algorithm choice 35x slower than the
-base route took 28 s to measure, and 16–17 s with this stop (docs/benchmarks.md, "A
-hopeless candidate stops early")."""
-
-HOPELESS_PAIRS = 6
-"""Paired blocks before `hopeless` may judge: the fewest for which `median_ci` gives an
-interval (with 6, the whole range of the 6 ratios)."""
-
-
-def hopeless(blocks: list[Block]) -> Speedup | None:
-    """The paired speed-up of runner 0 over runner 1 if it is hopeless, else None.
-
-    Hopeless: at least `HOPELESS_PAIRS` candidate blocks, and the upper end of the
-    speed-up's 95% interval (`routetune.timing.measure.paired_speedup`) below
-    `HOPELESS_SPEEDUP`.
-    """
-    if sum(b.runner == 0 for b in blocks) < HOPELESS_PAIRS:
-        return None
-    speedup = paired_speedup(blocks, 0, 1)
-    return speedup if speedup.ci_high < HOPELESS_SPEEDUP else None
-
 
 def other_settings(settings: MeasureSettings) -> MeasureSettings:
     """How the other latency is timed: the other kind, a quarter of the time, 6 blocks."""
@@ -84,21 +61,28 @@ class PairedTiming:
         self._base: Runner | Literal[False] | None = None  # False: cannot be built
         self._gpu: str | None = None  # see policy
 
-    def watched(self, timed: Callable[[], T]) -> tuple[T, dict[str, Any]]:
+    def watched(self, timed: Callable[[], T], settled: Callable[[T], bool] | None = None,
+                ) -> tuple[T, dict[str, Any]]:
         """Run `timed` under the busy-machine policy (`measure_watched`).
+
+        Args:
+            timed: The measurement.
+            settled: Whether a busy result stands without a quiet re-measurement.
 
         Returns:
             Its result, and the machine's conditions meanwhile.
         """
-        return measure_watched(self.policy(), self.status(), timed)
+        return measure_watched(self.policy(), self.status(), timed, settled)
 
-    def measure(self, runner: Runner, route: Route) -> Timing:
+    def measure(self, runner: Runner, route: Route, bar: Bar | None = None) -> Timing:
         """Time a candidate in paired blocks with the base route's engine, then alone.
 
         The paired blocks time what ``--latency`` names (`MeasureSettings.latency`).
         On a runner with host copies (a GPU engine), the other figure follows, timed
         alone for a quarter of the time (`other_settings`): it is recorded, never judged.
-        A `hopeless` candidate's timing ends at that point, without the other figure.
+        A candidate out of the race (`routetune.timing.race.out_of_race`) against `bar`
+        (with ``--no-race`` or no bar: `HOPELESS`) is timed no further, without the
+        other figure.
 
         Returns:
             `Trial` fields: ``latency``, ``base_latency`` (measured in the same loop)
@@ -109,16 +93,17 @@ class PairedTiming:
         """
         feeds, settings = self.inputs.feeds, self.inputs.measure
         timed = Timing(latency_kind=settings.latency, base_latency=None, paired=None,
-                      other_latency=None, notes=())
+                      other_latency=None, notes=(), raced=None)
         base = None if route.is_base else self.base_runner()
         if route.is_base or base is None:
             timed["latency"] = measure(runner, feeds, settings)
             timed["base_latency"] = timed["latency"] if route.is_base else None
         else:
             stopped: list[Speedup] = []
+            racing = bar if bar is not None and settings.race else HOPELESS
 
             def give_up(blocks: list[Block]) -> bool:
-                stopped.extend(s for s in [hopeless(blocks)] if s is not None)
+                stopped.extend(s for s in [out_of_race(blocks, racing)] if s is not None)
                 return bool(stopped)
 
             (latency, base_latency), blocks = measure_blocks([runner, base], feeds, settings,
@@ -126,11 +111,8 @@ class PairedTiming:
             timed["latency"], timed["base_latency"] = latency, base_latency
             timed["paired"] = paired_speedup(blocks, 0, 1)
             if stopped:
-                p = stopped[0]
-                timed["notes"] = (
-                    f"timing stopped after {p.pairs} paired blocks: {p.value:.3f}x "
-                    f"[{p.ci_low:.3f}, {p.ci_high:.3f}] over the base route, below "
-                    f"{HOPELESS_SPEEDUP}x in every block; it cannot win",)
+                timed["notes"] = (race_note(stopped[0], racing),)
+                timed["raced"] = None if math.isinf(racing.speedup) else racing.speedup
                 return timed
         if runner.host_copies:
             timed["other_latency"] = measure(runner, feeds, other_settings(settings))

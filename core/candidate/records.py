@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
+from routetune.judging.constraint import Constraint
 from routetune.records.trial import Status
 from routetune.timing.conditions import BusyPolicy
 from routetune.timing.measure import Latency, MeasureSettings, Speedup
@@ -35,11 +36,14 @@ class TrialSettings:
         measure: How long to time each candidate (``--min-runs``, ``--min-time``, …).
         backend_options: Build options every route starts from (backend option keys).
         busy_machine: The ``--busy-machine`` mode (`routetune.timing.conditions.MODES`).
+        min_speedup: ``--min-speedup``: the least speed-up a candidate races against
+            (`routetune.timing.race`).
     """
 
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     busy_machine: str = BusyPolicy.mode
+    min_speedup: float = 1.0
 
 
 BUILT: Literal["built"] = "built"
@@ -72,6 +76,9 @@ class TrialInputs:
             (`routetune.judging.constraint.Constraint.task_params`).
         tuner_pids: `BusyPolicy.tuner`: processes whose trees are the tuner's, set where
             the worker is not the tuner's child (a Ray worker); empty otherwise.
+        constraint: The accuracy constraint, for racing only: a candidate that fails it
+            is timed just long enough for a figure (`routetune.timing.race`); the search
+            loop judges every trial itself. None: every candidate is timed in full.
     """
 
     model: PreparedModel
@@ -87,6 +94,7 @@ class TrialInputs:
     reference: bool = True
     task_params: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     tuner_pids: tuple[int, ...] = ()
+    constraint: Constraint | None = None
 
     @property
     def measure(self) -> MeasureSettings:
@@ -168,6 +176,7 @@ class Timing(TypedDict, total=False):
     latency_kind: str
     other_latency: Latency | None
     notes: tuple[str, ...]
+    raced: float | None
 
 
 class Measured(Built, total=False):
@@ -189,6 +198,7 @@ class Measured(Built, total=False):
     conditions: Mapping[str, Any]
     noisy: str
     device_memory_bytes: int | None
+    raced: float | None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from routetune.execution import DEFAULT_TIMEOUT_S
 from routetune.records.trial import Confirmation, Status
 from routetune.registry import Registry
 from routetune.routes.route import Route
+from routetune.timing.race import Bar
 
 __all__ = ["NOT_MEASURED", "AfterBuild", "Confirmation", "Executor", "ExecutorSettings",
            "InlineExecutor", "Job", "Outcome", "StoredEngine", "TrialInputs"]
@@ -42,11 +43,14 @@ class Job:
         model_steps: The route's graph and precision steps, in order: the part that
             makes its model. A job whose model steps extend a running job's is best
             started after it, to reuse its model.
+        bar: The speed-up over the base route it races against (`routetune.timing.race`);
+            None for the base route.
     """
 
     route: Route
     fingerprint: str
     model_steps: Route = Route()
+    bar: Bar | None = None
 
     def extends(self, other: Job) -> bool:
         """Whether `other`'s model steps are a non-empty prefix of this job's."""
@@ -223,7 +227,7 @@ class InlineExecutor(Executor):
             outcome = candidate.build(job.route, job.fingerprint)
             if outcome.status == BUILT:
                 outcome = after_build(job, outcome) or candidate.measure(
-                    job.route, job.fingerprint, outcome.fields)
+                    job.route, job.fingerprint, outcome.fields, job.bar)
             self._current = None
             if outcome is not NOT_MEASURED:
                 yield job, outcome

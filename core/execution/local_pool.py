@@ -171,7 +171,8 @@ class LocalPool(Executor):
                     continue
                 slot = free.pop(0)
                 future = self._measurers[slot].schedule(
-                    worker.measure, (job.route, job.fingerprint, built.fields, self._log(job)),
+                    worker.measure, (job.route, job.fingerprint, built.fields, self._log(job),
+                                     job.bar),
                     timeout=self.timeout_s)
                 measuring[future] = (job, built, slot)
                 self._running[future] = job

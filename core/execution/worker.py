@@ -32,6 +32,7 @@ from routetune.execution.handoff import Address, receive
 from routetune.logs import captured
 from routetune.records.trial import Confirmation, Status
 from routetune.routes.route import Route
+from routetune.timing.race import Bar
 
 _candidate: Candidate | None = None
 _failed: BaseException | None = None
@@ -97,10 +98,12 @@ def build(route: Route, fingerprint: str, log: Path) -> Timed:
                      _timeout_s, _memory_mb)
 
 
-def measure(route: Route, fingerprint: str, built: Built, log: Path) -> Timed:
-    """The measure phase of one trial (`Candidate.measure`)."""
+def measure(route: Route, fingerprint: str, built: Built, log: Path,
+            bar: Bar | None = None) -> Timed:
+    """The measure phase of one trial (`Candidate.measure`), racing against `bar`."""
     return run_phase(log, f"measure {route}", built,
-                     lambda: _live().measure(route, fingerprint, built), _timeout_s, _memory_mb)
+                     lambda: _live().measure(route, fingerprint, built, bar), _timeout_s,
+                     _memory_mb)
 
 
 def run_phase(log: Path, what: str, fields: Built, run: Callable[[], Outcome],

@@ -199,7 +199,8 @@ class TrialStore:
             row[key] = json.dumps(asdict(value)) if value else None
         other = row.pop("other_latency")
         row["timing"] = json.dumps({"kind": row.pop("latency_kind"), "other": other,
-                                    "device_memory_bytes": row.pop("device_memory_bytes")})
+                                    "device_memory_bytes": row.pop("device_memory_bytes"),
+                                    "raced": row.pop("raced")})
         for key in ("accuracy", "passes", "settings", "versions", "conditions"):
             row[key] = json.dumps(row[key])
         cols = ", ".join(row)
@@ -329,7 +330,10 @@ def _checked_trial(row: dict[str, Any]) -> Trial:
 
 
 def _timing(raw: Any) -> dict[str, Any]:
-    """The ``timing`` column as `Trial` fields: latency kind, other latency, device memory.
+    """The ``timing`` column as `Trial` fields.
+
+    The latency kind, the other latency, the device memory, and the bar it left the
+    race under (absent before racing: timed in full).
 
     Raises:
         TypeError: It is not a JSON object of a known kind, a latency or null, and a
@@ -352,8 +356,11 @@ def _timing(raw: Any) -> dict[str, Any]:
     memory = doc.get("device_memory_bytes")
     if memory is not None:
         _number(memory, "timing.device_memory_bytes")
+    raced = doc.get("raced")
+    if raced is not None:
+        _number(raced, "timing.raced", positive=True)
     return {"latency_kind": doc["kind"], "other_latency": Latency(**other) if other else None,
-            "device_memory_bytes": memory}
+            "device_memory_bytes": memory, "raced": raced}
 
 
 def _measurement(raw: Any) -> dict[str, Any]:

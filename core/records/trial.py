@@ -106,6 +106,9 @@ class Trial:
             after it was timed, less what was in use before it was built. ONNX
             Runtime's and TensorRT's allocators keep what they took, so this is the
             engine's peak. None on a host device.
+        raced: The speed-up (x) it left the race under: its timing stopped once its
+            paired blocks showed it cannot reach that bar (`routetune.timing.race`);
+            None when it was timed in full.
     """
 
     fingerprint: str
@@ -139,6 +142,7 @@ class Trial:
     latency_kind: str = "device"
     other_latency: Latency | None = None
     device_memory_bytes: int | None = None
+    raced: float | None = None
 
     @property
     def steps(self) -> Route:

@@ -246,7 +246,8 @@ class RunSpec:
 
     def trial_settings(self) -> TrialSettings:
         """What a candidate's work takes of these options (`TrialInputs.settings`)."""
-        return TrialSettings(self.measure, self.backend_options, self.busy_machine)
+        return TrialSettings(self.measure, self.backend_options, self.busy_machine,
+                             self.min_speedup)
 
     def check(self) -> None:
         """Check every option's value against its declared bounds and choices.

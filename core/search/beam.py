@@ -2,8 +2,10 @@
 
 Depth 0 is the base route. At depth d every route of the beam is extended by one
 seasoning (every parameter choice, every ordering that can matter); the ``beam_width``
-fastest accurate routes of depth d form the next beam. The search ends at the depth
-limit, or when no route of a depth is accurate.
+fastest accurate routes of depth d still in the race form the next beam: a route out of
+the race (`routetune.timing.race`: it cannot reach ``--min-speedup``, or the leader) is
+not built on. The search ends at the depth limit, or when no route of a depth is
+accurate and in the race.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class BeamOptions:
 
 
 class Beam(Strategy):
-    """Grows routes one seasoning at a time, keeping the fastest accurate per depth."""
+    """Grows routes one seasoning at a time, keeping the fastest accurate in the race."""
 
     name = "beam"
     Options = BeamOptions
@@ -43,7 +45,8 @@ class Beam(Strategy):
     def ask(self) -> list[Route]:
         """The next depth's routes: every extension of the current beam not yet tried."""
         if self._started:
-            accurate = [(r, t) for r, t in self._depth_results if t.status == Status.OK]
+            accurate = [(r, t) for r, t in self._depth_results
+                        if t.status == Status.OK and not t.out_of_race]
             accurate.sort(key=lambda rt: rank_key(rt[1]))
             self._beam = [r for r, _ in accurate[: self.options.beam_width]]
         self._started = True

@@ -45,9 +45,11 @@ from routetune.records.store import TrialStore
 from routetune.records.trial import Confirmation, Status, Trial
 from routetune.refinement import Refinement
 from routetune.registry import Registry
-from routetune.routes.route import Route
+from routetune.routes.route import Route, Step
+from routetune.search.same_engine import SameEngine, same_engine_reason
 from routetune.search.strategy import Result, Strategy
 from routetune.signals import interrupted
+from routetune.timing.race import Bar
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +132,7 @@ class SearchLoop:
                              tuple(references),
                              constraint.tolerance_map(list(references[0]) if references else []),
                              outdir, model.data, settings, reference=reference is not None,
-                             task_params=constraint.task_params())
+                             task_params=constraint.task_params(), constraint=constraint)
         with captured(outdir / LOGS / "base.log", "preflight"):
             local, self.base_passes = with_preflight(registry, inputs, backend, reference,
                                                          list(base or Route()))
@@ -143,6 +145,12 @@ class SearchLoop:
         self._runtime = sorted(k for k, spec in backend.options().items() if spec.runtime)
         self._engines = {self._engine_key(t.engine_sha256, t.settings): t.route
                          for t in ours if t.engine_sha256}
+        self._leader: Trial | None = None  # the accurate route with the best lower bound
+        self.same_engine = SameEngine(lambda name: registry.seasoning(name).info.stage,
+                                      len(self.base_passes))
+        for t in ours:
+            if t.passes:
+                self.same_engine.learn(t.steps, t.passes)
 
     def _key(self) -> tuple[str, str, str, str]:
         return (self.model.source_sha256, self.backend.name, self.device, self.settings_hash)
@@ -209,13 +217,20 @@ class SearchLoop:
                 trials.append(trial)
             on_trial(trial, cached)
 
+        def also(trial: Trial) -> None:
+            """Keep a trial that no admitted route stands for: a route's shortest equal."""
+            if trial.fingerprint not in seen:
+                seen.add(trial.fingerprint)
+                trials.append(trial)
+                on_trial(trial, False)
+
         def visit(routes: Sequence[Route], tell: bool = True) -> list[Trial]:
             """Run routes (in parallel where the executor can); their trials in order.
 
             The strategy is told them in the batch's order once the batch is done.
             """
             running[0] = 0
-            finished = self.evaluate(routes, admit, done)
+            finished = self.evaluate(routes, admit, done, also)
             ordered = []
             for route in routes:
                 if route not in finished:
@@ -266,14 +281,23 @@ class SearchLoop:
 
     def evaluate(self, routes: Sequence[Route], admit: Callable[[], bool] = lambda: True,
                  on_trial: Callable[[Trial, bool], None] = lambda trial, cached: None,
+                 also: Callable[[Trial], None] = lambda trial: None,
                  ) -> dict[Route, Trial]:
         """Return the stored trials of `routes`, and run and store the others.
+
+        A route whose steps are known to change nothing where they stand
+        (`routetune.search.same_engine`) is not built: once its shortest equal route
+        has a trial, it is recorded as that engine (``skipped``). One built before that
+        was known is measured under its shortest equal's name, and recorded as it.
 
         Args:
             routes: The routes, in order.
             admit: Asked before each route in order, stored or not; once it says no,
                 no later route starts.
-            on_trial: Called as each trial is known, with whether it came from the store.
+            on_trial: Called as each route's trial is known, with whether it came from
+                the store.
+            also: Called with a trial no route of `routes` stands for: the shortest
+                equal of one, measured in its place.
 
         Returns:
             The trial of each route admitted, by route; a prefix of `routes` in order.
@@ -286,24 +310,81 @@ class SearchLoop:
                     return
                 fingerprint = self.fingerprint(route)
                 stored = self.store.get(fingerprint)
+                if stored is None:
+                    stored = self._as_measured(route, done)
                 if stored is not None:
-                    stored = judged(stored, self.constraint)
+                    stored = self._lead(judged(stored, self.constraint))
                     done[route] = stored
                     on_trial(stored, True)
                 else:
                     yield Job(route, fingerprint, Route(tuple(
                         s for s in route
-                        if self.registry.seasoning(s.name).info.stage != "build")))
+                        if self.registry.seasoning(s.name).info.stage != "build")),
+                        None if route.is_base else self.bar())
 
         for job, outcome in self.executor.run(jobs(), self._after_build):
             assert outcome.status != BUILT
-            trial = self.store.add(judged(
-                self._record(job.route, job.fingerprint, outcome.status, outcome.reason,
-                             **outcome.fields), self.constraint))
-            logger.info("%s: %s %s", job.route, trial.status, trial.reason)
-            done[job.route] = trial
+            route, fingerprint, fields = job.route, job.fingerprint, Measured(**outcome.fields)
+            shortest, dropped = self.same_engine.shortest(route)
+            if dropped and outcome.status != Status.SKIPPED:  # measured in its place
+                fields["passes"] = self.same_engine.passes_of(route, fields.get("passes", ()),
+                                                              dropped)
+                measured = self.store.get(self.fingerprint(shortest)) or self.store.add(judged(
+                    self._record(shortest, self.fingerprint(shortest), outcome.status,
+                                 outcome.reason, **fields), self.constraint))
+                also(self._lead(measured))
+                trial = self._same_as(route, shortest, dropped, measured)
+            else:
+                trial = self._lead(self.store.add(judged(
+                    self._record(route, fingerprint, outcome.status, outcome.reason,
+                                 **fields), self.constraint)))
+            logger.info("%s: %s %s", route, trial.status, trial.reason)
+            done[route] = trial
             on_trial(trial, False)
         return {route: done[route] for route in routes if route in done}
+
+    def bar(self) -> Bar:
+        """What a new candidate races against (`routetune.timing.race`).
+
+        ``--min-speedup``, or the lower end of the leading route's paired interval where
+        that is higher. The leader is the accurate route of this search with the highest
+        lower end, not measured on a busy machine (unless ``--busy-machine ignore``).
+        """
+        floor = self.inputs.settings.min_speedup
+        leader = self._leader
+        if leader is not None and leader.paired is not None and leader.paired.ci_low > floor:
+            return Bar(leader.paired.ci_low, f"the lower end of the leading route "
+                       f"'{leader.route}' {leader.paired.value:.3f}x "
+                       f"[{leader.paired.ci_low:.3f}, {leader.paired.ci_high:.3f}]")
+        return Bar(floor, f"--min-speedup {floor:g}")
+
+    def _lead(self, trial: Trial) -> Trial:
+        """Take `trial` as the leader if it is accurate, trusted and ahead; `trial`."""
+        paired = trial.paired
+        trusted = not trial.noisy or self.inputs.settings.busy_machine == "ignore"
+        ahead = (self._leader is None or self._leader.paired is None
+                 or (paired is not None and paired.ci_low > self._leader.paired.ci_low))
+        if (trial.status == Status.OK and paired is not None and trusted
+                and not trial.steps.is_base and ahead):
+            self._leader = trial
+        return trial
+
+    def _as_measured(self, route: Route, done: Mapping[Route, Trial]) -> Trial | None:
+        """The route recorded as its shortest equal's engine, when that has a trial."""
+        shortest, dropped = self.same_engine.shortest(route)
+        if not dropped:
+            return None
+        measured = done.get(shortest) or self.store.get(self.fingerprint(shortest))
+        return None if measured is None else self._same_as(route, shortest, dropped, measured)
+
+    def _same_as(self, route: Route, shortest: Route, dropped: Sequence[Step],
+                 measured: Trial) -> Trial:
+        """Store `route` as `measured`'s engine: ``skipped``, with no figure of its own."""
+        fields = Measured(candidate_sha256=measured.candidate_sha256 or "")
+        if measured.engine_sha256:
+            fields["engine_sha256"] = measured.engine_sha256
+        return self.store.add(self._record(route, self.fingerprint(route), Status.SKIPPED,
+                                           same_engine_reason(shortest, dropped), **fields))
 
     def _after_build(self, job: Job, built: Outcome) -> Outcome | None:
         """Stop a candidate that is another route's model and settings, or its engine.
@@ -317,6 +398,12 @@ class SearchLoop:
                 and not job.route.is_base):  # every verdict needs the base route
             self._unmeasured.append(str(job.route))
             return NOT_MEASURED
+        self.same_engine.learn(job.route, built.fields.get("passes", ()))
+        shortest, dropped = self.same_engine.shortest(job.route)
+        measured = self.store.get(self.fingerprint(shortest)) if dropped else None
+        if measured is not None:  # built to learn that it changed nothing; not timed
+            return Outcome(Status.SKIPPED, same_engine_reason(shortest, dropped),
+                           Measured(**built.fields))
         route = str(job.route)
         same = self._candidates.setdefault(built.fields["candidate_sha256"], route)
         why = f"same model and settings as route '{same}'"

@@ -102,8 +102,12 @@ class Mixed(Strategy):
         return self._ascend() if self.options.ascent else []
 
     def _ascend(self) -> list[Route]:
-        """The untried one-step extensions of the fastest accurate route not yet extended."""
-        accurate = [r for r, t in self._told.items() if t.status == Status.OK]
+        """The untried one-step extensions of the fastest accurate route not yet extended.
+
+        Routes out of the race (`routetune.timing.race`) are not climbed from.
+        """
+        accurate = [r for r, t in self._told.items()
+                    if t.status == Status.OK and not t.out_of_race]
         if not accurate:
             return []
         best = min(accurate, key=lambda r: rank_key(self._told[r]))

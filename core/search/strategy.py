@@ -30,12 +30,15 @@ class Result:
         relative: Its latency relative to the base route's measured alongside (a ratio
             with its 95% interval: the inverse of the paired speed-up); None without a
             base measurement.
+        out_of_race: Whether its timing stopped because it cannot reach the speed-up it
+            raced against (`routetune.timing.race`): a route not worth building on.
     """
 
     route: Route
     status: Status
     latency: Latency | None = None
     relative: Latency | None = None
+    out_of_race: bool = False
 
     @property
     def steps(self) -> Route:
@@ -45,7 +48,8 @@ class Result:
     @classmethod
     def of(cls, trial: Trial) -> Result:
         """The result of a stored trial."""
-        return cls(trial.steps, Status(trial.status), trial.latency, trial.relative)
+        return cls(trial.steps, Status(trial.status), trial.latency, trial.relative,
+                   trial.raced is not None)
 
 
 @dataclass(frozen=True)

@@ -352,18 +352,27 @@ class Watch:
             tmp.replace(self.status)
 
 
-def measure_watched(policy: BusyPolicy, status: Path | None,
-                    run: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], Any],
+                    settled: Callable[[Any], bool] | None = None,
+                    ) -> tuple[Any, dict[str, Any]]:
     """Run a measurement under `policy`: wait for quiet and measure again as it says.
 
     Under ``wait``, a busy look before the first attempt, or a busy attempt, waits until
     the machine is quiet (at most ``policy.max_wait_s`` in all) and measures again; the
     last attempt stands. Other modes measure once.
 
+    With `settled`, ``wait`` measures at once, and waits only where the paired
+    statistics cannot decide: a busy attempt whose result is settled (a candidate that
+    cannot reach its bar even at the top of its interval, whatever the load did to it)
+    stands, marked noisy; only one that might matter waits for quiet and is measured
+    again. So a busy machine costs waiting only for the routes that could win.
+
     Args:
         policy: The busy-machine policy.
         status: The status file for the tuner's status line, or None.
         run: The measurement.
+        settled: Whether a result needs no quiet re-measurement; None: every busy
+            result does.
 
     Returns:
         `run`'s result and the conditions of the attempt that stands, with
@@ -371,7 +380,7 @@ def measure_watched(policy: BusyPolicy, status: Path | None,
     """
     watch = Watch(policy, status)
     waited, attempts = 0.0, 0
-    if policy.mode == "wait" and (why := watch.quick_busy()):
+    if policy.mode == "wait" and settled is None and (why := watch.quick_busy()):
         waited += watch.wait_quiet(policy.max_wait_s, why)
     while True:
         attempts += 1
@@ -379,7 +388,8 @@ def measure_watched(policy: BusyPolicy, status: Path | None,
         result = run()
         conditions = watch.stop()
         left = policy.max_wait_s - waited
-        if policy.mode != "wait" or not conditions["busy"] or left <= 0:
+        if (policy.mode != "wait" or not conditions["busy"] or left <= 0
+                or (settled is not None and settled(result))):
             break
         waited += watch.wait_quiet(left, conditions["busy"])
     conditions.update(waited_s=round(waited, 2), attempts=attempts, mode=policy.mode)

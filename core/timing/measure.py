@@ -57,6 +57,8 @@ class MeasureSettings:
             with inputs and outputs on the device (`Runner.prepare`, timed by
             `Runner.timed`: CUDA events on a GPU); ``end-to-end``, host to host with
             the copies (`Runner.prepare_end_to_end`, wall clock). The same on a CPU.
+        race: Whether a candidate's timing stops once its paired blocks show it cannot
+            clear its bar (`routetune.timing.race`); else only below 0.5x.
     """
 
     warmup: int = 3
@@ -71,6 +73,11 @@ class MeasureSettings:
         "device", help="What the search optimises on a GPU: device (compute, I/O on the "
         "device) or end-to-end (host to host, copies included); both are recorded.",
         recipe="measure.latency", choices=("device", "end-to-end"))
+    race: bool = option(
+        True, help="Stop timing a candidate once its first 6 paired blocks are all below "
+        "the speed-up it must reach (--min-speedup, or the leading route's); --no-race "
+        "times each in full (stopping only below 0.5x).", recipe="measure.race",
+        flag="--race/--no-race")
 
     @property
     def other_latency(self) -> str:
@@ -245,6 +252,26 @@ class Speedup:
         return self.ci_low <= other.ci_high and other.ci_low <= self.ci_high
 
 
+def paired_ratios(blocks: Sequence[Block], candidate: int = 0, base: int = 1) -> list[float]:
+    """Each candidate block's speed-up over its neighbours, in time order.
+
+    A candidate block is paired with the base blocks right before and after it in time
+    (one or two); its ratio is their mean median over its own. Blocks with no base
+    block beside them, or a median of 0 ms, give none.
+    """
+    ours = [b for b in blocks if b.runner in (candidate, base)]
+    ratios = []
+    for k, block in enumerate(ours):
+        if block.runner != candidate:
+            continue
+        before = next((b for b in reversed(ours[:k]) if b.runner == base), None)
+        after = next((b for b in ours[k + 1:] if b.runner == base), None)
+        near = [b.median_ms for b in (before, after) if b is not None]
+        if near and block.median_ms > 0:
+            ratios.append(sum(near) / len(near) / block.median_ms)
+    return ratios
+
+
 def paired_speedup(blocks: Sequence[Block], candidate: int = 0, base: int = 1,
                    confidence: float = 0.95) -> Speedup:
     """The candidate's speed-up over the base engine from blocks in time order.
@@ -262,16 +289,7 @@ def paired_speedup(blocks: Sequence[Block], candidate: int = 0, base: int = 1,
     Raises:
         ValueError: No candidate block has a base block next to it.
     """
-    ours = [(i, b) for i, b in enumerate(blocks) if b.runner in (candidate, base)]
-    ratios = []
-    for k, (_, block) in enumerate(ours):
-        if block.runner != candidate:
-            continue
-        before = next((b for _, b in reversed(ours[:k]) if b.runner == base), None)
-        after = next((b for _, b in ours[k + 1:] if b.runner == base), None)
-        near = [b.median_ms for b in (before, after) if b is not None]
-        if near and block.median_ms > 0:
-            ratios.append(sum(near) / len(near) / block.median_ms)
+    ratios = paired_ratios(blocks, candidate, base)
     if not ratios:
         raise ValueError("no candidate block next to a base block")
     base_medians = np.array([b.median_ms for b in blocks if b.runner == base])
@@ -342,7 +360,7 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: M
     `settings` apply per runner. `MeasureSettings.latency` says what a run is: device
     compute, or host to host with the copies. `give_up`, asked after every round with
     the blocks so far, ends the timing early when it answers True
-    (`routetune.candidate.pairing.hopeless`).
+    (`routetune.timing.race.out_of_race`).
 
     Returns:
         One `Latency` per runner, in order (ms), and every block in time order.

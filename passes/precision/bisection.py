@@ -7,8 +7,10 @@ After each batch of routes a strategy asks for, the loop picks, for each precisi
 seasoning (``fp16``, ``int8-qdq`` …) not repaired yet, the fastest of the batch's routes
 whose precision step failed the accuracy constraint (speed relative to the base route,
 as measured alongside it): the route worth the most if repaired. A route no faster than
-the base route is not repaired, and the doubling stops at a failing count whose route
-is no faster: more FP32 nodes only slow a route down. The route gets
+the base route, or out of the race (`routetune.timing.race`: it cannot reach
+``--min-speedup`` or the leader), is not repaired, and the doubling stops at a failing
+count whose route is no faster or out of the race: more FP32 nodes only slow a route
+down. The route gets
 ``precision-repair{count=k}`` inserted right after that step, for k = 1, 2, 4, …
 until a route passes (or half the ranked nodes are kept, see `SMALL`), then k is
 bisected between the largest failing and the smallest passing count: O(2 log n)
@@ -79,10 +81,12 @@ def repairs(done: Sequence[tuple[Route, Trial]], registry: Registry, repaired: s
     out = []
     for name in sorted(fastest):
         route, trial, at = fastest[name]
-        why = None if faster_than_base(trial) else (
+        why = None if faster_than_base(trial) and trial.raced is None else (
             f"not repaired: '{route}', the fastest route of {name} that failed accuracy, is "
-            f"no faster than the base route ({trial.speedup:.2f}x); keeping nodes in FP32 "
-            "would only slow it down")
+            + (f"no faster than the base route ({trial.speedup:.2f}x)"
+               if trial.raced is None else
+               f"out of the race ({trial.speedup:.2f}x, below {trial.raced:.3g}x)")
+            + "; keeping nodes in FP32 would only slow it down")
         out.append((route, at, why))
     return out
 
@@ -124,12 +128,16 @@ def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None],
             return trials
         limit = ranked if ranked <= SMALL else ranked // 2
         if passing is None:
-            if count >= limit or not faster_than_base(trial):  # more FP32 nodes: slower
+            if (count >= limit or not faster_than_base(trial)  # more FP32 nodes: slower
+                    or trial.raced is not None):
                 if count < ranked:
                     skip(repair_route(route, at, min(2 * count, ranked)), (
                         f"repair stopped: with {count} of {ranked} nodes in FP32 it is no "
                         f"faster than the base route ({trial.speedup:.2f}x)"
                         if not faster_than_base(trial) else
+                        f"repair stopped: with {count} of {ranked} nodes in FP32 it is out "
+                        f"of the race ({trial.speedup:.2f}x, below {trial.raced:.3g}x)"
+                        if trial.raced is not None else
                         f"repair stopped: {count} of {ranked} nodes in FP32 still fail; "
                         "keeping more than half of them is the FP32 model again"))
                 return trials

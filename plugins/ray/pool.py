@@ -223,7 +223,7 @@ class RayPool(Executor):
                 continue
             slot = next((s for s in free if s.node == phase.node), free[0])  # files there
             start = time.time()
-            ref = slot.actor.measure.remote(job.route, job.fingerprint, built.fields,
+            ref = slot.actor.measure.remote(job.route, job.fingerprint, built.fields, job.bar,
                                             start + self.timeout_s, phase.bundle)
             slot.job = job
             self._running[ref] = replace(phase, node=slot.node, start=start, slot=slot)

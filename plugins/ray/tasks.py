@@ -46,6 +46,7 @@ from routetune.logs import LOGS, captured
 from routetune.model import weights
 from routetune.records.trial import Confirmation
 from routetune.routes.route import Route
+from routetune.timing.race import Bar
 
 T = TypeVar("T")
 
@@ -340,18 +341,18 @@ class Measurer:
         _live(self.box, self.run)
         return where()
 
-    def measure(self, route: Route, fingerprint: str, built: Built,
+    def measure(self, route: Route, fingerprint: str, built: Built, bar: Bar | None,
                 deadline: float, *bundles: Bundle) -> Done:
         """The measure phase of one trial (`Candidate.measure`), its build's files first.
 
-        `deadline` is as `build`'s.
+        It races against `bar`; `deadline` is as `build`'s.
         """
         candidate = _live(self.box, self.run)
         for bundle in bundles:
             unpack(candidate.outdir, bundle)
         return _logged(candidate.outdir, fingerprint, lambda log: run_phase(
             log, f"measure {route}", built,
-            lambda: candidate.measure(route, fingerprint, built), _left(deadline),
+            lambda: candidate.measure(route, fingerprint, built, bar), _left(deadline),
             restore=True))
 
     def confirm(self, stored: StoredEngine, *bundles: Bundle) -> tuple[Confirmation, str]:

@@ -1,4 +1,4 @@
-"""Paired timing: a candidate far slower than the base route is timed no further."""
+"""Paired timing in a real search: a candidate that cannot win is timed no further."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import onnx_graphsurgeon as gs
 from graphs import wasteful
 from quick import quick_spec
 
-from routetune.candidate.pairing import HOPELESS_PAIRS, HOPELESS_SPEEDUP, hopeless
 from routetune.plugin_manager import load_registry
+from routetune.records.trial import Trial
 from routetune.run.tuning import tune
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
-from routetune.timing.measure import Block, MeasureSettings
+from routetune.timing.measure import MeasureSettings
+from routetune.timing.race import RACE_PAIRS
 
 WASTE_DEPTH = 40
 """MatMul+Tanh layers `AddWaste` adds (the base model has one): about 40x the work."""
@@ -50,40 +51,34 @@ class AddWaste(Seasoning):
         return PassResult(True, {"added": WASTE_DEPTH})
 
 
-def blocks(ratios: list[float]) -> list[Block]:
-    """Base and candidate blocks in ABBA order; candidate block k runs at `ratios[k]`x."""
-    out = [Block(1, 1.0, 3)]
-    for ratio in ratios:
-        out += [Block(0, 1.0 / ratio, 3), Block(1, 1.0, 3)]
-    return out
-
-
-def test_hopeless_needs_every_pair_below_the_bound_and_enough_pairs() -> None:
-    assert hopeless(blocks([0.1] * (HOPELESS_PAIRS - 1))) is None  # too few pairs yet
-    found = hopeless(blocks([0.1] * HOPELESS_PAIRS))
-    assert found is not None and found.pairs == HOPELESS_PAIRS
-    assert found.ci_high < HOPELESS_SPEEDUP
-    assert hopeless(blocks([0.1] * (HOPELESS_PAIRS - 1) + [0.6])) is None  # one pair above
-    assert hopeless(blocks([0.9] * 20)) is None  # slower, but not hopeless
-
-
-def test_a_far_slower_candidate_stops_after_six_pairs_and_the_rest_are_timed_in_full(
-        tmp_path: Path) -> None:
+def run(tmp_path: Path, race: bool) -> dict[str, Trial]:
     registry = load_registry()
     registry.add_seasoning(AddWaste)
-    settings = MeasureSettings(min_runs=5, min_time_s=0.3)
+    settings = MeasureSettings(min_runs=5, min_time_s=0.3, race=race)
     result = tune(quick_spec(model=wasteful(tmp_path / "m.onnx", depth=1),
-                             output=tmp_path / "out", seasonings=("add-waste", "fold-constants"),
+                             output=tmp_path / "out", seasonings=("add-waste", "ort-opt-level"),
                              search="exhaustive", max_depth=1, measure=settings), registry)
-    trials = {t.route: t for t in result.trials}
-    slow, other = trials["add-waste"], trials["fold-constants"]
-    assert slow.status == "ok" and slow.paired is not None
-    assert slow.paired.pairs == HOPELESS_PAIRS < settings.min_blocks
-    assert slow.paired.ci_high < HOPELESS_SPEEDUP
-    assert any(n.startswith(f"timing stopped after {HOPELESS_PAIRS} paired blocks")
-               and "it cannot win" in n for n in slow.notes), slow.notes
-    assert slow.other_latency is None
-    assert other.status == "ok" and other.paired is not None
-    assert other.paired.pairs >= settings.min_blocks
-    assert not any("timing stopped" in n for n in other.notes)
     assert result.winner is None or result.winner.route != "add-waste"
+    return {t.route: t for t in result.trials}
+
+
+def test_a_far_slower_candidate_leaves_the_race_after_six_pairs(tmp_path: Path) -> None:
+    slow = run(tmp_path, race=True)["add-waste"]
+    assert slow.status == "ok" and slow.paired is not None
+    assert slow.paired.pairs == RACE_PAIRS + 1 < MeasureSettings().min_blocks
+    assert slow.paired.ci_high < 1.03
+    assert any(n.startswith(f"out of the race after {RACE_PAIRS + 1} paired blocks")
+               and "first 6 all below 1.03x (--min-speedup 1.03), so it cannot win" in n
+               for n in slow.notes), slow.notes
+    assert slow.other_latency is None
+
+
+def test_without_racing_only_a_hopeless_candidate_stops_early(tmp_path: Path) -> None:
+    trials = run(tmp_path, race=False)
+    slow = trials["add-waste"]
+    assert slow.paired is not None and slow.paired.pairs == RACE_PAIRS + 1
+    assert any("below 0.5x (half the base route's speed)" in n for n in slow.notes)
+    for route, trial in trials.items():  # ties with the base route: timed in full
+        if route not in ("base", "add-waste") and trial.status == "ok":
+            assert trial.paired is not None and trial.paired.pairs >= 10
+            assert not any("out of the race" in n for n in trial.notes)

@@ -88,5 +88,5 @@ def test_a_layernorm_whose_variance_overflows_in_float16_never_wins(
     assert naive.reason.count("overflow in float16") == 1
     assert "ReduceMean 'var': 4 of 4 values overflow" in naive.reason
     assert trials["fp16"].status == "ok"  # its range analysis kept the variance in FP32
-    assert trials["fp16"].reason == "strict FP16 check: no overflow"
+    assert trials["fp16"].reason.startswith("strict FP16 check: no overflow")
     assert "var: 'sq' reaches 4.071e+04 > data_max 512" in trials["fp16"].passes[0]["note"]

@@ -238,12 +238,61 @@ def test_fresh_moves_the_old_store_aside(registry: Registry, tmp_path: Path) -> 
 def test_identical_candidates_are_not_rebuilt(test_registry: Registry, tmp_path: Path) -> None:
     model = conv_bn(tmp_path / "m.onnx")
     result = run(test_registry, model, tmp_path / "out", shapes="x:1x3x32x32",
-                 seasonings=("fuse-bn-into-conv", "fold-constants"))
+                 seasonings=("fuse-bn-into-conv", "eliminate-noops"))
     trials = by_route(result)
-    # folding has nothing to fold after fusing, so both orders give one model
-    assert trials["fold-constants,fuse-bn-into-conv"].status == "skipped"
-    assert "same model and settings as route 'fuse-bn-into-conv'" in trials[
-        "fold-constants,fuse-bn-into-conv"].reason
+    # both steps change the model, and in either order give one model
+    assert [t.status for t in trials.values()].count("skipped") == 1
+    assert trials["fuse-bn-into-conv,eliminate-noops"].reason == (
+        "same model and settings as route 'eliminate-noops,fuse-bn-into-conv'")
+
+
+def test_a_step_that_changes_nothing_is_the_same_engine_built_once_and_never_timed(
+        test_registry: Registry, tmp_path: Path) -> None:
+    model = conv_bn(tmp_path / "m.onnx")  # no constant subgraph: folding changes nothing
+    result = run(test_registry, model, tmp_path / "out", shapes="x:1x3x32x32",
+                 seasonings=("fold-constants", "fuse-bn-into-conv", "ort-threads"))
+    trials = by_route(result)
+    single = trials["fold-constants"]
+    assert single.status == "skipped" and single.latency is None
+    assert single.reason == ("same engine as the base route: 'fold-constants' changes "
+                             "nothing on this model there (no build or timing of its own)")
+    assert single.passes[-1]["modified"] is False  # built once: that is how it is known
+    longer = [t for route, t in trials.items() if "fold-constants" in route and t is not single]
+    assert longer, sorted(trials)
+    for trial in longer:  # known before they were built: no build, no timing
+        shortest = trial.route.replace("fold-constants,", "").replace(",fold-constants", "")
+        assert trial.status == "skipped" and trial.reason.startswith(
+            f"same engine as route '{shortest}': 'fold-constants' changes nothing")
+        assert trial.build_ms is None and not trial.passes and trial.latency is None
+        assert trials[shortest].latency is not None  # the engine, measured once
+    measured = [t for t in result.trials if t.latency is not None]
+    assert len(measured) == len({t.candidate_sha256 for t in measured})
+
+
+class Unmodified(Seasoning):
+    """Writes new weights equal to the old ones and says it changed nothing."""
+
+    info = SeasoningInfo(name="unmodified", stage="graph", summary="new arrays, same values")
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        conv = next(n for n in state.graph.nodes if n.op == "Conv")
+        conv.inputs[1] = gs.Constant(conv.inputs[1].name + "_copy",
+                                     np.array(conv.inputs[1].values) * np.float32(1))
+        return PassResult(False)
+
+
+def test_a_pass_that_says_it_changed_nothing_and_did_is_recorded_as_modified(
+        registry: Registry, tmp_path: Path) -> None:
+    registry.add_seasoning(Unmodified)
+    model = conv_bn(tmp_path / "m.onnx")
+    result = run(registry, model, tmp_path / "out", shapes="x:1x3x32x32",
+                 seasonings=("unmodified",))
+    trial = by_route(result)["unmodified"]
+    assert trial.status == "ok" and trial.latency is not None  # its own engine, timed
+    record = trial.passes[-1]
+    assert record["modified"] is True
+    assert record["note"] == ("reported modified: false, but changed the model or the "
+                              "settings: recorded as modified")
 
 
 def test_winner_files_are_written(registry: Registry, tmp_path: Path) -> None:

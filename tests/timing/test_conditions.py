@@ -125,6 +125,18 @@ def test_wait_gives_up_after_its_bound_and_marks_the_measurement(tmp_path: Path)
     assert 2.0 <= c["waited_s"] < 5.0
 
 
+def test_wait_keeps_a_busy_result_that_is_settled_and_waits_only_for_the_others(
+        tmp_path: Path) -> None:
+    with foreign_load(cores=1):  # measured at once, no look before: settled, it stands
+        result, c = measure_watched(BusyPolicy("wait", max_wait_s=2.0), None,
+                                    lambda: time.sleep(0.5) or "slow", lambda r: r == "slow")
+        assert result == "slow" and c["attempts"] == 1 and c["waited_s"] == 0
+        assert c["busy"].startswith("other processes used")  # marked noisy all the same
+        _, c = measure_watched(BusyPolicy("wait", max_wait_s=2.0), None,
+                               lambda: time.sleep(0.5) or "close", lambda r: r == "slow")
+    assert c["attempts"] == 2 and c["waited_s"] >= 2.0  # might matter: waited, again
+
+
 def routetune(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
                           text=True, timeout=600)

@@ -1,0 +1,84 @@
+"""Racing on synthetic paired streams: who leaves the race, and how often by mistake."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from routetune.timing.measure import Block, paired_speedup
+from routetune.timing.race import HOPELESS, RACE_ERROR, RACE_PAIRS, Bar, out_of_race
+
+BAR = Bar(1.03, "--min-speedup 1.03")
+NOISE = 0.03
+"""Block-to-block spread of a paired ratio (lognormal sigma): about what this 2-core VM
+shows on ONNX Runtime CPU engines (docs/benchmarks.md)."""
+BLOCKS = 10
+"""Candidate blocks of a full timing (`MeasureSettings.min_blocks`)."""
+
+
+def stream(true: float, rng: np.random.Generator, n: int = BLOCKS) -> list[Block]:
+    """Candidate (0) and base (1) blocks in ABBA order, as `measure_blocks` runs them:
+    candidate block k at `true` x with noise."""
+    out = []
+    for k, ratio in enumerate(true * np.exp(rng.normal(0.0, NOISE, n))):
+        pair = [Block(0, 1.0 / ratio, 3), Block(1, 1.0, 3)]
+        out += pair if k % 2 == 0 else pair[::-1]
+    return out
+
+
+def raced(blocks: list[Block], bar: Bar = BAR) -> tuple[int | None, list[Block]]:
+    """Ask `out_of_race` after every round (two blocks) as `measure_blocks` does: the
+    pairs at the stop (None: timed in full), and the blocks timed."""
+    for end in range(2, len(blocks) + 1, 2):
+        if out_of_race(blocks[:end], bar) is not None:
+            return paired_speedup(blocks[:end]).pairs, blocks[:end]
+    return None, blocks
+
+
+STOP = RACE_PAIRS + 1
+"""Candidate blocks timed when one leaves the race: in ABBA order the sixth candidate
+block ends its round, and its ratio is final once the next round's base block ran."""
+
+
+def test_a_clearly_slower_candidate_leaves_after_six_pairs() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        pairs, _ = raced(stream(0.90, rng))
+        assert pairs == STOP
+
+
+def test_a_true_five_percent_effect_is_never_dropped() -> None:
+    rng = np.random.default_rng(1)
+    assert [raced(stream(1.05, rng))[0] for _ in range(2000)] == [None] * 2000
+
+
+def test_a_one_percent_effect_ends_as_a_tie_whether_or_not_it_is_dropped() -> None:
+    rng = np.random.default_rng(2)
+    outcomes = [raced(stream(1.01, rng)) for _ in range(500)]
+    dropped = sum(pairs is not None for pairs, _ in outcomes)
+    assert 0 < dropped < len(outcomes)  # the bar is 2% away: three noise widths or less
+    for _, timed in outcomes:  # its figure never clears the bar: the base route stands
+        assert paired_speedup(timed).clears(BAR.speedup) is not None
+
+
+def test_a_candidate_at_the_bar_leaves_no_more_often_than_the_stated_error() -> None:
+    rng = np.random.default_rng(3)
+    n = 20_000
+    dropped = sum(raced(stream(BAR.speedup, rng, STOP))[0] is not None
+                  for _ in range(n))
+    assert dropped / n <= RACE_ERROR * 1.25  # 1/64, and sampling error (sd 0.09%)
+    assert dropped / n >= RACE_ERROR * 0.6  # the bound is the sign test's exact tail
+
+
+def test_the_decision_rests_on_the_first_six_final_ratios() -> None:
+    slow = stream(0.9, np.random.default_rng(4), STOP)
+    assert out_of_race(slow[:2 * RACE_PAIRS], BAR) is None  # the sixth ratio waits
+    assert out_of_race(slow[:2 * RACE_PAIRS + 1], BAR) is not None  # for its base block
+    fast_start = stream(1.2, np.random.default_rng(5), 2) + stream(0.9, np.random.default_rng(
+        6), 20)
+    assert raced(fast_start)[0] is None  # one of the first six above: it stays in
+
+
+def test_without_racing_only_a_hopeless_candidate_stops() -> None:
+    rng = np.random.default_rng(7)
+    assert raced(stream(0.9, rng), HOPELESS)[0] is None
+    assert raced(stream(0.3, rng), HOPELESS)[0] == STOP
