@@ -44,7 +44,8 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult | Backen
             ``space``, ``routes``, ``base``, ``backend_options``, ``model_sha256``,
             ``fresh``, ``max_trials``, ``time_budget_s`` (s), ``min_runs``,
             ``min_time_s`` (s), ``latency`` (``device``, ``end-to-end``), ``race``
-            (bool: stop timing a candidate that cannot win), ``build_workers``, ``trial_timeout_s`` (s), ``worker_memory_mb`` (MiB),
+            (bool: stop timing a candidate that cannot win), ``build_workers``,
+            ``trial_timeout_s`` (s), ``worker_memory_mb`` (MiB),
             ``in_process``, ``executor`` (``local``, ``ray``), ``ray_address``,
             ``min_speedup``, ``confirm_repeats``,
             ``busy_machine`` (``wait``, ``warn``, ``ignore``),

@@ -16,6 +16,7 @@ from routetune.records.trial import Trial
 from routetune.registry import Registry
 from routetune.reporting.report import ERROR_METRIC, worst_error
 from routetune.reporting.report_text import ROUTE_WIDTH, short_route, speedup_figure, wrap_route
+from routetune.timing.race import RACE_PAIRS
 
 if TYPE_CHECKING:
     from routetune.run.backends import BackendsResult
@@ -311,14 +312,36 @@ def conditions_lines(result: TuneResult) -> list[str]:
     text = (f"machine: {len(noisy)} of {len(measured)} measured trials noisy "
             f"(--busy-machine {result.busy_machine})")
     if result.waited_s >= 0.5:
-        text += f"; waited {result.waited_s:.0f} s in all for a quiet machine"
+        share = (f" ({result.waited_s / result.elapsed_s:.0%} of the {result.elapsed_s:.0f} s "
+                 "of search and confirmation)" if result.elapsed_s > 0 else "")
+        text += f"; waited {result.waited_s:.0f} s in all for a quiet machine{share}"
     if noisy:
         text += "; busy: " + escape(noisy[0].noisy)
         colour = "yellow"
     else:
         colour = "dim"
     lines.append(f"[{colour}]{text}[/]")
+    raced = racing_line(result)
+    if raced:
+        lines.append(f"[dim]{raced}[/]")
     return lines
+
+
+def racing_line(result: TuneResult) -> str:
+    """What racing and the same-engine rule spared this run's trials; empty if nothing.
+
+    The rules: `routetune.timing.race`, `routetune.search.same_engine`.
+    """
+    ours = [t for t in result.trials if t.fingerprint in result.fresh]
+    out = sum(t.raced is not None for t in ours)
+    figure = sum(any(n.startswith("timed for") for n in t.notes) for t in ours)
+    same = sum(t.reason.startswith("same engine as") for t in ours)
+    parts = [f"{out} out of the race (timed {RACE_PAIRS + 1} paired blocks, not built on)"
+             if out else "",
+             f"{figure} that failed accuracy timed for a figure only" if figure else "",
+             f"{same} the same engine as a shorter route (not timed)" if same else ""]
+    text = "; ".join(p for p in parts if p)
+    return f"racing: {text}" if text else ""
 
 
 def backends_lines(result: BackendsResult) -> list[Any]:

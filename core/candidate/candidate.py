@@ -201,11 +201,12 @@ class Candidate:
                 fields.update(Measured(accuracy=measured.metrics, faults=tuple(faults),
                                        notes=tuple(notes), tolerances=measured.tolerances,
                                        accuracy_per_set=measured.per_set))
-                if bar is not None and self._fails(fields):
-                    bar = FAILED_ACCURACY
+                racing = bar if inputs.measure.race else None
+                if racing is not None and self._fails(fields):
+                    racing = FAILED_ACCURACY
                 timed, conditions = self.timing.watched(
-                    lambda: self.timing.measure(runner, route, bar),
-                    None if bar is None else lambda t: cannot_reach(t.get("paired"), bar))
+                    lambda: self.timing.measure(runner, route, racing),
+                    None if racing is None else lambda t: cannot_reach(t.get("paired"), racing))
                 notes += timed.pop("notes", ())
                 fields.update(timed)
                 fields.update(Measured(notes=tuple(notes), conditions=conditions,

@@ -96,6 +96,9 @@ def finish_record(record: dict[str, Any], result: TuneResult) -> dict[str, Any]:
         "busy_machine": result.busy_machine, "measured": len(measured),
         "noisy": len(result.noisy), "noisy_routes": [t.route for t in result.noisy],
         "waited_s": round(result.waited_s, 1),
+        "search_and_confirmation_s": round(result.elapsed_s, 1),
+        "out_of_race": sum(t.raced is not None for t in result.trials
+                           if t.fingerprint in result.fresh),
         "foreign_cores_max": max((t.conditions.get("foreign_cores", 0.0) for t in measured),
                                  default=None),
         "steal_pct_max": max((t.conditions.get("steal_pct", 0.0) for t in measured),

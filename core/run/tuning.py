@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,8 @@ class TuneResult:
         fresh: Fingerprints of the trials this run measured (the others came from the
             store).
         pruned: The candidate models removed at the end (``--keep``), if any.
+        elapsed_s: Seconds of the search and the confirmations (wall clock), the
+            share of the run that waiting for a quiet machine is told against.
     """
 
     winner: Trial
@@ -104,6 +107,7 @@ class TuneResult:
     min_speedup: float = DEFAULT_MIN_SPEEDUP
     fresh: frozenset[str] = frozenset()
     pruned: Pruned | None = None
+    elapsed_s: float = 0.0
 
     @property
     def confirmed(self) -> Confirmation | None:
@@ -256,6 +260,7 @@ def _tune_locked(
                 fresh.add(trial.fingerprint)
             on_trial(trial, cached)
 
+        started = time.monotonic()
         trials = loop.run(strategy, Budget(opts.max_trials, run.time_budget_s), on_each,
                           pinned=run.pinned)
         trials.extend(skipped)
@@ -270,6 +275,7 @@ def _tune_locked(
 
         winner, reason, confirmations = confirm_winner(
             trials, confirm, opts.min_speedup, opts.busy_machine, opts.confirm_repeats)
+        elapsed = time.monotonic() - started
         on_status(f"done; winner {winner.route}")  # the bar counts trials (not skipped ones)
         if winner.status == Status.OK:
             outputs = loop.outputs(winner)
@@ -287,8 +293,9 @@ def _tune_locked(
     finally:
         executor.close()
         store.close()
-    result = _finish(run, opts, trials, store_path, winner, reason, confirmations,
-                     loop.stopped, records, frozenset(fresh))
+    result = dataclasses.replace(
+        _finish(run, opts, trials, store_path, winner, reason, confirmations, loop.stopped,
+                records, frozenset(fresh)), elapsed_s=elapsed)
     result.files["run"] = run_record.write(records, runinfo.finish_record(record, result))
     if winner.status == Status.OK and (records / WINNER_OUTPUTS).is_file():
         result.files["outputs"] = records / WINNER_OUTPUTS  # listed in `tune`'s last line

@@ -310,12 +310,13 @@ class SearchLoop:
                     return
                 fingerprint = self.fingerprint(route)
                 stored = self.store.get(fingerprint)
-                if stored is None:
+                cached = stored is not None
+                if stored is None:  # a route known to be a shorter one's engine: no job
                     stored = self._as_measured(route, done)
                 if stored is not None:
                     stored = self._lead(judged(stored, self.constraint))
                     done[route] = stored
-                    on_trial(stored, True)
+                    on_trial(stored, cached)
                 else:
                     yield Job(route, fingerprint, Route(tuple(
                         s for s in route

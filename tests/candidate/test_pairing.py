@@ -9,9 +9,9 @@ import onnx_graphsurgeon as gs
 from graphs import wasteful
 from quick import quick_spec
 
+from routetune.display import racing_line
 from routetune.plugin_manager import load_registry
-from routetune.records.trial import Trial
-from routetune.run.tuning import tune
+from routetune.run.tuning import TuneResult, tune
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
 from routetune.timing.measure import MeasureSettings
 from routetune.timing.race import RACE_PAIRS
@@ -51,7 +51,7 @@ class AddWaste(Seasoning):
         return PassResult(True, {"added": WASTE_DEPTH})
 
 
-def run(tmp_path: Path, race: bool) -> dict[str, Trial]:
+def run(tmp_path: Path, race: bool) -> TuneResult:
     registry = load_registry()
     registry.add_seasoning(AddWaste)
     settings = MeasureSettings(min_runs=5, min_time_s=0.3, race=race)
@@ -59,22 +59,26 @@ def run(tmp_path: Path, race: bool) -> dict[str, Trial]:
                              output=tmp_path / "out", seasonings=("add-waste", "ort-opt-level"),
                              search="exhaustive", max_depth=1, measure=settings), registry)
     assert result.winner is None or result.winner.route != "add-waste"
-    return {t.route: t for t in result.trials}
+    return result
 
 
 def test_a_far_slower_candidate_leaves_the_race_after_six_pairs(tmp_path: Path) -> None:
-    slow = run(tmp_path, race=True)["add-waste"]
+    result = run(tmp_path, race=True)
+    slow = {t.route: t for t in result.trials}["add-waste"]
     assert slow.status == "ok" and slow.paired is not None
     assert slow.paired.pairs == RACE_PAIRS + 1 < MeasureSettings().min_blocks
-    assert slow.paired.ci_high < 1.03
+    assert slow.raced is not None and slow.raced >= 1.03  # --min-speedup, or a leader's
+    assert slow.paired.ci_high < slow.raced
     assert any(n.startswith(f"out of the race after {RACE_PAIRS + 1} paired blocks")
-               and "first 6 all below 1.03x (--min-speedup 1.03), so it cannot win" in n
+               and f"first 6 all below {slow.raced:.3g}x (" in n and "so it cannot win" in n
                for n in slow.notes), slow.notes
     assert slow.other_latency is None
+    assert racing_line(result).startswith("racing: ")
+    assert "out of the race (timed 7 paired blocks, not built on)" in racing_line(result)
 
 
 def test_without_racing_only_a_hopeless_candidate_stops_early(tmp_path: Path) -> None:
-    trials = run(tmp_path, race=False)
+    trials = {t.route: t for t in run(tmp_path, race=False).trials}
     slow = trials["add-waste"]
     assert slow.paired is not None and slow.paired.pairs == RACE_PAIRS + 1
     assert any("below 0.5x (half the base route's speed)" in n for n in slow.notes)

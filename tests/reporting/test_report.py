@@ -43,7 +43,7 @@ def outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("report")
     out = root / "out"
     tune(quick_spec(model=conv_bn(root / "m.onnx"), shapes="x:1x3x32x32", output=out,
-                    seasonings=("fuse-bn-into-conv", "ort-threads", "fp16", "fold-constants"),
+                    seasonings=("fuse-bn-into-conv", "ort-threads", "fp16", "eliminate-noops"),
                     search="exhaustive", max_depth=2))
     return out
 
@@ -56,7 +56,7 @@ def test_tune_writes_every_report_from_the_store(outdir: Path) -> None:
     fp16 = next(r for r in data["trials"] if r["route"] == "fp16")
     assert "l0 " in fp16["reason"] and "needs <= 0.001" in fp16["reason"]
     assert data["run"]["model"]["sha256"] and data["run"]["machine"]["cpu_flags"] is not None
-    assert data["run"]["space"]["size"] == 15 and data["run"]["search"]["strategy"] == \
+    assert data["run"]["space"]["size"] == 16 and data["run"]["search"]["strategy"] == \
         "exhaustive"
     effects = {s["seasoning"]: s for s in data["seasonings"]}
     assert effects["ort-threads"]["pairs"] == 8  # 4 routes without it x 2 choices

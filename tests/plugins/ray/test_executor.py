@@ -344,7 +344,7 @@ def test_a_lost_node_sends_its_trial_to_another_node(
     driver = subprocess.Popen(
         [sys.executable, "-m", "routetune", *tune_flags(
             model, out, "--executor", "ray", "--ray-address", cluster.address,
-            "--min-time", "0.5")],
+            "--min-time", "0.5", "--no-race")],  # every measurement long enough to cut
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, **RAY_ENV})
     try:
