@@ -46,10 +46,10 @@ from routetune.records.trial import Confirmation, Status, Trial
 from routetune.refinement import Refinement
 from routetune.registry import Registry
 from routetune.routes.route import Route, Step
+from routetune.search.leader import Leader
 from routetune.search.same_engine import SameEngine, same_engine_reason
 from routetune.search.strategy import Result, Strategy
 from routetune.signals import interrupted
-from routetune.timing.race import Bar
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class SearchLoop:
         self._runtime = sorted(k for k, spec in backend.options().items() if spec.runtime)
         self._engines = {self._engine_key(t.engine_sha256, t.settings): t.route
                          for t in ours if t.engine_sha256}
-        self._leader: Trial | None = None  # the accurate route with the best lower bound
+        self.leader = Leader(settings.min_speedup, settings.busy_machine)
         self.same_engine = SameEngine(lambda name: registry.seasoning(name).info.stage,
                                       len(self.base_passes))
         for t in ours:
@@ -314,14 +314,14 @@ class SearchLoop:
                 if stored is None:  # a route known to be a shorter one's engine: no job
                     stored = self._as_measured(route, done)
                 if stored is not None:
-                    stored = self._lead(judged(stored, self.constraint))
+                    stored = self.leader.consider(judged(stored, self.constraint))
                     done[route] = stored
                     on_trial(stored, cached)
                 else:
                     yield Job(route, fingerprint, Route(tuple(
                         s for s in route
                         if self.registry.seasoning(s.name).info.stage != "build")),
-                        None if route.is_base else self.bar())
+                        None if route.is_base else self.leader.bar())
 
         for job, outcome in self.executor.run(jobs(), self._after_build):
             assert outcome.status != BUILT
@@ -333,42 +333,16 @@ class SearchLoop:
                 measured = self.store.get(self.fingerprint(shortest)) or self.store.add(judged(
                     self._record(shortest, self.fingerprint(shortest), outcome.status,
                                  outcome.reason, **fields), self.constraint))
-                also(self._lead(measured))
+                also(self.leader.consider(measured))
                 trial = self._same_as(route, shortest, dropped, measured)
             else:
-                trial = self._lead(self.store.add(judged(
+                trial = self.leader.consider(self.store.add(judged(
                     self._record(route, fingerprint, outcome.status, outcome.reason,
                                  **fields), self.constraint)))
             logger.info("%s: %s %s", route, trial.status, trial.reason)
             done[route] = trial
             on_trial(trial, False)
         return {route: done[route] for route in routes if route in done}
-
-    def bar(self) -> Bar:
-        """What a new candidate races against (`routetune.timing.race`).
-
-        ``--min-speedup``, or the lower end of the leading route's paired interval where
-        that is higher. The leader is the accurate route of this search with the highest
-        lower end, not measured on a busy machine (unless ``--busy-machine ignore``).
-        """
-        floor = self.inputs.settings.min_speedup
-        leader = self._leader
-        if leader is not None and leader.paired is not None and leader.paired.ci_low > floor:
-            return Bar(leader.paired.ci_low, f"the lower end of the leading route "
-                       f"'{leader.route}' {leader.paired.value:.3f}x "
-                       f"[{leader.paired.ci_low:.3f}, {leader.paired.ci_high:.3f}]")
-        return Bar(floor, f"--min-speedup {floor:g}")
-
-    def _lead(self, trial: Trial) -> Trial:
-        """Take `trial` as the leader if it is accurate, trusted and ahead; `trial`."""
-        paired = trial.paired
-        trusted = not trial.noisy or self.inputs.settings.busy_machine == "ignore"
-        ahead = (self._leader is None or self._leader.paired is None
-                 or (paired is not None and paired.ci_low > self._leader.paired.ci_low))
-        if (trial.status == Status.OK and paired is not None and trusted
-                and not trial.steps.is_base and ahead):
-            self._leader = trial
-        return trial
 
     def _as_measured(self, route: Route, done: Mapping[Route, Trial]) -> Trial | None:
         """The route recorded as its shortest equal's engine, when that has a trial."""
