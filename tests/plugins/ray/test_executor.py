@@ -48,7 +48,7 @@ RAY_ENV = {
 }
 NODE = ["--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000",
         "--disable-usage-stats"]
-SEASONINGS = "fp16,fold-constants,eliminate-noops,ort-threads"
+SEASONINGS = "fp16,fuse-bn-into-conv,eliminate-noops,ort-threads"
 
 
 @dataclass
