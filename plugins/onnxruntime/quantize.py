@@ -104,6 +104,17 @@ _PER_CHANNEL_OPSET = 13
 """First opset whose DequantizeLinear has ``axis`` (ONNX operator spec)."""
 
 
+def _unproduced_outputs(model: onnx.ModelProto) -> set[str]:
+    """Graph outputs that are graph inputs passed through: no node computes them.
+
+    Legal ONNX, but ONNX Runtime's quantizer (1.32, ``onnx_model.topological_sort``)
+    raises ``AssertionError: Graph is not a DAG`` on them; the quantizer is given the
+    model without them. (An initializer as a graph output is left in: the quantizer
+    keeps it, and may quantize a copy for the nodes that read it.)
+    """
+    inputs = {i.name for i in model.graph.input}
+    return {o.name for o in model.graph.output if o.name in inputs}
+
 class _QdqSeasoning(Seasoning):
     """Shared by ``int8-qdq`` and ``fp8-qdq``; subclasses choose the quantized types."""
 
@@ -129,6 +140,9 @@ class _QdqSeasoning(Seasoning):
         op_types = self.params["op_types"]
         if not any(n.op in op_types for n in graph.nodes):
             return f"no {'/'.join(op_types)} node to quantize"
+        inputs = {t.name for t in graph.inputs}
+        if all(t.name in inputs for t in graph.outputs):
+            return "every graph output is a graph input: no output is computed"
         return low_precision(graph, op_types)
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
@@ -149,6 +163,14 @@ class _QdqSeasoning(Seasoning):
         before = copy_graph(state.graph)
         model = gs.export_onnx(state.graph)
         moved = _constants_to_initializers(model)
+        outputs = list(model.graph.output)  # the signature, in order
+        unproduced = _unproduced_outputs(model)
+        if unproduced:  # ONNX Runtime's quantizer asserts "Graph is not a DAG" on them
+            if len(unproduced) == len(outputs):
+                raise ValueError("every graph output is a graph input: no output is "
+                                 "computed, so there is nothing to quantize")
+            del model.graph.output[:]
+            model.graph.output.extend(o for o in outputs if o.name not in unproduced)
         mismatched: dict[str, str] = {}
         if self.max_range_ratio is not None and p.get("range_check", False):
             found = range_mismatches(model, ctx.feeds, op_types, self.max_range_ratio,
@@ -195,6 +217,13 @@ class _QdqSeasoning(Seasoning):
                     use_external_data_format=external,
                 )
             quantized = onnx.load(out)
+        if unproduced:  # back in their places: they pass through, unquantized
+            computed = {o.name: o for o in quantized.graph.output}
+            del quantized.graph.output[:]
+            quantized.graph.output.extend(computed.get(o.name, o) for o in outputs)
+            notes.append(f"{len(unproduced)} graph output(s) that pass a graph input "
+                         f"through ({', '.join(sorted(unproduced))}) left out of the "
+                         "quantizer and kept as they are")
         name_nodes(quantized)  # the quantizer leaves some of its nodes unnamed
         count = _count_quantized(quantized, op_types)
         stats = {

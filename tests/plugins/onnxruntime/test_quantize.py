@@ -381,3 +381,56 @@ def test_a_model_that_computes_in_float16_is_declined_not_broken() -> None:
     with pytest.raises(ValueError, match="Q/DQ quantization takes an FP32 model"):
         Int8Qdq()(RouteState(gs.import_onnx(model)), RouteContext(BACKEND, feeds))
     assert Int8Qdq().applicable(gs.import_onnx(conv_matmul()), BACKEND) is None
+
+
+def passthrough(first: bool, weight_output: bool = False) -> onnx.ModelProto:
+    """x f32[1,3,16,16] -> Conv -> Relu -> y, with x itself a graph output too (first or
+    last), and optionally the Conv's weight as an output: legal ONNX that ONNX Runtime's
+    quantizer 1.32 meets with "Graph is not a DAG" (issue 39)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])
+    x_out = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])
+    outputs = [x_out, y] if first else [y, x_out]
+    if weight_output:
+        outputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 3, 3, 3]))
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+         helper.make_node("Relu", ["c"], ["y"], name="relu")], "passthrough",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])], outputs, [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize(("first", "weight_output"), [(False, False), (True, True)])
+def test_a_graph_input_passed_through_as_an_output_is_quantized_around(
+        registry: Registry, tmp_path: Path, first: bool, weight_output: bool) -> None:
+    model = passthrough(first, weight_output)
+    onnx.save(model, tmp_path / "m.onnx")
+    result = tune(quick_spec(model=tmp_path / "m.onnx", seasonings=("int8-qdq",),
+                             search="exhaustive", output=tmp_path / "out",
+                             accuracy="cos>=0.99", keep="all"), registry)
+    int8 = [t for t in result.trials if t.route.startswith("int8-qdq")]
+    assert len(int8) == 4
+    for trial in int8:  # none crashed: every route was built, run and judged
+        assert trial.status in ("ok", "accuracy-failed"), (trial.route, trial.reason)
+        record = trial.passes[-1]
+        assert record["stats"]["quantized_nodes"] == 1
+        assert "1 graph output(s) that pass a graph input through (x) left out of the " \
+               "quantizer and kept as they are" in record["note"]
+        assert trial.accuracy["x"]["cos"] == 1.0  # passed through, exactly
+        candidate = onnx.load(tmp_path / "out" / str(trial.artifact))
+        assert [o.name for o in candidate.graph.output] == [
+            o.name for o in model.graph.output]
+
+
+def test_a_model_whose_outputs_all_pass_inputs_through_is_declined() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="dead")], "all-through",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [numpy_helper.from_array(np.ones((2, 3, 1, 1), np.float32), "w")])
+    found = Int8Qdq().applicable(gs.import_onnx(helper.make_model(graph)), OnnxRuntimeBackend())
+    assert found == "every graph output is a graph input: no output is computed"
