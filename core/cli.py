@@ -338,6 +338,11 @@ def build_command(ctx: typer.Context, route: str | None = None, **values: Any) -
         raise typer.Exit(1)
     console.print(f"built {escape(str(done.route))}: {done.engine_file} "
                   f"({done.engine_bytes} bytes, {done.build_ms / 1000:.2f} s)")
+    for line in done.unchanged:  # a fusion that fused nothing says so, and why
+        console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
+    if not done.changed:
+        console.print("[yellow]no step changed the model or the settings: this engine is "
+                      "the base route's[/]")
     if done.verdict is None:
         console.print(f"not run on this device, so not checked: {escape(done.not_run)}")
         return

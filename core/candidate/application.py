@@ -45,6 +45,10 @@ from routetune.stash import Stash
 
 logger = logging.getLogger(__name__)
 
+SMALL_CONSTANT = 4096
+"""Constants of this many elements or fewer are compared by value when a pass says it
+changed nothing (`_state_digest`): shapes, axes, scales."""
+
 SNAPSHOTS = 16
 """Model snapshots kept at route prefixes (branch points), least recently used out."""
 
@@ -224,9 +228,10 @@ def _state_digest(state: RouteState) -> tuple[Any, ...]:
     """What a pass may change of a route's state, for comparing before and after it.
 
     The nodes (operator, domain, attributes, input and output names), the graph's
-    inputs and outputs, the constants (name, shape, dtype and which array holds the
-    values: a pass that writes new values writes a new array) and the settings. The
-    values themselves are not read: for a 2 GiB model that would cost seconds a step.
+    inputs and outputs, the constants (name, shape, dtype, and the bytes of those of
+    `SMALL_CONSTANT` elements or fewer) and the settings. A large constant's values are
+    not read: for a 2 GiB model that would cost seconds a step (a pass that rewrites
+    weights renames them or changes the nodes that read them, as every built-in does).
     """
     settings = tuple(sorted((k, repr(v)) for k, v in state.settings.items()))
     graph = state.graph
@@ -237,7 +242,8 @@ def _state_digest(state: RouteState) -> tuple[Any, ...]:
         if isinstance(value, gs.Tensor):
             return ("tensor", value.name)
         if isinstance(value, np.ndarray):
-            return ("array", value.shape, str(value.dtype), id(value))
+            return ("array", value.shape, str(value.dtype),
+                    value.tobytes() if value.size <= SMALL_CONSTANT else None)
         if isinstance(value, gs.Graph):
             return ("graph", value.name, len(value.nodes))
         return repr(value)
@@ -246,7 +252,9 @@ def _state_digest(state: RouteState) -> tuple[Any, ...]:
                    tuple(t.name for t in n.outputs),
                    tuple(sorted((k, light(v)) for k, v in n.attrs.items())))
                   for n in graph.nodes)
-    constants = tuple(sorted((t.name, tuple(t.shape or ()), str(t.dtype), id(t._values))
-                             for t in graph.tensors().values() if isinstance(t, gs.Constant)))
+    constants = tuple(sorted(
+        (t.name, tuple(t.shape or ()), str(t.dtype),
+         np.asarray(t.values).tobytes() if int(np.prod(t.shape or ())) <= SMALL_CONSTANT else b"")
+        for t in graph.tensors().values() if isinstance(t, gs.Constant)))
     return (settings, nodes, constants, tuple(t.name for t in graph.inputs),
             tuple(t.name for t in graph.outputs))

@@ -61,6 +61,8 @@ class Rebuilt:
             (``artifacts/logs/build.log`` in the output directory).
         changed: Whether any of the route's passes changed the model or the settings
             (False: the engine is the base route's).
+        unchanged: One line per step of the route whose pass changed nothing on this
+            model (``modified: false``), with the pass's note: what it looked for.
     """
 
     route: Route
@@ -74,6 +76,7 @@ class Rebuilt:
     broken: str = ""
     log: Path | None = None
     changed: bool = True
+    unchanged: tuple[str, ...] = ()
 
 
 def rebuild(opts: RunSpec, route: str | None, registry: Registry) -> Rebuilt:
@@ -146,9 +149,12 @@ def rebuild(opts: RunSpec, route: str | None, registry: Registry) -> Rebuilt:
                            failed=f"the engine does not run on the inputs: {describe(e)}",
                            log=log)
     verdict = check_accuracy(run.constraint, registry, outputs, stored)
-    changed = any(p.get("modified", True) for p in passes[len(passes) - len(resolved):])
+    ours = passes[len(passes) - len(resolved):]
+    unchanged = tuple(
+        f"'{p.get('step')}' changed nothing on this model"
+        + (f": {p['note']}" if p.get("note") else "") for p in ours if p.get("modified") is False)
     return Rebuilt(resolved, engine_file, engine.size_bytes, build_ms, what, verdict, log=log,
-                   changed=changed)
+                   changed=any(p.get("modified", True) for p in ours), unchanged=unchanged)
 
 
 def _expected(outdir: Path, route: Route, settings_hash: str) -> tuple[list | None, str]:

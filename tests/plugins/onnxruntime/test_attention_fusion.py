@@ -9,6 +9,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
+from command import routetune
 from graphs import conv_bn
 from quick import quick_spec
 
@@ -263,3 +264,14 @@ def test_a_classifiers_softmax_over_weights_is_no_attention_block() -> None:
     for name in (*MASKED, *UNMASKED):  # every real export has attention blocks
         model = gs.import_onnx(onnx.load(DATA / f"{name}.onnx"))
         assert AttentionFusion().applicable(model, OnnxRuntimeBackend()) is None, name
+
+
+def test_building_a_route_whose_fusion_fused_nothing_says_so(tmp_path: Path) -> None:
+    onnx.save(tiny_block([0, 0, 0, 2, 2], [2, 4, 2, 2, 2]), tmp_path / "m.onnx")
+    done = routetune("build", str(tmp_path / "m.onnx"), "--route", "fuse-attention",
+                     "--output", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert ("'fuse-attention' changed nothing on this model: " in text
+            and "the head-merging Reshape's target may copy (0) an axis" in text), text
+    assert "no step changed the model or the settings: this engine is the base route's" in text
