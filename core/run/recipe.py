@@ -122,6 +122,8 @@ def _field(info: OptionInfo) -> tuple[Any, Any]:
     kwargs: dict[str, Any] = {"description": info.meta.help, "title": info.name}
     if "float" in str(info.type):  # NaN and inf are not numbers a bound can hold
         kwargs["allow_inf_nan"] = False
+    if info.type is bool or str(info.type) == "bool":  # TOML has true and false: "yes"
+        kwargs["strict"] = True  # or 1 is a mistake, not a boolean
     if info.meta.minimum is not None:
         kwargs["ge"] = info.meta.minimum
     if info.meta.above is not None:

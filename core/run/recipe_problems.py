@@ -21,6 +21,8 @@ def schema_problem(error: Any, fields: Sequence[str]) -> str:
     if error["type"] == "extra_forbidden":
         close = difflib.get_close_matches(str(error["loc"][-1]), fields, n=1)
         return "unknown field" + (f"; did you mean '{close[0]}'?" if close else "")
+    if error["type"] == "bool_type":
+        return f"{error['input']!r} is not a boolean; write true or false (TOML, unquoted)"
     return str(error["msg"]).removeprefix("Value error, ")
 
 

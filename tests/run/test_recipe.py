@@ -39,6 +39,9 @@ HEAD = 'schema_version = 2\n[model]\npath = "m.onnx"\n'
     ('[search]\nbeam_width = "wide"\n', "search.beam_width: Input should be a valid integer"),
     ('[search]\nbeam_width = 0\n', "search.beam_width: Input should be greater than or equal "
                                    "to 1"),
+    ('[measure]\nrace = "yes"\n', "measure.race: 'yes' is not a boolean; write true or "
+                                    "false (TOML, unquoted)"),
+    ('[measure]\nrace = 1\n', "measure.race: 1 is not a boolean; write true or false"),
     ('[serach]\nstrategy = "beam"\n', "serach: unknown field; did you mean 'search'?"),
     ('routes = ["fp16,fold-constants"]\n', "routes[0]: route 'fp16,fold-constants': "
                                            "'fp16' (precision) must come after"),
