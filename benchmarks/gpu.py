@@ -59,6 +59,8 @@ def main() -> None:
     parser.add_argument("--in-process", action="store_true",
                         help="builds and timings take turns in this process")
     parser.add_argument("--fresh", action="store_true", help="ignore stored trials")
+    parser.add_argument("--memory", default=None,
+                        help="the route memory file, or off (default: routetune's own)")
     parser.add_argument("--no-baselines", action="store_true",
                         help="tune only; time nothing side by side (a later run resumes)")
     args = parser.parse_args()
@@ -96,11 +98,13 @@ def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: An
                    max_depth=args.max_depth,
                    seasonings=tuple(args.seasonings.split(",")) if args.seasonings else None,
                    accuracy=ACCURACY, inputs=inputs, measure=settings,
-                   time_budget_s=args.budget_s)
+                   time_budget_s=args.budget_s, memory=args.memory)
     started = time.perf_counter()
     result = tune(opts, registry)
     tuning_s = time.perf_counter() - started
+    record = json.loads(result.files["run"].read_text())
     row = {"winner": result.winner.route, "reason": result.winner_reason,
+           "memory": record["search"]["memory"],
            "tuning_s": round(tuning_s, 1), "trials": len(result.trials),
            "search": args.search, "builds": builds(result.trials),
            "stopped": result.stopped, "accuracy": result.winner.accuracy,
@@ -119,10 +123,12 @@ def build_model(name: str, out: Path) -> tuple[Any, Path | None, Path | None]:
     if name.startswith("ppocr"):
         return None, None, None
     torch.manual_seed(0)
-    if name == "resnet50":
+    if name in ("resnet50", "mobilenetv3"):
         import torchvision
 
-        module = torchvision.models.resnet50(weights=None).eval()
+        build = (torchvision.models.resnet50 if name == "resnet50"
+                 else torchvision.models.mobilenet_v3_large)
+        module = build(weights=None).eval()
         sets = [{"x": np.random.default_rng(i).standard_normal((32, 3, 224, 224))
                  .astype(np.float32)} for i in range(4)]
     elif name == "bert":

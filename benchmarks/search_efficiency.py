@@ -23,6 +23,7 @@ Writes ``search_efficiency.json`` into ``--out`` after each strategy.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -35,6 +36,8 @@ from gpu import ACCURACY, build_model, builds  # noqa: E402
 SPACES = {
     "resnet50": ("fp16", "ort-cuda-graph", "ort-cuda-nhwc", "ort-cuda-fuse-conv-bias",
                  "ort-cuda-conv-algo", "fuse-bn-into-conv"),
+    "mobilenetv3": ("fp16", "ort-cuda-graph", "ort-cuda-nhwc", "ort-cuda-fuse-conv-bias",
+                    "ort-cuda-conv-algo", "fuse-bn-into-conv"),
     "bert": ("fuse-attention", "ort-transformer-fusion", "fp16", "ort-cuda-graph",
              "ort-cuda-sdpa-kernel"),
 }
@@ -93,7 +96,12 @@ def run(registry: Any, name: str, model: Path | None, inputs: Path | None, strat
                    search=strategy, max_depth=MAX_DEPTH,
                    **({"beam_width": BEAM_WIDTH} if strategy == "beam" else {}),
                    seasonings=SPACES[name], accuracy=ACCURACY, inputs=inputs,
-                   measure=settings, in_process=True, fresh=not args.resume)
+                   # exhaustive's table holds every route's full figure (no racing);
+                   # it teaches no route memory (benchmarks/replay_search.py reads tables)
+                   measure=(dataclasses.replace(settings, race=False)
+                            if strategy == "exhaustive" else settings),
+                   memory="off" if strategy == "exhaustive" else None,
+                   in_process=True, fresh=not args.resume)
     if args.plan:
         prepared = prepare_run(opts, registry)
         strat = registry.strategy(strategy)(prepared.space, prepared.strategy_options)

@@ -36,7 +36,8 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult | Backen
             (``all``, ``front``, ``winner``), ``backend``
             (``onnxruntime``, ``onnxruntime-cuda``, ``tensorrt``, ``openvino`` or a plugin's),
             ``seasonings`` (names, a list or a comma-separated string), ``search``
-            (``beam``, ``exhaustive``, ``one-at-a-time``, ``mixed`` or a plugin's),
+            (``beam``, ``exhaustive``, ``one-at-a-time``, ``mixed``, ``learned`` or a
+            plugin's), ``memory`` (a route memory file, or ``"off"``),
             ``search_options`` (the strategy's own options, a dict), ``beam_width``,
             ``max_depth``, ``accuracy`` (e.g. ``"cos>=0.999"``), ``inputs`` (an
             ``.npz`` file or folder of them: input name → array), ``shapes``

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from routetune import signals
+from routetune import memory_cli, signals
 from routetune.errors import RoutetuneError, UsageError, with_flag_value
 from routetune.judging.verdict import FAILED
 from routetune.options import options_of
@@ -235,6 +235,9 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         raise typer.Exit(signals.exit_code())  # 130 or 143, after the results are written
     if result.winner.status in FAILED:
         raise typer.Exit(1)  # nothing usable came out: scripts must notice
+
+
+app.add_typer(memory_cli.app, name="memory")
 
 
 @app.command("report")

@@ -57,6 +57,8 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
         whose = run.source.get("time_budget")
         lines.append(f"budget   {run.time_budget_s:g} s of search"
                      + (f" · {escape(whose)} (--time-budget to change)" if whose else ""))
+    if run.memory:
+        lines.append(f"memory   {escape(run.memory)}")
     whose = run.source.get("accuracy")
     lines.append(f"accuracy {escape(run.constraint.text)}"
                  + (f" · {escape(whose)} task constraint" if whose else ""))

@@ -30,6 +30,7 @@ import numpy as np
 from routetune.errors import RoutetuneError, UsageError
 from routetune.judging.metrics import TaskMetric
 from routetune.options import check_keyword, options_of, problem
+from routetune.records.prior import Prior
 from routetune.registry import Registry
 from routetune.routes.composer import RouteSpace
 from routetune.routes.route import Route, Step
@@ -214,8 +215,8 @@ def check_backend(registry: Registry, name: str, model: Path | str, workdir: Pat
 
 
 def check_strategy(registry: Registry, name: str, space: RouteSpace,
-                   max_asks: int = 10_000, options: Mapping[str, Any] | None = None
-                   ) -> list[Route]:
+                   max_asks: int = 10_000, options: Mapping[str, Any] | None = None,
+                   prior: Prior | None = None) -> list[Route]:
     """Check a search strategy: it ends, asks only routes of the space, and repeats itself.
 
     Its `Options` must be a frozen dataclass of `option` fields whose defaults keep
@@ -232,6 +233,8 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
         max_asks: Batches it must have stopped asking by.
         options: Option values to drive it with (checked like ``--search-option``);
             its defaults when None.
+        prior: A route memory's prior to give it before the first ask
+            (`routetune.search.strategy.Strategy.learn`); none when None.
 
     Returns:
         The routes it asked for, in order.
@@ -283,6 +286,8 @@ def check_strategy(registry: Registry, name: str, space: RouteSpace,
     drives: list[list[Route]] = []
     for _ in range(2):
         strategy = registry.strategy(name)(space, chosen)
+        if prior is not None:
+            strategy.learn(prior)
         strategy.tell(Route(), trial(Route()))
         asked: list[Route] = []
         for _ in range(max_asks):

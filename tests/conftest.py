@@ -38,6 +38,11 @@ from routetune.feeds.examples import cache_dir, fetch
 from routetune.plugin_manager import load_registry
 from routetune.registry import Registry
 
+# Every run of the suite, in this process and in the ones it starts, learns into a route
+# memory of its own (`routetune.run.route_memory`), never into the user's.
+os.environ.setdefault("ROUTETUNE_MEMORY", os.path.join(
+    tempfile.mkdtemp(prefix="routetune-memory-"), "memory.sqlite"))
+
 
 @pytest.fixture
 def registry() -> Registry:

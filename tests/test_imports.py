@@ -185,7 +185,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("execution", ("execution/",)),
     ("the search", ("search/",)),
     ("a run", ("run/",)),
-    ("front ends and tools", ("cli", "api", "display", "testing", "conformance", "__main__")),
+    ("front ends and tools", ("cli", "memory_cli", "api", "display", "testing", "conformance",
+                              "__main__")),
 )
 """Core's rooms from the ground up (README, "The map"): a room imports only rooms of its
 own layer or below, and no rooms import each other in a circle. A room is a subpackage

@@ -129,6 +129,29 @@ class Constraint:
                 return t.key, t.op in (">=", ">")
         return HEADLINE
 
+    def margin(self, metrics: Mapping[str, Mapping[str, float]]) -> float | None:
+        """How far the tightest bound was from failing: its slack over the bound.
+
+        Per bound, ``(value - bound) / max(|bound|, 1e-12)`` for ``>=`` and ``>``, the
+        reverse for ``<=`` and ``<``; the least over every output. Positive: every
+        bound held; negative: one failed (-0.01: 1% past its bound).
+
+        Args:
+            metrics: Per output name, metric name to value (a trial's ``accuracy``).
+
+        Returns:
+            The least slack; None when no bound has a finite value to compare.
+        """
+        slacks = []
+        for name, values in metrics.items():
+            for t in self.for_output(name):
+                got = values.get(t.key)
+                if got is None or not math.isfinite(got):
+                    continue
+                above = (got - t.value) / max(abs(t.value), 1e-12)
+                slacks.append(above if t.op in (">=", ">") else -above)
+        return min(slacks) if slacks else None
+
     def for_output(self, output: str) -> list[Threshold]:
         """The thresholds that apply to one output (scoped ones replace unscoped ones)."""
         scoped = {t.metric for t in self.thresholds if t.output == output}

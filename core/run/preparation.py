@@ -78,6 +78,9 @@ class Prepared:
     base_passes: list[dict[str, Any]] = field(default_factory=list)
     """The backend's preflight and the pinned prefix as applied (set once the search loop
     has started)."""
+    memory: str = ""
+    """The route memory as the run uses it, one line: its file and what it knows here, or
+    why there is none (set once the search loop has started; `routetune.run.route_memory`)."""
     time_budget_s: float | None = None
     """The search's time budget (s): ``--time-budget``, or the example's when none is
     given (`routetune.feeds.examples.Example.time_budget_s`, named in ``source``)."""

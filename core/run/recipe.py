@@ -15,7 +15,8 @@ Schema version 2 (``schema_version = 2``); ``routetune schema`` prints it as JSO
   empty list (``seasonings = []``): none, only the pinned routes.
 - ``routes``: route texts always tried (pinned), e.g. ``["fp16,ort-threads{intra_op=2}"]``.
 - ``[search]``: ``strategy``, ``options`` (the strategy's own, e.g. ``{ beam_width = 4
-  }``), ``beam_width`` (its shorthand), ``max_depth``, ``max_trials``, ``time_budget_s``.
+  }``), ``beam_width`` (its shorthand), ``max_depth``, ``max_trials``, ``time_budget_s``,
+  ``memory`` (the route memory file, relative to the recipe, or ``off``).
 - ``[accuracy]``: ``expr`` (the ``--accuracy`` expression) and ``[accuracy.outputs]``,
   an expression per output name.
 - ``[measure]``: ``min_runs``, ``min_time_s``, ``latency``, ``min_speedup``,
@@ -277,6 +278,8 @@ def recipe_values(recipe: Any, path: Path) -> dict[str, Any]:
         value = getattr(holder, key)
         if isinstance(value, str) and "Path" in str(info.type):
             value = here / value if not Path(value).is_absolute() else Path(value)
+        elif info.name == "memory" and value != "off" and not Path(value).is_absolute():
+            value = str(here / value)  # a file, as the recipe's other paths
         elif isinstance(value, list):
             value = tuple(value)
         elif isinstance(value, dict):

@@ -109,8 +109,8 @@ class RunSpec:
         "applicable).", recipe="seasonings", cli_type=str | None, from_cli=_names,
         from_keyword=_names)
     search: str = option(
-        "beam", help="Search strategy: beam, exhaustive, one-at-a-time, mixed or a "
-        "plugin's.", recipe="search.strategy")
+        "beam", help="Search strategy: beam, exhaustive, one-at-a-time, mixed, learned "
+        "(ordered by the route memory) or a plugin's.", recipe="search.strategy")
     search_options: Mapping[str, Any] = option(
         default_factory=dict, help="The search strategy's own options, by name (see "
         "`routetune seasonings`); on the command line KEY=VALUE, repeatable.",
@@ -161,6 +161,11 @@ class RunSpec:
     fresh: bool = option(
         False, help="Ignore stored trials (the old store is moved aside), or reuse them.",
         flag="--fresh/--resume")
+    memory: str | None = option(
+        None, help="The route memory: a SQLite file of what earlier searches learned, "
+        "which the learned search starts from and every run adds to (default: "
+        "$ROUTETUNE_MEMORY, else memory.sqlite in routetune's cache, $ROUTETUNE_CACHE or "
+        "~/.cache/routetune); off: none.", recipe="search.memory")
     max_trials: int | None = option(
         None, help="Stop after this many trials (the base route included).",
         recipe="search.max_trials", minimum=1)

@@ -29,6 +29,7 @@ from routetune.run import runinfo
 from routetune.run.outdir import locked, move_aside
 from routetune.run.preparation import Prepared, prepare_run, reference_backend, reference_outputs
 from routetune.run.pruning import Pruned, prune
+from routetune.run.route_memory import open_memory
 from routetune.run.run_spec import RunSpec
 from routetune.run.winner import WINNER_OUTPUTS, save_outputs, write_winner
 from routetune.search.loop import Budget, SearchLoop
@@ -224,8 +225,13 @@ def _tune_locked(
     on_trial: Callable[[Trial, bool], None], on_status: Callable[[str], None],
 ) -> TuneResult:
     store_path = run.outdir / FILENAME
+    memory = open_memory(opts, run)  # a --memory file that is not one: refused first
     reference = reference_backend(run.registry, run.backend)
-    executor = make_executor(run, opts)
+    try:
+        executor = make_executor(run, opts)
+    except BaseException:
+        memory.close()
+        raise
     executor.on_status = on_status
     executor.warm_up(run.outdir)  # workers load their libraries during the reference run
     loop = None
@@ -238,6 +244,7 @@ def _tune_locked(
         store = TrialStore.open(store_path)
     except BaseException:
         executor.close()
+        memory.close()
         raise
     try:
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
@@ -246,10 +253,12 @@ def _tune_locked(
                           reference, [r(run.registry) for r in run.refinements],
                           base=run.base, executor=executor)
         run.base_passes = loop.base_passes
+        strategy = run.registry.strategy(opts.search)(run.space, run.strategy_options)
+        strategy.learn(memory.prior(run, loop.device))
+        run.memory = memory.note
         record = runinfo.start_record(run, opts, loop.versions)
         records = run_record.record_dir(run.outdir, record)
         run_record.write(records, record)
-        strategy = run.registry.strategy(opts.search)(run.space, run.strategy_options)
         skipped = [loop.record_skipped(Route((Step(n),)), reason)
                    for n, reason in run.not_applicable.items()]
         on_start(run, plan(strategy, run, opts))
@@ -287,15 +296,18 @@ def _tune_locked(
                         f"the accuracy constraint ({check.reason}); its files changed on "
                         "disk since it was measured: tune again with --fresh")
             save_outputs(records / WINNER_OUTPUTS, outputs)
+        memory.teach(run, trials)
         ours = {t.fingerprint for t in trials}  # other runs' kept models stay (--keep)
         others = frozenset(t.artifact for t in store.trials()
                            if t.artifact and t.fingerprint not in ours)
     finally:
         executor.close()
         store.close()
+        memory.close()
     result = dataclasses.replace(
         _finish(run, opts, trials, store_path, winner, reason, confirmations, loop.stopped,
                 records, frozenset(fresh)), elapsed_s=elapsed)
+    record["search"]["lessons_added"] = memory.added
     result.files["run"] = run_record.write(records, runinfo.finish_record(record, result))
     if winner.status == Status.OK and (records / WINNER_OUTPUTS).is_file():
         result.files["outputs"] = records / WINNER_OUTPUTS  # listed in `tune`'s last line

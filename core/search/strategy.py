@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from routetune.errors import UsageError
 from routetune.options import OptionError, build, check_keyword, options_of, problem
+from routetune.records.prior import Prior
 from routetune.records.trial import Status, Trial
 from routetune.routes.composer import RouteSpace
 from routetune.routes.route import Route
@@ -86,6 +87,14 @@ class Strategy:
 
     def tell(self, route: Route, result: Result) -> None:
         """Report how the trial of a route that `ask` returned (or the base route) went."""
+
+    def learn(self, prior: Prior) -> None:
+        """Take what the route memory expects of each step, before the first `ask`.
+
+        The run calls it when a memory is on (`routetune.records.memory`); the default
+        ignores it. A prior may order and prune what a strategy asks; it is no result,
+        and no route wins without being measured in this run.
+        """
 
     PLANNED_IS_BOUND: ClassVar[bool] = False
     """Whether `planned` is an upper bound (the search may stop sooner), not a count."""

@@ -1,0 +1,122 @@
+"""The route memory's prior: what it expects of each step on a model like this one.
+
+`prior_of` reduces the lessons of other models (`routetune.records.lessons`) to one
+normal estimate per step, weighted by how alike the models are; the learned search
+(`routetune.search.learned`) starts from it. A prior orders and prunes a search; it is
+never a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from routetune.model.signature import ModelSignature
+from routetune.records.lessons import Lesson, Outcome
+
+
+@dataclass(frozen=True)
+class StepPrior:
+    """What the memory expects of one step on a model like this one.
+
+    Args:
+        mean: The expected natural log of its speed-up over its parent (0: no effect).
+        sd: Its standard deviation (log), from the spread across similar models and
+            parents, and one pseudo-observation of no effect with sd `PRIOR_SD`.
+        weight: The similarity-weighted number of models behind it.
+        fail: The similarity-weighted share of its lessons that failed or were
+            inaccurate, shrunk towards 0.1 by one pseudo-model.
+    """
+
+    mean: float
+    sd: float
+    weight: float
+    fail: float
+
+
+PRIOR_SD = 0.3
+"""Standard deviation (natural log of a speed-up) of a step the memory knows nothing of:
+about 0.74x to 1.35x within one sd. The prior every step's estimate is shrunk towards."""
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The memory's expectations for one model, backend and device, by step text.
+
+    Args:
+        steps: Step text to what the memory expects of it; a step it knows nothing of
+            is missing.
+        lessons: Lessons read that bear on this backend.
+        models: Other models (signatures) they came from.
+        skipped: Rows skipped as malformed (an untrusted file).
+    """
+
+    steps: Mapping[str, StepPrior] = field(default_factory=dict)
+    lessons: int = 0
+    models: int = 0
+    skipped: int = 0
+
+    def describe(self) -> str:
+        """One line for the start of a run: what the memory knows here."""
+        if not self.steps:
+            return "nothing yet for this backend"
+        known = f"{len(self.steps)} steps from {self.lessons:,} lessons on {self.models} " \
+                f"model{'s' * (self.models != 1)}"
+        return known + (f" ({self.skipped} malformed rows skipped)" if self.skipped else "")
+
+
+def prior_of(lessons: Iterable[Lesson], signature: ModelSignature, device: str,
+             skipped: int = 0) -> Prior:
+    """What `lessons` (of one backend) say of each step on a model like `signature`.
+
+    Each other model weighs by its similarity to this
+    one (`ModelSignature.similarity`, squared), halved for another device. Per model,
+    a step's lessons are averaged (log speed-up); across models, the average is
+    weighted by model and shrunk towards no effect by one pseudo-model of sd
+    `PRIOR_SD` (empirical Bayes; Gelman et al., *Bayesian Data Analysis*, 3rd ed.,
+    §5.4, normal hierarchical model). Lessons of this very model (equal signature
+    and device) weigh fully: a run again on the same model learns from itself.
+    """
+    per_model: dict[tuple[str, str], dict[str, list[Lesson]]] = defaultdict(
+        lambda: defaultdict(list))
+    weights: dict[tuple[str, str], float] = {}
+    count = 0
+    for lesson in lessons:
+        key = (lesson.signature.key, lesson.device)
+        if key not in weights:
+            weights[key] = (lesson.signature.similarity(signature) ** 2
+                            * (1.0 if lesson.device == device else 0.5))
+        if weights[key] > 0:
+            count += 1
+            per_model[key][lesson.step].append(lesson)
+    steps: dict[str, StepPrior] = {}
+    names = {step for by_step in per_model.values() for step in by_step}
+    for step in names:
+        means, spreads, fails, ws = [], [], [], []
+        for key, by_step in per_model.items():
+            found = by_step.get(step)
+            if not found:
+                continue
+            logs = [math.log(x.speedup) for x in found
+                    if x.speedup is not None and x.outcome != Outcome.FAILED]
+            if logs:
+                mean = sum(logs) / len(logs)
+                means.append(mean)
+                spreads.append(sum((v - mean) ** 2 for v in logs) / len(logs))
+            else:
+                means.append(0.0)
+                spreads.append(PRIOR_SD ** 2)
+            fails.append(sum(x.outcome in (Outcome.FAILED, Outcome.INACCURATE)
+                             for x in found) / len(found))
+            ws.append(weights[key])
+        total = sum(ws)
+        mean = sum(w * m for w, m in zip(ws, means, strict=True)) / (total + 1.0)
+        var = (PRIOR_SD ** 2 + sum(w * ((m - mean) ** 2 + s) for w, m, s in
+                                   zip(ws, means, spreads, strict=True))) / (total + 1.0)
+        fail = (0.1 + sum(w * f for w, f in zip(ws, fails, strict=True))) / (total + 1.0)
+        steps[step] = StepPrior(mean, max(math.sqrt(var), 0.02), total, fail)
+    return Prior(steps, count, len({k for k, _ in per_model}), skipped)
+
+

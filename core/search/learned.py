@@ -1,0 +1,203 @@
+"""Learned search: routes in the order the route memory expects them to pay.
+
+The model: a route's log speed-up over the base route is the sum of its steps' effects
+and of each pair of steps' effect together, each normal. A step's effect starts from the
+route memory's prior for models like this one (`routetune.records.prior`), a pair's from
+no effect (sd `INTERACTION_SD`); all are revised by every measurement of this run:
+Bayesian linear regression with a normal prior and known noise (Bishop, *Pattern
+Recognition and Machine Learning*, 2006, §3.3), each measurement's noise taken from its
+paired 95% interval.
+
+Each `ask` takes the untried routes of the highest expected improvement over the
+fastest accurate route so far (Jones, Schonlau and Welch, "Efficient global
+optimization of expensive black-box functions", J. Global Optimization 13, 1998),
+times the chance that each of their steps builds and meets the accuracy constraint
+(a beta-binomial estimate per step, from the memory and from this run's failures). A
+step the memory knows little of has a wide prior, and so a large expected improvement:
+the search explores where the memory is uncertain. It ends when no untried route is
+expected to improve on the best by `LearnedOptions.stop_gain`.
+
+One ordering of each set of steps is tried (the composer's first). With a memory that
+knows no step of the space (an empty one, or ``--memory off``) it is `mixed`, exactly.
+The loop measures the base route first and confirms the winner as for every strategy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from routetune.options import option
+from routetune.records.prior import PRIOR_SD, Prior
+from routetune.records.trial import Status
+from routetune.routes.route import Route
+from routetune.search.mixed import Mixed
+from routetune.search.strategy import Result, Strategy
+
+NOISE_FLOOR = 0.01
+"""Standard deviation (log) added to every measurement's own: run-to-run drift that one
+paired interval does not see (about 1%, docs/benchmarks.md's repeated runs)."""
+INTERACTION_SD = 0.15
+"""Prior standard deviation (log) of the effect of two steps together beyond the sum of
+their own: about 0.86x to 1.16x. Such effects are real (a convolution's bias fusion
+helps ResNet-50 on the H200 only with FP16 and NHWC, docs/benchmarks.md), so a route
+of steps never tried together keeps some uncertainty, and so some expected improvement."""
+FAIL_PSEUDO = 2.0
+"""Pseudo-trials behind the prior chance that a step fails (the beta prior's a + b)."""
+
+
+@dataclass(frozen=True)
+class LearnedOptions:
+    """The learned search's options."""
+
+    batch: int = option(2, help="Routes asked at once (built in parallel where "
+                        "--build-workers allows).", minimum=1)
+    stop_gain: float = option(0.005, help="Stop once no untried route's expected "
+                              "improvement over the best so far reaches this share "
+                              "(0.005: 0.5%).", above=0)
+
+
+class Learned(Strategy):
+    """The routes the memory expects to be fastest first; `mixed` when it knows nothing here."""
+
+    name = "learned"
+    Options = LearnedOptions
+    options: LearnedOptions
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._prior = Prior()
+        self._mixed = Mixed(self.space)
+        self._learned: bool | None = None  # decided at the first ask
+        self._told: dict[Route, Result] = {}
+        self._routes: list[Route] = []
+        self._features: list[str] = []
+        self._pairs: list[str] = []
+        self._x = np.zeros((0, 0))
+
+    def learn(self, prior: Prior) -> None:
+        """Take the memory's prior (`routetune.records.prior.prior_of`)."""
+        self._prior = prior
+
+    def tell(self, route: Route, result: Result) -> None:
+        """Record a result (and tell `mixed`, which runs when the memory knows nothing)."""
+        self._told[route] = result
+        self._mixed.tell(route, result)
+
+    @property
+    def uses_memory(self) -> bool:
+        """Whether the memory knows a step of this space (else the search is `mixed`)."""
+        if self._learned is None:
+            self._learned = any(self._step_prior(s)[3] for r in self._candidates() for s in r)
+        return self._learned
+
+    def ask(self) -> list[Route]:
+        """The untried routes of the highest expected improvement; [] when none pays."""
+        if not self.uses_memory:
+            return self._mixed.ask()
+        gain = self._acquisition()
+        tried = {frozenset(map(str, r)) for r in self._told}
+        picked: list[Route] = []
+        for i in np.argsort(-gain, kind="stable"):
+            if gain[i] < math.log1p(self.options.stop_gain) or len(picked) >= self.options.batch:
+                break
+            steps = frozenset(map(str, self._routes[i]))
+            if steps not in tried:
+                tried.add(steps)
+                picked.append(self._routes[i])
+        return picked
+
+    def _candidates(self) -> list[Route]:
+        """The space's routes; `_x` their features: each step, then each pair of steps."""
+        if not self._routes:
+            self._routes = [r for r in self.space.routes() if not r.is_base]
+            self._features = sorted({str(s) for r in self._routes for s in r})
+            self._pairs = sorted({pair for r in self._routes for pair in _pairs(r)})
+            index = {f: i for i, f in enumerate([*self._features, *self._pairs])}
+            self._x = np.zeros((len(self._routes), len(index)))
+            for row, route in enumerate(self._routes):
+                for feature in [*(str(s) for s in route), *_pairs(route)]:
+                    self._x[row, index[feature]] = 1.0
+        return self._routes
+
+    def _step_prior(self, step: Any) -> tuple[float, float, float, bool]:
+        """Mean and sd of a step's log speed-up, its chance to fail, and whether known.
+
+        A step the memory has no lesson for, but whose seasoning it knows with other
+        parameters, takes half their mean effect with a wider sd.
+        """
+        known = self._prior.steps.get(str(step))
+        if known is not None:
+            return known.mean, known.sd, known.fail, True
+        kin = [p for text, p in self._prior.steps.items()
+               if text.partition("{")[0] == step.name]
+        if kin:
+            mean = sum(p.mean for p in kin) / len(kin) / 2
+            return mean, math.hypot(PRIOR_SD, mean), sum(p.fail for p in kin) / len(kin), True
+        return 0.0, PRIOR_SD, 0.1, False
+
+    def _acquisition(self) -> np.ndarray:
+        """Per candidate route: its chance to succeed times its expected improvement (log)."""
+        routes = self._candidates()
+        steps = {str(s): s for r in routes for s in r}
+        priors = [self._step_prior(steps[f]) for f in self._features]
+        pairs = len(self._pairs)
+        mean0 = np.array([p[0] for p in priors] + [0.0] * pairs)
+        precision0 = np.array([1.0 / p[1] ** 2 for p in priors]
+                              + [1.0 / INTERACTION_SD ** 2] * pairs)
+        fail0 = np.clip([p[2] for p in priors] + [0.0] * pairs, 0.0, 0.99)
+        index = {route: i for i, route in enumerate(routes)}
+        rows, ys, weights = [], [], []
+        ok_steps = np.zeros(self._x.shape[1])
+        failed = np.zeros(self._x.shape[1])
+        best = 0.0  # the base route
+        for route, result in self._told.items():
+            i = index.get(route)
+            if i is None:
+                continue
+            rel = result.relative
+            if result.status.measured and rel is not None and rel.p50 > 0:
+                y = -math.log(rel.p50)
+                sd = math.log(max(rel.ci_high, rel.p50) / min(rel.ci_low, rel.p50)) / 3.92
+                rows.append(self._x[i])
+                ys.append(y)
+                weights.append(1.0 / (sd ** 2 + NOISE_FLOOR ** 2))
+                if result.status == Status.OK:
+                    best = max(best, y)
+            if result.status == Status.OK:
+                ok_steps += self._x[i]
+            elif result.status.failed or result.status == Status.ACCURACY_FAILED:
+                suspects = self._x[i] * (ok_steps == 0) * (fail0 > 0)  # steps, not pairs
+                if not suspects.any():  # each step held elsewhere: blame them all alike
+                    suspects = self._x[i] * (fail0 > 0)
+                failed += suspects / suspects.sum()
+        a = np.diag(precision0)
+        b = precision0 * mean0
+        if rows:
+            x, w = np.array(rows), np.array(weights)
+            a = a + x.T @ (w[:, None] * x)
+            b = b + x.T @ (w * np.array(ys))
+        cov = np.linalg.inv(a)
+        mean = cov @ b
+        m = self._x @ mean
+        sd = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", self._x, cov, self._x), 1e-12))
+        z = (m - best) / sd
+        cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+        improvement = sd * np.exp(-0.5 * z ** 2) / math.sqrt(2 * math.pi) + (m - best) * cdf
+        held = np.where(fail0 > 0, (FAIL_PSEUDO * (1 - fail0) + ok_steps)
+                        / (FAIL_PSEUDO + ok_steps + failed), 1.0)
+        chance = np.exp(self._x @ np.log(held))
+        gain: np.ndarray = chance * improvement
+        for route in self._told:
+            if route in index:
+                gain[index[route]] = -1.0
+        return gain
+
+
+def _pairs(route: Route) -> list[str]:
+    """Each pair of the route's steps, as one feature name (``a & b``, sorted)."""
+    names = sorted(str(s) for s in route)
+    return [f"{a} & {b}" for i, a in enumerate(names) for b in names[i + 1:]]

@@ -1,0 +1,108 @@
+"""The learned search: ordered by the route memory's prior, revised by each trial."""
+
+from __future__ import annotations
+
+import pytest
+
+from routetune.records.prior import Prior, StepPrior
+from routetune.records.trial import Status, Trial
+from routetune.registry import Registry
+from routetune.routes.composer import RouteSpace
+from routetune.routes.route import Route, parse_route
+from routetune.search.learned import Learned
+from routetune.search.mixed import Mixed
+from routetune.search.strategy import Result
+from routetune.testing import check_strategy
+from routetune.timing.measure import Latency, Speedup
+
+NAMES = ("eliminate-noops", "fold-constants", "fuse-bn-into-conv", "ort-threads",
+         "ort-no-spinning")
+
+
+def _space(registry: Registry, depth: int = 3) -> RouteSpace:
+    return RouteSpace([registry.seasoning(n).info for n in NAMES], depth)
+
+
+def _result(route: Route, speedup: float, status: Status = Status.OK) -> Result:
+    """A trial timed at `speedup` over the base route, with a 2% paired interval."""
+    lat = Latency(10, 1 / speedup, 1 / speedup, 1 / speedup, 1 / speedup, 0.99 / speedup,
+                  1.01 / speedup)
+    base = Latency(10, 1.0, 1.0, 1.0, 1.0, 0.99, 1.01)
+    return Result.of(Trial(str(route), "m", str(route), "b", "d", "s", status, latency=lat,
+                           base_latency=base,
+                           paired=Speedup(speedup, speedup * 0.99, speedup * 1.01, 10, 0.0)))
+
+
+def _drive(strategy: Learned | Mixed, truth: dict[str, float],
+           failing: frozenset[str] = frozenset()) -> list[str]:
+    """Ask and tell until done; each step multiplies the speed-up by truth[name]."""
+    strategy.tell(Route(), _result(Route(), 1.0))
+    asked: list[str] = []
+    while batch := strategy.ask():
+        for route in batch:
+            asked.append(str(route))
+            speedup = 1.0
+            for step in route:
+                speedup *= truth.get(step.name, 1.0)
+            status = Status.ACCURACY_FAILED if set(route.names) & failing else Status.OK
+            strategy.tell(route, _result(route, speedup, status))
+    return asked
+
+
+def _prior(**means: float) -> Prior:
+    return Prior({name: StepPrior(mean, 0.05, 3.0, 0.05) for name, mean in means.items()},
+                 lessons=10, models=3)
+
+
+def test_it_keeps_the_strategy_contract_with_a_memory(registry: Registry) -> None:
+    prior = _prior(**{"fuse-bn-into-conv": 0.2, "ort-threads{intra_op=1}": 0.1})
+    asked = check_strategy(registry, "learned", _space(registry), prior=prior)
+    assert asked
+
+
+def test_with_an_empty_memory_it_is_mixed_exactly(registry: Registry) -> None:
+    truth = {"fuse-bn-into-conv": 1.3, "ort-no-spinning": 1.1}
+    space = _space(registry)
+    learned = Learned(space)
+    learned.learn(Prior())
+    assert _drive(learned, truth) == _drive(Mixed(space), truth)
+    assert not learned.uses_memory
+
+
+def test_a_route_the_memory_expects_to_pay_is_asked_first(registry: Registry) -> None:
+    truth = {"fuse-bn-into-conv": 1.3, "ort-no-spinning": 1.1, "eliminate-noops": 0.98}
+    space = _space(registry)
+    learned = Learned(space)
+    learned.learn(_prior(**{"fuse-bn-into-conv": 0.25, "ort-no-spinning": 0.1,
+                            "eliminate-noops": -0.05, "fold-constants": -0.05,
+                            "ort-threads{intra_op=1}": -0.1,
+                            "ort-threads{intra_op=2}": -0.1}))
+    asked = _drive(learned, truth)
+    assert set(parse_route(asked[0]).names) == {"fuse-bn-into-conv", "ort-no-spinning"}
+    mixed = _drive(Mixed(space), truth)
+    # it asks for the best route first; mixed, after its single changes
+    best = "fuse-bn-into-conv,ort-no-spinning"
+    assert asked.index(best) == 0 < mixed.index(best)
+
+
+def test_an_unknown_step_is_explored_and_a_failing_one_dropped(registry: Registry) -> None:
+    truth = {"ort-no-spinning": 1.2}
+    space = _space(registry, depth=2)
+    learned = Learned(space)
+    # the memory knows fold-constants only; the others are explored where it knows nothing
+    learned.learn(_prior(**{"fold-constants": 0.0}))
+    asked = _drive(learned, truth, failing=frozenset({"fuse-bn-into-conv"}))
+    assert any("ort-no-spinning" in a for a in asked)
+    failing = [a for a in asked if "fuse-bn-into-conv" in a]
+    # each failure makes its routes less likely: far fewer than the space holds
+    assert len(failing) <= 4 < sum("fuse-bn-into-conv" in str(r) for r in space.routes())
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_its_batch_option_bounds_each_ask(registry: Registry, batch: int) -> None:
+    from routetune.search.learned import LearnedOptions
+
+    learned = Learned(_space(registry), LearnedOptions(batch=batch))
+    learned.learn(_prior(**{"fuse-bn-into-conv": 0.2}))
+    learned.tell(Route(), _result(Route(), 1.0))
+    assert 1 <= len(learned.ask()) <= batch
