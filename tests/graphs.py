@@ -310,3 +310,32 @@ def run_path(path: Path, x: np.ndarray) -> np.ndarray:
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return session.run(None, {"x": x})[0]
+
+
+def rmsnorm(path: Path, width: int = 16, layers: int = 2) -> Path:
+    """x f32[2,8,width] -> layers × (RMSNorm written out: Pow, ReduceMean, Add eps, Sqrt,
+    Div, Mul weight; then MatMul) -> y: the norm of Llama and T5, as exporters write it."""
+    nodes, inits = [], []
+    x = "x"
+    for i in range(layers):
+        p = f"l{i}_"
+        rng = np.random.default_rng(i)
+        inits += [numpy_helper.from_array(np.array(2.0, np.float32), p + "two"),
+                  numpy_helper.from_array(np.array(1e-6, np.float32), p + "eps"),
+                  numpy_helper.from_array(rng.random(width).astype(np.float32) + 0.5, p + "w"),
+                  numpy_helper.from_array(
+                      rng.standard_normal((width, width)).astype(np.float32) * 0.3, p + "m")]
+        nodes += [helper.make_node("Pow", [x, p + "two"], [p + "sq"], name=p + "pow"),
+                  helper.make_node("ReduceMean", [p + "sq"], [p + "mean"], name=p + "mean",
+                                   axes=[-1], keepdims=1),
+                  helper.make_node("Add", [p + "mean", p + "eps"], [p + "var"], name=p + "add"),
+                  helper.make_node("Sqrt", [p + "var"], [p + "std"], name=p + "sqrt"),
+                  helper.make_node("Div", [x, p + "std"], [p + "n"], name=p + "div"),
+                  helper.make_node("Mul", [p + "w", p + "n"], [p + "y"], name=p + "mul"),
+                  helper.make_node("MatMul", [p + "y", p + "m"], [p + "out"], name=p + "mm")]
+        x = p + "out"
+    nodes.append(helper.make_node("Identity", [x], ["y"], name="out"))
+    graph = helper.make_graph(
+        nodes, "rmsnorm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, width])], inits)
+    return _save(graph, path)

@@ -82,6 +82,9 @@ class RouteApplier:
         self._snapshots[Route()] = (inputs.base_data, [dict(p) for p in inputs.base_passes],
                                     Stash())
         self.prefixes = PrefixStore(registry, inputs, self.export)
+        self.backend_ops = frozenset(backend.operator_schemas())
+        """The operators the backend registers beyond ONNX's: judged by it, not by the
+        ONNX checker (`routetune.model.postconditions.check_candidate`)."""
 
     def apply(self, route: Route) -> tuple[bytes, list[dict[str, Any]], dict[str, Any]]:
         """Apply a route's steps to the base model, from the longest snapshot.
@@ -121,7 +124,8 @@ class RouteApplier:
             gc.collect()  # the pass's discarded graph (see the note at SNAPSHOTS)
             exported = self.export(state.graph)
             try:
-                faults = check_candidate(exported, signature, faults, self.store)
+                faults = check_candidate(exported, signature, faults, self.store,
+                                         self.backend_ops)
             except PostconditionError as e:  # name the pass that broke the contract
                 raise PostconditionError(f"after '{model_steps[i]}': {e}") from e
             data = exported.SerializeToString()

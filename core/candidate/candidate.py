@@ -384,7 +384,8 @@ def with_preflight(registry: Registry, inputs: TrialInputs, backend: Backend,
                 raise SeasoningError(step.name, "base", describe(e)) from e
             passes.append({**record, "base_pipeline": True})
         exported = applier.export(state.graph)
-        check_candidate(exported, model.signature, cast_faults(model.proto), model.weights)
+        check_candidate(exported, model.signature, cast_faults(model.proto), model.weights,
+                        applier.backend_ops)
         data = exported.SerializeToString()
     inputs = replace(inputs, base_data=data, base_passes=tuple(passes))
     return Candidate(registry, inputs, backend, reference), passes

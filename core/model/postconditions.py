@@ -17,10 +17,13 @@ from routetune.errors import PostconditionError, one_line
 from routetune.model import weights_check
 from routetune.model.loading import _all_graphs, _all_nodes, signature
 
+BACKEND_DOMAIN = "routetune.backend-op"
+"""The private domain a backend's own operator in an ONNX domain is checked under."""
+
 
 def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...],
-                    allowed: Collection[str] = (), store: Path | None = None
-                    ) -> frozenset[str]:
+                    allowed: Collection[str] = (), store: Path | None = None,
+                    backend_ops: Collection[tuple[str, str]] = ()) -> frozenset[str]:
     """The postcondition of every graph and precision seasoning.
 
     The signature must keep its names, order and element types, except that a float32
@@ -34,6 +37,20 @@ def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...
     No Cast may be added that casts a tensor to the type it already has, or to a type
     another Cast of the same tensor already gives (`cast_faults`); the ones in `allowed`
     were in the model before the rewrite and are not its doing.
+
+    An operator that ONNX does not define in its own domain but the target backend does
+    (`backend_ops`: ONNX Runtime's ``SimplifiedLayerNormalization``, which its
+    transformer optimizer writes in the default domain) is the backend's to judge: the
+    build runs it or fails. The ONNX checker judges everything else, on a copy where such
+    nodes sit in a private domain (`BACKEND_DOMAIN`), which it does not check.
+
+    Args:
+        model: The rewritten model.
+        expected: The signature it must keep (`routetune.model.loading.signature`).
+        allowed: Redundant Casts that were in the model before the rewrite.
+        store: The folder its external data lies in, if any.
+        backend_ops: ``(domain, op_type)`` of the operators the target backend
+            registers beyond ONNX's (`routetune.backend.Backend.operator_schemas`).
 
     Returns:
         The model's `cast_faults`, to pass as `allowed` to the next rewrite's check.
@@ -51,7 +68,7 @@ def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...
         raise PostconditionError(f"the rewrite gave {len(repeated)} name(s) to several nodes: "
                                  + ", ".join(repeated[:5]))
     try:
-        weights_check.check_model(model, store)
+        weights_check.check_model(_backend_ops_aside(model, backend_ops), store)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise PostconditionError(
             f"the ONNX checker rejects the rewritten model: {one_line(e)}") from e
@@ -66,6 +83,27 @@ def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...
         more = f" (and {len(added) - 1} more)" if len(added) > 1 else ""
         raise PostconditionError(f"the rewrite left a redundant Cast: {added[0]}{more}")
     return faults
+
+
+def _backend_ops_aside(model: onnx.ModelProto, backend_ops: Collection[tuple[str, str]]
+                       ) -> onnx.ModelProto:
+    """`model`, or a copy with its backend-only operators in `BACKEND_DOMAIN`.
+
+    Those of ONNX's own domains that ONNX does not define; the checker skips them there.
+    """
+    ours = {(d or "", op) for d, op in backend_ops if d in ("", "ai.onnx")}
+    nodes = [n for n in _all_nodes(model.graph) if (n.domain or "", n.op_type) in ours
+             and not onnx.defs.has(n.op_type, n.domain or "")]
+    if not nodes:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in _all_nodes(copy.graph):
+        if (node.domain or "", node.op_type) in ours and not onnx.defs.has(node.op_type,
+                                                                           node.domain or ""):
+            node.domain = BACKEND_DOMAIN
+    copy.opset_import.append(helper.make_opsetid(BACKEND_DOMAIN, 1))
+    return copy
 
 
 def cast_faults(model: onnx.ModelProto) -> frozenset[str]:

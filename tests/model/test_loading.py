@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from graphs import conv_bn
@@ -66,6 +67,29 @@ def test_check_candidate(tmp_path: Path) -> None:
     broken.graph.node[0].input[0] = "missing"
     with pytest.raises(PostconditionError, match="checker rejects"):
         check_candidate(broken, model.signature)
+
+
+def test_a_backends_own_operator_is_left_to_the_backend_and_the_rest_still_checked(
+        tmp_path: Path) -> None:
+    from onnx import helper
+
+    from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+
+    ort_ops = frozenset(OnnxRuntimeBackend().operator_schemas())
+    model = prepare(conv_bn(tmp_path / "m.onnx"))
+    rms = onnx.load_from_string(model.data)  # the Relu becomes ONNX Runtime's RMSNorm
+    relu = next(n for n in rms.graph.node if n.op_type == "Relu")
+    scale = onnx.numpy_helper.from_array(np.ones(32, np.float32), "rms_scale")
+    rms.graph.initializer.append(scale)
+    relu.CopyFrom(helper.make_node("SimplifiedLayerNormalization", [relu.input[0], "rms_scale"],
+                                   list(relu.output), name=relu.name, axis=-1, epsilon=1e-6))
+    with pytest.raises(PostconditionError, match="No Op registered for SimplifiedLayer"):
+        check_candidate(rms, model.signature)  # a backend without it: the checker decides
+    check_candidate(rms, model.signature, backend_ops=ort_ops)
+    assert rms.graph.node[2].domain == ""  # judged on a copy; the model is unchanged
+    rms.graph.node[0].input[0] = "missing"  # anything else is still the checker's
+    with pytest.raises(PostconditionError, match="checker rejects"):
+        check_candidate(rms, model.signature, backend_ops=ort_ops)
 
 
 # --- graphs stored out of order, and whole checker messages (real-models issue) -------

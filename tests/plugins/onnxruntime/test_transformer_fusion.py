@@ -6,7 +6,7 @@ from pathlib import Path
 
 import onnx
 import onnx_graphsurgeon as gs
-from graphs import conv_bn, transformer_mlp
+from graphs import conv_bn, rmsnorm, transformer_mlp
 from quick import quick_spec
 
 from routetune.plugins.onnxruntime.transformer_fusion import detect_model_type
@@ -35,3 +35,15 @@ def test_the_model_type_is_vit_for_an_image_model_with_a_conv(tmp_path: Path) ->
     image = gs.import_onnx(onnx.load(conv_bn(tmp_path / "c.onnx")))
     text = gs.import_onnx(onnx.load(transformer_mlp(tmp_path / "t.onnx")))
     assert detect_model_type(image) == "vit" and detect_model_type(text) == "bert"
+
+
+def test_an_rmsnorm_fused_into_onnx_runtimes_own_operator_is_judged_by_onnx_runtime(
+        tmp_path: Path) -> None:
+    """ONNX Runtime writes SimplifiedLayerNormalization in the default domain; the ONNX
+    checker does not know it ("No Op registered"), ONNX Runtime registers and runs it."""
+    result = tune(quick_spec(model=rmsnorm(tmp_path / "m.onnx"), output=tmp_path / "out",
+                             seasonings=("ort-transformer-fusion",), search="exhaustive",
+                             space={"ort-transformer-fusion": {"model_type": ("t5",)}}))
+    fused = next(t for t in result.trials if t.route.startswith("ort-transformer-fusion"))
+    assert fused.status == "ok", fused.reason
+    assert fused.passes[0]["stats"] == {"SimplifiedLayerNormalization": 2}

@@ -1,0 +1,1 @@
+../../core/memory_cli.py
