@@ -304,9 +304,15 @@ def conditions_lines(result: TuneResult) -> list[str]:
     lines = []
     for c in result.confirmations:
         p = c.paired
-        held = "held" if result.confirmed is c else "did not hold"
+        why_not = p.clears(result.min_speedup) or (
+            f"the machine was busy: {c.conditions['busy']}"
+            if c.conditions.get("busy") and result.busy_machine != "ignore" else None)
+        held = ("held: the winner" if result.confirmed is c
+                else f"did not hold: {why_not}" if why_not
+                else "held, not faster than the winner")
         lines.append(
-            f"  {escape(c.route)}: {p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] ({held}), "
+            f"  {escape(c.route)}: {p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] "
+            f"({escape(held)}), "
             f"p50 {c.latency.p50:.3f} vs {c.base_latency.p50:.3f} ms, {p.pairs} block pairs, "
             f"base drift ±{p.drift:.1%}")
     measured = [t for t in result.trials if t.latency is not None]

@@ -112,11 +112,17 @@ class TuneResult:
 
     @property
     def confirmed(self) -> Confirmation | None:
-        """The winner's confirmation; None when the base route stands."""
-        if self.winner is self.base or not self.confirmations:
+        """The winner's confirmation; None when the base route stands.
+
+        None too when the winner was not confirmed (a failed or inaccurate base route
+        leaves nothing to confirm against). Whatever the order: a route confirmed after
+        the winner (a challenger that held at no more than the winner's figure) does not
+        hide the winner's confirmation.
+        """
+        if self.winner is self.base:
             return None
-        last = self.confirmations[-1]
-        return last if last.route == self.winner.route else None
+        return next((c for c in reversed(self.confirmations)
+                     if c.route == self.winner.route), None)
 
     @property
     def noisy(self) -> list[Trial]:

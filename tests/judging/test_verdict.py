@@ -168,3 +168,25 @@ def test_an_inaccurate_base_route_is_no_fallback_while_an_accurate_route_exists(
     only_base = [base, trial("bf16x", 1.5, status="accuracy-failed")]
     winner, reason, _ = confirm_winner(only_base, confirm)
     assert winner is base and "no other route met the accuracy constraint" in reason
+
+
+def test_a_winner_confirmed_before_a_challenger_is_reported_confirmed(tmp_path) -> None:  # noqa: ANN001
+    """Issue 39: a route held at 3.47x, a challenger was confirmed after it and held at no
+    more; the run said "the base route stands" because only the last confirmation was read."""
+    from pathlib import Path
+
+    from routetune.display import conditions_lines, winner_line
+    from routetune.run.tuning import TuneResult
+
+    two, four = "ort-cuda-graph", "fp16,ort-cuda-graph"
+    trials = [trial("base", None), trial(two, 3.4, half=1.0), trial(four, 3.6, half=0.04)]
+    confirm, _ = confirmer({two: 3.47, four: 3.40})
+    winner, reason, done = confirm_winner(trials, confirm, repeats=1)
+    assert winner.route == two and [c.route for c in done] == [two, four]
+    result = TuneResult(winner, reason, tuple(trials), trials[0], 3, {}, Path(tmp_path), {},
+                        confirmations=tuple(done))
+    assert result.confirmed is done[0] and result.winner_speedup == 3.47
+    assert "3.47x [3.46, 3.48] over the base route, confirmed" in winner_line(result)
+    lines = conditions_lines(result)
+    assert "(held: the winner)" in lines[0]
+    assert "(held, not faster than the winner)" in lines[1]
