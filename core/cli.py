@@ -136,6 +136,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         conditions_lines,
         header_lines,
         status_line,
+        stopped_line,
         trials_table,
         winner_line,
     )
@@ -212,7 +213,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         console.print(f"resumed: {reused[0]} of these trials came from the trial store "
                       "(trials.sqlite), not run again; --fresh runs every trial again")
     if result.stopped:
-        console.print(f"[yellow]stopped early: {result.stopped}; the best so far stands[/]")
+        console.print(f"[yellow]{stopped_line(result)}[/]")
     console.print(winner_line(result))
     for line in conditions_lines(result):
         console.print(line)
@@ -397,9 +398,15 @@ def main(argv: list[str] | None = None) -> None:
 def _exit_with_one_line(e: Exception, argv: list[str]) -> NoReturn:
     """Print a user error as one line and exit: 2, or the framework's code.
 
-    A `RoutetuneError` (its problems one per line below it), or the framework's usage
-    error (`ClickException` and its kin); anything else is a bug, raised again.
+    A `RoutetuneError` (its problems one per line below it), a full disk wherever a
+    file was being written (`routetune.records.store.full_disk`), or the framework's
+    usage error (`ClickException` and its kin); anything else is a bug, raised again.
     """
+    from routetune.records.store import disk_full, full_disk
+
+    if disk_full(e):
+        where = getattr(e, "filename", None)
+        e = full_disk(Path(where) if where else Path.cwd() / "?", e)
     if isinstance(e, RoutetuneError):
         first, *problems = (e.lines() if isinstance(e, UsageError)
                             else [" ".join(str(e).split())])

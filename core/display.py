@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from routetune.options import options_of
-from routetune.records.trial import Trial
+from routetune.records.trial import Status, Trial
 from routetune.registry import Registry
 from routetune.reporting.report import ERROR_METRIC, worst_error
 from routetune.reporting.report_text import ROUTE_WIDTH, short_route, speedup_figure, wrap_route
@@ -39,7 +39,8 @@ TOP = 10
 def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
     """What ``routetune tune`` is about to do, in short lines that do not wrap at 80 columns.
 
-    The model's name and hash, the backend and its device, the base pipeline's preflight
+    The model's name and hash, the backend and its device, what the preparation
+    changed (`routetune.model.loading.PreparedModel.changes`), the base pipeline's preflight
     (one line per step), the route space with the trials planned, the time budget and
     the accuracy constraint (an example's own say so).
     """
@@ -48,6 +49,7 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
              f"{run.model.source_sha256[:16]}",
              f"backend  {escape(run.backend.name)} {escape(run.backend.version())}",
              f"device   {escape(run.backend.device())}"]
+    lines += [f"prepared {escape(change)}" for change in run.model.changes]
     for p in run.base_passes or ():
         stats = ", ".join(f"{k} {v}" for k, v in p["stats"].items() if v)
         lines.append(f"preflight {escape(p['step'])}" + (f": {escape(stats)}" if stats else ""))
@@ -104,6 +106,10 @@ def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, wid
                   ) -> Table:
     """Trials in the given order, in `width` columns: route, speed-up, p50, error, status.
 
+    The p50 is shown beside the base route's p50 timed alongside it (in the same paired
+    blocks): the pair the speed-up comes from. Trials are timed at different moments,
+    so one trial's p50 against another's may disagree with their speed-ups.
+
     The error column is `headline`'s value for the worst output: the first task metric
     the constraint bounds (``mask_iou@0.3``), else rel-L2
     (`routetune.judging.constraint.Constraint.headline`).
@@ -112,13 +118,13 @@ def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, wid
     `width`, at least 20 characters; the status and its reason fold in the rest. The full
     columns are `trials_table`'s (``--verbose``).
     """
-    route_width = max(20, min(ROUTE_WIDTH, width - (68 if reasons else 48)))
+    route_width = max(20, min(ROUTE_WIDTH, width - (68 if reasons else 56)))
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("route", no_wrap=True)
     table.add_column("speed-up [95%]", justify="right", no_wrap=True)
     if not reasons:
-        table.add_column("p50 ms", justify="right", no_wrap=True)
+        table.add_column("p50 / base p50 ms", justify="right", no_wrap=True)
     table.add_column(headline[0], justify="right", no_wrap=True)
     if reasons:
         table.add_column("status: reason", overflow="fold", min_width=26)
@@ -126,10 +132,15 @@ def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, wid
         route = escape(wrap_route(t.route, route_width, cut=True))
         speed = speedup_figure(t.speedup, None if t.paired is None else (
             t.paired.ci_low, t.paired.ci_high)) if t.speedup else ""
+        if t.noisy and not reasons:  # the status column says it where there is one
+            speed += " [magenta]noisy[/]"
         error = worst_error(t, headline)
         cells = [str(i), f"[bold]{route}[/bold]" if t is winner else route, speed]
-        if not reasons:
-            cells.append(f"{t.latency.p50:.3f}" if t.latency else "")
+        if not reasons:  # the p50 beside the base's timed with it: the pair the speed-up
+            cells.append(  # comes from, which trials timed at other moments are not
+                f"{t.latency.p50:.3f} / {t.base_latency.p50:.3f}" if t.latency
+                and t.base_latency and t.route != "base" else
+                f"{t.latency.p50:.3f}" if t.latency else "")
         cells.append("" if error is None else f"{error:.2g}")
         if reasons:
             status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
@@ -281,6 +292,21 @@ def components_table(registry: Registry) -> Table:
     return table
 
 
+def stopped_line(result: TuneResult) -> str:
+    """Why the search stopped early, how much of it ran, and what it never tried.
+
+    The verdict rests on the trials that ran; an offered seasoning in no trial's route
+    (`TuneResult.untried`) is named, since nothing was learned about it.
+    """
+    ran = sum(t.status != Status.SKIPPED for t in result.trials)
+    of = f" of {result.planned:,} planned" if result.planned is not None else ""
+    line = (f"stopped early: {escape(result.stopped or '')}; the best so far stands, "
+            f"resting on the {ran} trial{'s' * (ran != 1)} that ran{of}")
+    if result.untried:
+        line += f"; never tried: {escape(', '.join(result.untried))}"
+    return line
+
+
 def winner_line(result: TuneResult) -> str:
     """The winner and why, short: the confirmations' figures follow (`conditions_lines`)."""
     route = f"[bold]{escape(result.winner.route)}[/bold]"
@@ -329,6 +355,16 @@ def conditions_lines(result: TuneResult) -> list[str]:
     else:
         colour = "dim"
     lines.append(f"[{colour}]{text}[/]")
+    confirmed = {c.route for c in result.confirmations}
+    passed_over = [t for t in noisy if t.status == "ok" and t.paired is not None
+                   and (t.speedup or 0) > result.min_speedup and t.route not in confirmed
+                   and result.busy_machine != "ignore" and t is not result.winner]
+    if passed_over:  # what a quiet machine might have confirmed: named, not hidden
+        lines.append("[yellow]not confirmed, timed while the machine was busy: " + ", ".join(
+            f"{escape(t.route)} ({t.paired.value:.2f}x [{t.paired.ci_low:.2f}, "
+            f"{t.paired.ci_high:.2f}])" for t in passed_over[:3] if t.paired)
+            + (f" and {len(passed_over) - 3} more" if len(passed_over) > 3 else "")
+            + "; tune again on a quiet machine to judge them[/]")
     raced = racing_line(result)
     if raced:
         lines.append(f"[dim]{raced}[/]")
@@ -364,8 +400,12 @@ def backends_lines(result: BackendsResult) -> list[Any]:
         lines.append(f"{run.base.backend}: {len(run.trials)} trials; winner "
                      f"'{short_route(run.winner.route, 60)}', {confirmed} ({run.outdir})")
     base = result.contenders[0]
-    table = Table(title=f"side by side, one loop: speed-up over {escape(base.name)}")
-    for column in ("backend", "route", "p50 ms", "speed-up [95%]"):
+    loops = int(result.conditions.get("loops", 1))
+    title = (f"side by side, {loops} loop{'s' * (loops != 1)} of paired blocks: speed-up "
+             f"over {escape(base.name)}" + (", over the loops" if loops > 1 else ""))
+    table = Table(title=title)
+    for column in ("backend", "route", "p50 ms (loop 1)" if loops > 1 else "p50 ms",
+                   "speed-up [95%]"):
         table.add_column(column)
     for c in result.contenders:
         figure = (f"{c.paired.value:.2f}x [{c.paired.ci_low:.2f}, {c.paired.ci_high:.2f}]"

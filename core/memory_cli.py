@@ -31,10 +31,25 @@ MemoryPath = Annotated[Path | None, typer.Option(
     "routetune's cache).")]
 
 
-def _path(memory: Path | None) -> Path:
-    from routetune.run.route_memory import default_path
+FIX = "give another --memory PATH"
 
-    return memory if memory is not None else default_path()
+
+def _path(memory: Path | None) -> Path:
+    """The memory file these commands work on.
+
+    Raises:
+        UsageError: The memory is off (``--memory off`` or ``$ROUTETUNE_MEMORY=off``).
+    """
+    from routetune.run.route_memory import ENV, OFF, default_path
+
+    if memory is not None and str(memory) == OFF:
+        raise UsageError("--memory off: these commands work on a memory file; give "
+                         "--memory PATH")
+    path = memory if memory is not None else default_path()
+    if path is None:
+        raise UsageError(f"${ENV} is off: these commands work on a memory file; give "
+                         f"--memory PATH, or unset ${ENV}")
+    return path
 
 
 @app.command("show")
@@ -46,7 +61,7 @@ def show_command(memory: MemoryPath = None) -> None:
     if not path.exists():
         console.print(f"{escape(str(path))}: no route memory yet (a search adds to it)")
         return
-    store = RouteMemory.open(path, read_only=True)
+    store = RouteMemory.open(path, read_only=True, fix=FIX)
     try:
         lessons = list(store.lessons())
         skipped, rows = store.skipped, store.count()
@@ -79,19 +94,21 @@ def export_command(
     target: Annotated[Path, typer.Argument(help="A new file to write the copy to.")],
     memory: MemoryPath = None,
 ) -> None:
-    """Write a compact copy of the memory to share (the target must not exist)."""
+    """Write the memory's well-formed lessons to a new file to share."""
     from routetune.records.memory import RouteMemory
 
     path = _path(memory)
     if not path.is_file():
         raise UsageError(f"{path}: no route memory to export; run a search first, or give "
                          "--memory PATH")
-    store = RouteMemory.open(path, read_only=True)
+    store = RouteMemory.open(path, read_only=True, fix=FIX)
     try:
-        store.export(target)
+        written, skipped = store.export(target)
     finally:
         store.close()
-    console.print(f"exported {escape(str(path))} to {escape(str(target))}")
+    console.print(f"exported {written:,} lessons of {escape(str(path))} to "
+                  f"{escape(str(target))}"
+                  + (f" ({skipped:,} malformed rows left out)" if skipped else ""))
 
 
 @app.command("merge")
@@ -99,20 +116,16 @@ def merge_command(
     files: Annotated[list[Path], typer.Argument(help="Route memory files to add.")],
     memory: MemoryPath = None,
 ) -> None:
-    """Add the lessons of other memory files (a colleague's export) to this one."""
-    from routetune.records.memory import RouteMemory
+    """Add the lessons of other memory files (a colleague's export) to this one.
+
+    Every file is checked and read before anything is written: all are merged, or none.
+    """
+    from routetune.records.memory import merge_into
 
     path = _path(memory)
-    store = RouteMemory.open(path)
-    try:
-        for other in files:
-            if other.resolve() == path.resolve():
-                raise UsageError(f"{other}: is the memory merged into; give another file")
-            added, skipped = store.merge(other)
-            console.print(f"{escape(str(other))}: {added:,} new lessons"
-                          + (f", {skipped:,} malformed rows skipped" if skipped else ""))
-    finally:
-        store.close()
+    for other, (added, skipped) in zip(files, merge_into(path, files), strict=True):
+        console.print(f"{escape(str(other))}: {added:,} new lessons"
+                      + (f", {skipped:,} malformed rows skipped" if skipped else ""))
 
 
 @app.command("clear")
@@ -123,7 +136,7 @@ def clear_command(memory: MemoryPath = None) -> None:
 
     path = _path(memory)
     if path.exists():  # one that is not a memory is refused, not renamed
-        RouteMemory.open(path, read_only=True).close()
+        RouteMemory.open(path, read_only=True, fix=FIX).close()
     moved = move_aside(path)
     console.print(f"{escape(str(path))}: " + (f"moved aside to {escape(str(moved))}" if moved
                                               else "no route memory to clear"))

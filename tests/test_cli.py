@@ -10,12 +10,13 @@ import re
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from command import routetune, routetune_script
-from graphs import conv_bn, shared_dim, square
+from graphs import conv_bn, matmul_chain, shared_dim, square
 from quick import QUICK_FLAGS as FAST
 
 
@@ -122,8 +123,8 @@ BAD = {
                               "--shapes x:1x3x32x32"),
     "a shared dim given two sizes": (
         lambda d, m: ["tune", str(shared_dim(d / "s.onnx")), "--shapes", "a:2x4,b:3x4"],
-        "inputs 'a' and 'b' share dimension 'N' but have sizes 2 and 3 there: give them one "
-        "size in --shapes"),
+        "--shapes: inputs 'a' and 'b' share dimension 'N' but have sizes 2 and 3 there; "
+        "give them one size"),
     "a dim named twice given two sizes": (
         lambda d, m: ["tune", str(square(d / "q.onnx")), "--shapes", "x:2x3"],
         "input 'x' names dimension 'N' twice but has sizes 2 and 3 there"),
@@ -149,6 +150,15 @@ BAD = {
     "repair alone": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
                                    "--seasonings", "precision-repair"],
                      "add fp16, bf16, int8-qdq or fp8-qdq"),
+    "a batch of 0": (lambda d, m: ["tune", str(m), "--shapes", "x:0x3x32x32"],
+                     "the FP32 reference's output 'y' is empty (shape 0x16x32x32) on every "
+                     "input set, so no route's accuracy can be judged; give sizes of 1 or "
+                     "more (x:0x3x32x32 has a 0)"),
+    "inputs all NaN": (lambda d, m: ["tune", str(m), "--inputs", str(_npz(
+        d / "nan.npz", x=np.full((1, 3, 32, 32), np.nan, np.float32)))],
+        "the FP32 reference's output 'y' is all NaN on input set 0, so no route's "
+        "accuracy can be judged; give validation inputs in --inputs on which it is not "
+        "NaN"),
     "gpu seasoning on the cpu": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
                                                "--seasonings", "ort-cuda-graph"],
                                  "applies only to backends onnxruntime-cuda"),
@@ -222,7 +232,9 @@ def test_an_early_stop_is_announced(tuned: tuple[Path, Path, int], tmp_path: Pat
     done = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(tmp_path),
                      "--max-trials", "2", *FAST)
     assert done.returncode == 0
-    assert "stopped early: --max-trials 2 reached; the best so far stands" in done.stdout
+    text = " ".join(done.stdout.split())
+    assert "stopped early: --max-trials 2 reached; the best so far stands, resting on the " \
+           "2 trials that ran of 2 planned; never tried: " in text  # what the verdict lacks
 
 
 def test_a_second_run_on_a_locked_output_is_refused(
@@ -293,3 +305,43 @@ def test_a_bounded_or_confirmed_huge_search_does_not_ask(tmp_path: Path) -> None
         assert done.returncode == 0, done.stderr
         assert "this search may try" not in done.stderr
         assert "space    25,920 routes from " in done.stderr and "· up to 2 trials" in done.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 3 MiB tmpfs, as a disk that fills up during a run (mounting needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_stops_the_search_in_one_line_and_a_rerun_goes_on(
+        small_disk: Path, tmp_path: Path) -> None:
+    """A 2 MiB model's candidates fill a 3 MiB disk after the base route: the run stops
+    in one line that names the disk and the fix, leaves no partial file, and once there
+    is room the same command finishes the search, the stored trial kept (issue 39,
+    kind 9)."""
+    model = matmul_chain(tmp_path / "m.onnx", depth=8, width=256, batch=8)
+    args = ["tune", str(model), "--output", str(small_disk / "out"), "--memory", "off",
+            "--seasonings", "fp16,fold-constants", *FAST]
+    done = routetune(*args)
+    error = done.stderr.strip().splitlines()[-1]  # after the header and progress
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert error.startswith(f"routetune: error: {small_disk / 'out'}")
+    assert ("the disk is full ([Errno 28] No space left on device); free space on the disk "
+            f"that holds {small_disk / 'out'} and run the same command again") in error
+    assert not list(small_disk.rglob("*.tmp"))  # no partial model left behind
+    stored = sqlite3.connect(small_disk / "out" / "trials.sqlite").execute(
+        "SELECT route, status FROM trials").fetchall()
+    assert stored == [("base", "ok")]
+    subprocess.run(["mount", "-o", "remount,size=40M", str(small_disk)], check=True)
+    again = routetune(*args)
+    assert again.returncode == 0, again.stderr
+    assert "resumed: 1 of these trials came from the trial store" in again.stdout

@@ -135,3 +135,33 @@ def test_a_hopeless_speedup_keeps_its_digits() -> None:
     assert speedup_figure(0.5) == "0.50x"
     assert speedup_text({"speedup": 0.0063, "speedup_ci": [0.0042, 0.0064], "noisy": "x"}) == (
         "0.0063x [0.0042, 0.0064] *noisy*")
+
+
+def test_the_table_shows_each_p50_beside_its_base_and_marks_busy_trials(
+        registry: Registry) -> None:
+    """A lower p50 beside a lower speed-up read as a contradiction: trials are timed at
+    different moments, so each p50 stands beside the base p50 timed with it; a trial
+    timed on a busy machine is marked, and a busy route left unconfirmed is named
+    (issue 39, kind 8)."""
+    from rich.console import Console
+
+    from routetune.display import accurate_table
+    from routetune.timing.measure import Latency, Speedup
+
+    def lat(p50: float) -> Latency:
+        return Latency(n=30, p50=p50, p90=p50, p99=p50, mean=p50, ci_low=p50, ci_high=p50)
+
+    slow_base = Trial("f", "m", "fp16", "onnxruntime", "cpu", "s", "ok", latency=lat(2.0),
+                      base_latency=lat(4.82), paired=Speedup(2.41, 2.3, 2.5, 30, 0.02),
+                      noisy="other processes used 1.2 of 2 CPU cores")
+    quiet = Trial("f", "m", "ort-threads", "onnxruntime", "cpu", "s", "ok",
+                  latency=lat(1.5), base_latency=lat(1.38),
+                  paired=Speedup(0.92, 0.9, 0.94, 30, 0.02))
+    base = Trial("f", "m", "base", "onnxruntime", "cpu", "s", "ok", latency=lat(1.4),
+                 base_latency=lat(1.4))
+    console = Console(width=100, record=True, color_system=None)
+    console.print(accurate_table([base, slow_base, quiet], base, registry, width=100))
+    text = console.export_text()
+    assert "p50 / base p50 ms" in text
+    assert "2.000 / 4.820" in text and "1.500 / 1.380" in text
+    assert "2.41x [2.30, 2.50] noisy" in text and "0.92x [0.90, 0.94] noisy" not in text

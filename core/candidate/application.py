@@ -35,7 +35,7 @@ from routetune.errors import (
     SeasoningError,
     describe,
 )
-from routetune.model.loading import toposort
+from routetune.model.loading import keep_model_fields, toposort
 from routetune.model.postconditions import cast_faults, check_candidate
 from routetune.model.weights import externalize, import_graph
 from routetune.registry import Registry
@@ -215,9 +215,11 @@ class RouteApplier:
         order (ONNX Runtime's quantizer on graphs with ``If``), leaves a valid graph.
         The model stays small whatever its weights' size: tensors a pass left alone
         keep their locations, and those it wrote (`weights.MIN_EXTERNAL_BYTES` or more)
-        are stored once each under ``artifacts/models/weights/``.
+        are stored once each under ``artifacts/models/weights/``. The model keeps what
+        the prepared model carries besides its graph (`loading.keep_model_fields`).
         """
         model = gs.export_onnx(graph)
+        keep_model_fields(self.inputs.model.proto, model)
         toposort(model.graph)  # a pass may leave nodes out of order: sorting is enforced
         if self.store is not None:
             externalize(model, self.store)

@@ -27,6 +27,7 @@ from routetune.candidate.records import TrialInputs
 from routetune.errors import BuildError
 from routetune.model.loading import sha256
 from routetune.model.weights import import_graph, intact
+from routetune.records.store import disk_full, full_disk
 from routetune.registry import Registry
 from routetune.routes.route import Route
 from routetune.stash import Stash
@@ -194,13 +195,23 @@ def save_model(outdir: Path, data: bytes) -> Path:
     Written to a temporary name and renamed, so that two workers writing the same
     model, or a kill midway, never leave a partial file under the final name. A file
     already there with other content (damaged, or planted) is replaced.
+
+    Raises:
+        StorageError: The disk is full (`routetune.records.store.full_disk`).
+        OSError: The file cannot be written for another reason.
     """
     path = outdir / MODELS / f"{sha256(data)[:16]}.onnx"
     if not path.exists() or path.read_bytes() != data:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)  # no partial file left to fill the disk
+            if disk_full(e):
+                raise full_disk(path, e) from e
+            raise
     return path
 
 

@@ -58,6 +58,7 @@ from routetune.errors import (
     EngineNotRunnable,
     RoutetuneError,
     SeasoningError,
+    StorageError,
     describe,
 )
 from routetune.judging.accuracy import (
@@ -124,9 +125,14 @@ class Candidate:
             ``build_ms`` (ms), ``engine_bytes`` (bytes) and ``engine_sha256`` (of a kept
             engine file, else empty); else ``build-failed`` or ``crashed`` with the
             reason.
+
+        Raises:
+            StorageError: The disk is full (a model or a snapshot could not be kept).
         """
         try:
             data, passes, settings = self.applier.apply(route)
+        except StorageError:  # a full disk: not this route's failure, the search's end
+            raise
         except (RoutetuneError, ValueError) as e:
             return Outcome(Status.BUILD_FAILED, describe(e))
         except Exception as e:  # a bug in a seasoning: the search goes on

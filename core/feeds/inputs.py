@@ -63,9 +63,15 @@ def resolve_shapes(
 ) -> dict[str, tuple[int, ...]]:
     """Fix every input's shape from the model and `flag` (``--shapes`` or another).
 
+    A named dynamic dimension (``dim_param``) has one size in every input that names
+    it: an input left out whose dynamic dimensions all appear in given inputs takes
+    their sizes (``--shapes input_ids:2x128`` sizes a BERT export's
+    ``attention_mask`` too), and the hint for one still unsized uses them.
+
     Raises:
         UsageError: An unknown input name, a wrong rank, a size that contradicts a fixed
-            dimension, or a dynamic dimension with no size given.
+            dimension, one named dimension given two sizes, or a dynamic dimension with
+            no size given.
     """
     names = [s.name for s in specs]
     for name in given:
@@ -73,6 +79,14 @@ def resolve_shapes(
             raise UsageError(
                 f"{flag}: the model has no input '{name}'; inputs: {', '.join(names)}"
             )
+    conflict = shared_dim_conflict(specs, given)
+    if conflict:
+        raise UsageError(f"{flag}: {conflict}; give them one size (or feed the arrays "
+                         "with --inputs, if the model runs on them)")
+    known = _named_sizes(specs, given)
+    given = {**{s.name: tuple(known[d] if isinstance(d, str) else d for d in s.shape)
+                for s in specs if s.name not in given
+                and all(isinstance(d, int) or d in known for d in s.shape)}, **given}
     unsized = [s for s in specs if s.name not in given
                and any(not isinstance(d, int) for d in s.shape)]
     if unsized:  # every one in the message, so that one retry is enough
@@ -82,8 +96,9 @@ def resolve_shapes(
         raise UsageError(
             f"input '{first.name}' ({first}): dimension {i} ('{first.shape[i]}') is "
             f"dynamic{more}; give {'the sizes' if more else 'its size'} with {flag} "
-            + ",".join(s.name + ":" + "x".join(str(d) if isinstance(d, int) else "1"
-                                               for d in s.shape) for s in unsized)
+            + ",".join(s.name + ":" + "x".join(str(known.get(d, 1)) if isinstance(d, str)
+                                               else str(d) for d in s.shape)
+                       for s in unsized)
             + " (1 stands for the size you want)"
         )
     shapes: dict[str, tuple[int, ...]] = {}
@@ -111,8 +126,10 @@ def shared_dim_conflict(specs: Sequence[TensorSpec],
     ONNX names a dynamic dimension (``dim_param``) so that every tensor with that name
     has the same size there, e.g. a BERT export's ``input_ids`` and ``attention_mask``
     share ``batch`` and ``sequence``. Unnamed dimensions have names of their own
-    (`routetune.model.loading`), so they never conflict. Not checked up front: an exporter may
-    reuse a name by mistake for a model that runs; a reference that fails says why.
+    (`routetune.model.loading`), so they never conflict. Sizes given as shapes are
+    refused up front (`resolve_shapes`); arrays fed with ``--inputs`` are not, since an
+    exporter may reuse a name by mistake for a model that runs: a reference that
+    fails says why.
 
     Args:
         specs: The model's inputs.
@@ -134,6 +151,18 @@ def shared_dim_conflict(specs: Sequence[TensorSpec],
                 return (f"inputs '{where}' and '{spec.name}' share dimension '{dim}' but have "
                         f"sizes {first} and {size} there")
     return None
+
+
+def _named_sizes(specs: Sequence[TensorSpec],
+                 shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """The size of each named dynamic dimension in `shapes` (of the right rank)."""
+    sizes: dict[str, int] = {}
+    for spec in specs:
+        shape = shapes.get(spec.name)
+        if shape is not None and len(shape) == len(spec.shape):
+            sizes.update((d, n) for d, n in zip(spec.shape, shape, strict=True)
+                         if isinstance(d, str))
+    return sizes
 
 
 def _check_shape(spec: TensorSpec, shape: tuple[int, ...], source: str) -> None:
@@ -237,6 +266,24 @@ def _read_npz(path: Path) -> dict[str, np.ndarray | bytes]:
         except _UNREADABLE as e:
             raise OptionError("inputs", f" {path}: not a readable .npz file ({one_line(e)}); "
                               f"{fix}") from e
+
+
+def fed_names(path: Path) -> set[str]:
+    """The input names an ``.npz`` file, or a folder of them, holds.
+
+    Empty where a file cannot be read (`load_npz` says why later). Read from the zip's
+    member names, without loading an array, so that the model's preparation knows
+    which overridable initializers the user feeds.
+    """
+    files = sorted(path.glob("*.npz")) if path.is_dir() else [path]
+    names: set[str] = set()
+    for file in files:
+        try:
+            with zipfile.ZipFile(file) as archive:
+                names.update(n.removesuffix(".npy") for n in archive.namelist())
+        except (OSError, zipfile.BadZipFile):
+            continue
+    return names
 
 
 def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:

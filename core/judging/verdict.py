@@ -44,13 +44,20 @@ clears in each (`routetune.timing.measure.across_repeats` says why one loop is n
 def _none_accurate(trials: Sequence[Trial], base: Trial) -> str:
     """Why no route but the base is a candidate: what became of the others, counted.
 
-    ``no other route was tried``; ``no other route built and ran (2 crashed, 1
+    ``no other route was tried``; ``no other route was built and measured (3 skipped:
+    same engine as the base route)``; ``no other route built and ran (2 crashed, 1
     build-failed)``; or ``no other route met the accuracy constraint (3
     accuracy-failed, 1 crashed)``.
     """
     counts = Counter(t.status for t in trials if t is not base)
     if not counts:
         return "no other route was tried"
+    if set(counts) == {Status.SKIPPED}:  # not applicable, the same engine, or no budget
+        reasons = Counter(t.reason.split(":")[0] for t in trials
+                          if t is not base and t.reason)
+        common = f": {reasons.most_common(1)[0][0]}" if reasons else ""
+        return (f"no other route was built and measured ({counts[Status.SKIPPED]} "
+                f"skipped{common})")
     what = ", ".join(f"{n} {status}" for status, n in counts.most_common())
     if counts.keys() <= set(FAILED):
         return f"no other route built and ran ({what})"

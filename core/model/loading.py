@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import helper
 
@@ -60,6 +61,8 @@ class PreparedModel:
         outputs: The graph outputs.
         weights: The folder that the model's external data locations are relative to;
             None when the model holds all its data (`routetune.model.weights`).
+        changes: What the preparation changed that a user should know (inlined local
+            functions), one line each; the run's header and ``run.json`` show them.
     """
 
     source: Path
@@ -69,6 +72,7 @@ class PreparedModel:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     weights: Path | None = None
+    changes: tuple[str, ...] = ()
 
     @property
     def signature(self) -> tuple[tuple[str, int], ...]:
@@ -120,7 +124,8 @@ def load_model(path: Path, allow_outside: bool = False) -> tuple[onnx.ModelProto
     return model, weights.source_sha256(path, model)
 
 
-def prepare(path: Path, allow_outside: bool = False) -> PreparedModel:
+def prepare(path: Path, allow_outside: bool = False,
+            fed: Collection[str] = ()) -> PreparedModel:
     """Prepare an ONNX file: load, validate, infer shapes, sanitise.
 
     A model with external data is prepared without loading its data: shape inference
@@ -130,14 +135,27 @@ def prepare(path: Path, allow_outside: bool = False) -> PreparedModel:
     Args:
         path: The ``.onnx`` file.
         allow_outside: Accept external data outside the model's folder.
+        fed: The names the user feeds (``--inputs``): an initializer that is also a
+            graph input (an overridable constant, such as a ``temperature``) named
+            here becomes an input of every route (`sanitize`).
 
     Raises:
         UsageError: The file is not a valid ONNX model, or its external data is missing
             or outside the model's folder.
     """
     model, digest = load_model(path, allow_outside)
+    changes = []
     try:
-        model = sanitize(onnx.shape_inference.infer_shapes(model))
+        inlined = inline_functions(model)
+        if inlined:
+            shown = ", ".join(inlined[:2]) + (", …" if len(inlined) > 2 else "")
+            changes.append(f"inlined {len(inlined)} local function"
+                           f"{'s' * (len(inlined) != 1)} ({shown})")
+        overridden = [i.name for i in overridable(model) if i.name in fed]
+        if overridden:
+            changes.append(f"{', '.join(overridden)}: overridable initializer fed, "
+                           "so an input (no default) of every route")
+        model = sanitize(onnx.shape_inference.infer_shapes(model), fed=overridden)
         weights_check.check_model(model, path.parent, allow_outside)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise UsageError(f"{path}: the ONNX checker rejects the model: {one_line(e)}") from e
@@ -149,7 +167,57 @@ def prepare(path: Path, allow_outside: bool = False) -> PreparedModel:
     return PreparedModel(
         path, digest, model, model.SerializeToString(),
         tuple(_specs(graph_inputs(model))), tuple(_specs(model.graph.output)), external,
+        tuple(changes),
     )
+
+
+def inline_functions(model: onnx.ModelProto) -> list[str]:
+    """Inline the model's local functions (``ModelProto.functions``) in place.
+
+    Passes see a graph's nodes, not the bodies of the functions they call (a function
+    call is one node of a custom domain to them), so a model that keeps its layers in
+    local functions (as torch.onnx's dynamo exporter can write them) is inlined once,
+    before any route: `onnx.inliner.inline_local_functions`, recursive. The domains
+    the functions declared stay imported.
+
+    Returns:
+        The names of the functions inlined (``domain::name``); empty when there were none.
+
+    Raises:
+        onnx.checker.ValidationError: A function cannot be inlined (an undefined one).
+    """
+    if not model.functions:
+        return []
+    names = [f"{f.domain}::{f.name}" for f in model.functions]
+    try:
+        inlined = onnx.inliner.inline_local_functions(model)
+    except Exception as e:  # the inliner's C++ errors are plain exceptions
+        raise onnx.checker.ValidationError(f"cannot inline its local functions: {e}") from e
+    model.CopyFrom(inlined)
+    del model.functions[:]
+    return names
+
+
+MODEL_FIELDS = ("doc_string", "model_version", "domain", "producer_name", "producer_version")
+"""The model's scalar fields that a rewritten model keeps (`keep_model_fields`)."""
+
+
+def keep_model_fields(source: onnx.ModelProto, model: onnx.ModelProto) -> None:
+    """Give `model` what `source` carries besides its graph, in place.
+
+    Its `MODEL_FIELDS`, its ``metadata_props`` (author, class names, stride, task: what
+    deployment code reads) and every opset import of a domain `model` does not import
+    (a pass may add domains or move the default opset, never lose one). ONNX
+    GraphSurgeon exports a graph without them, so every route's model goes through
+    this (`routetune.candidate.application.RouteApplier.export`).
+    """
+    for name in MODEL_FIELDS:
+        if source.HasField(name):
+            setattr(model, name, getattr(source, name))
+    del model.metadata_props[:]
+    model.metadata_props.extend(source.metadata_props)
+    imported = {o.domain for o in model.opset_import}
+    model.opset_import.extend(o for o in source.opset_import if o.domain not in imported)
 
 
 def with_weights_in(model: PreparedModel, store: Path) -> PreparedModel:
@@ -170,14 +238,22 @@ def with_weights_in(model: PreparedModel, store: Path) -> PreparedModel:
     return replace(model, proto=proto, data=proto.SerializeToString(), weights=store)
 
 
-def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:
+def overridable(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs that are initializers too: constants a caller may override."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name in inits]
+
+
+def sanitize(model: onnx.ModelProto, fed: Collection[str] = ()) -> onnx.ModelProto:
     """Make a model safe to rewrite, without changing what it computes.
 
     0. Nodes are put in topological order (`toposort`): a valid graph stored out of
        order, which ONNX Runtime runs, is not refused.
     1. Every node, in subgraphs too, gets a unique, non-empty name (``<op>_<index>``
        where missing or repeated).
-    2. Graph inputs that are initializers (an IR < 4 habit) are dropped from the inputs.
+    2. Graph inputs that are initializers (an IR < 4 habit, or a constant a caller may
+       override) are dropped from the inputs, unless `fed` names them: those lose
+       their initializer and are inputs from here on.
     3. Input and output dimensions stored as ``dim_value <= 0`` or named ``?`` become
        named dynamic dimensions (``<input>_dim<i>``), so that unrelated unknown
        dimensions do not share one name.
@@ -197,6 +273,10 @@ def sanitize(model: onnx.ModelProto) -> onnx.ModelProto:
         repeats = [v for v in graph.value_info if v.name in declared]
         for value in repeats:
             graph.value_info.remove(value)
+    inputs = {i.name for i in model.graph.input}
+    defaults = [t for t in model.graph.initializer if t.name in fed and t.name in inputs]
+    for tensor in defaults:  # fed by the user: a plain input from here on
+        model.graph.initializer.remove(tensor)
     inits = {t.name for t in model.graph.initializer}
     keep = [i for i in model.graph.input if i.name not in inits]
     if len(keep) != len(model.graph.input):

@@ -1,6 +1,7 @@
 """The route memory: what every search taught, kept across runs, models and output folders.
 
-One SQLite file (stdlib `sqlite3`), by default ``memory.sqlite`` in routetune's cache
+One SQLite file (stdlib `sqlite3`, rollback journal: a reader leaves no ``-wal`` or
+``-shm`` file behind), by default ``memory.sqlite`` in routetune's cache
 (``$ROUTETUNE_CACHE``, else ``~/.cache/routetune``); ``--memory PATH`` chooses another
 and ``--memory off`` turns it off. Each row is a `Lesson`: one step's measured effect
 over its parent route on one model, backend and device, or the step's failure there.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -65,30 +65,38 @@ class RouteMemory:
         StorageError: On any SQLite failure, with the file's path.
     """
 
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, fix: str) -> None:
         self.path = path
         self.conn = conn
+        self.fix = fix
+        """What the user can do when this file fails, for messages."""
         self.skipped = 0
         """Rows skipped as malformed by the last read."""
 
     @classmethod
-    def open(cls, path: Path, read_only: bool = False) -> RouteMemory:
+    def open(cls, path: Path, read_only: bool = False, fix: str = "") -> RouteMemory:
         """Open the memory at `path`, creating it (and its folder) unless `read_only`.
 
-        Refused, never overwritten: a link or anything but a regular file, a SQLite file
-        routetune did not write (its ``application_id``), one with views or triggers
-        or without the ``lessons`` table, and one of a newer schema.
+        Refused, never overwritten: a link or anything but a regular file, an empty
+        file opened `read_only`, a SQLite file routetune did not write (its
+        ``application_id``), one with views or triggers or without the ``lessons``
+        table, and one of a newer schema.
+
+        Args:
+            path: The file.
+            read_only: Open it to read only: it must exist, nothing is created.
+            fix: What the user can do when it fails, ending each error message; by
+                default ``give another --memory PATH, or --memory off``.
 
         Raises:
             StorageError: One of the above, or the file cannot be opened or created.
         """
-        fix = ("give a route memory file (`routetune memory export` writes one)" if read_only
-               else "give another --memory PATH, or --memory off")
+        fix = fix or "give another --memory PATH, or --memory off"
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise StorageError(f"{path}: not a regular file (a link, a folder, a FIFO), not a "
                                f"route memory; {fix}")
         if read_only and not path.is_file():
-            raise StorageError(f"{path}: no such file; give a route memory file")
+            raise StorageError(f"{path}: no such file; {fix}")
         try:
             if not read_only:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +109,9 @@ class RouteMemory:
             raise StorageError(f"{path}: not a route memory ({one_line(e, 200)}); "
                                f"{fix}") from e
         kinds = {kind for kind, _ in names}
+        if read_only and not names:
+            conn.close()
+            raise StorageError(f"{path}: an empty file, not a route memory; {fix}")
         if names and (app_id != APPLICATION_ID or ("table", "lessons") not in names
                       or kinds & {"view", "trigger"}):
             conn.close()
@@ -110,9 +121,13 @@ class RouteMemory:
             conn.close()
             raise StorageError(f"{path}: written by a newer routetune (memory schema "
                                f"{version} > {SCHEMA_VERSION}); upgrade routetune, or {fix}")
+        if not read_only:
+            try:
+                conn.execute("PRAGMA journal_mode=DELETE")  # a file written in WAL mode
+            except sqlite3.Error:
+                pass  # another connection holds it: it stays as it is
         if not names and not read_only:
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} "
                                    f"PRAGMA application_id={APPLICATION_ID}; "
                                    f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
@@ -120,7 +135,7 @@ class RouteMemory:
                 conn.close()
                 raise StorageError(f"{path}: cannot create the route memory "
                                    f"({one_line(e, 200)}); {fix}") from e
-        return cls(path, conn)
+        return cls(path, conn, fix)
 
     def close(self) -> None:
         """Close the connection."""
@@ -135,18 +150,33 @@ class RouteMemory:
         Raises:
             StorageError: SQLite failed (a full disk, a read-only file); nothing written.
         """
-        rows = [(lesson.key, lesson.signature.key, json.dumps(lesson.signature.to_json()),
-                 lesson.backend, lesson.backend_version, lesson.device, lesson.parent,
-                 lesson.step, str(lesson.outcome), lesson.speedup, lesson.low, lesson.high,
-                 lesson.margin, lesson.reason[:MAX_TEXT], lesson.created_at or time.time())
-                for lesson in lessons]
+        return self.add_groups([lessons])[0]
+
+    def add_groups(self, groups: Sequence[Iterable[Lesson]]) -> list[int]:
+        """Write several groups of lessons (several files' merged) in one transaction.
+
+        Returns:
+            How many of each group were new, in order.
+
+        Raises:
+            StorageError: SQLite failed (a full disk, a read-only file); nothing written.
+        """
+        rows = [[(lesson.key, lesson.signature.key, json.dumps(lesson.signature.to_json()),
+                  lesson.backend, lesson.backend_version, lesson.device, lesson.parent,
+                  lesson.step, str(lesson.outcome), lesson.speedup, lesson.low, lesson.high,
+                  lesson.margin, lesson.reason[:MAX_TEXT], lesson.created_at or time.time())
+                 for lesson in group] for group in groups]
+        added = []
         try:
-            before = self.conn.total_changes
             self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.executemany(
-                "INSERT OR IGNORE INTO lessons VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            for group in rows:
+                before = self.conn.total_changes
+                self.conn.executemany(
+                    "INSERT OR IGNORE INTO lessons VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    group)
+                added.append(self.conn.total_changes - before)
             self.conn.execute("COMMIT")
-            return self.conn.total_changes - before
+            return added
         except sqlite3.Error as e:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
@@ -156,7 +186,8 @@ class RouteMemory:
     def lessons(self, backend: str | None = None) -> Iterator[Lesson]:
         """The lessons, newest first, at most `MAX_LESSONS`; only `backend`'s if given.
 
-        A row that is not a well-formed lesson is skipped and counted in `skipped`.
+        Each row is checked on its own (`_lesson`); one that is not a well-formed
+        lesson is skipped and counted in `skipped`.
 
         Raises:
             StorageError: The file cannot be read.
@@ -179,29 +210,11 @@ class RouteMemory:
                     yield lesson
         except sqlite3.Error as e:
             raise StorageError(f"{self.path}: cannot read the route memory "
-                               f"({one_line(e, 200)}); give another --memory PATH, or "
-                               "--memory off") from e
+                               f"({one_line(e, 200)}); {self.fix}") from e
 
     def count(self) -> int:
         """Rows in the file (well-formed or not)."""
         return int(self.conn.execute("SELECT count(*) FROM lessons").fetchone()[0])
-
-    def merge(self, other: Path) -> tuple[int, int]:
-        """Add another memory file's well-formed lessons to this one.
-
-        Returns:
-            Lessons new to this file, and rows of the other skipped as malformed.
-
-        Raises:
-            StorageError: The other file is not a route memory, or this one cannot be
-                written.
-        """
-        source = RouteMemory.open(other, read_only=True)
-        try:
-            added = self.add(source.lessons())
-            return added, source.skipped
-        finally:
-            source.close()
 
     def prior(self, signature: ModelSignature, backend: str, device: str) -> Prior:
         """What this memory expects of each step on `backend`, for a model like `signature`.
@@ -214,55 +227,123 @@ class RouteMemory:
         lessons = list(self.lessons(backend))
         return prior_of(lessons, signature, device, self.skipped)
 
-    def export(self, target: Path) -> None:
-        """Write a compact copy of this memory to `target` (a new file).
+    def export(self, target: Path) -> tuple[int, int]:
+        """Write this memory's well-formed lessons to `target`, a new memory file.
+
+        A malformed row is not copied: what is shared has been checked.
+
+        Returns:
+            Lessons written, and rows skipped as malformed.
 
         Raises:
-            StorageError: `target` exists (it is never overwritten), or the copy failed.
+            StorageError: `target` exists (it is never overwritten), its folder does not,
+                or the copy failed (then no `target` is left).
         """
         if target.exists() or target.is_symlink():
             raise StorageError(f"{target}: exists; give a new file to export to")
+        if not target.parent.is_dir():
+            raise StorageError(f"{target.parent}: no such folder; create it, or export to "
+                               "a file in a folder that exists")
+        lessons = list(self.lessons())
+        copy = RouteMemory.open(target, fix="give another file to export to")
         try:
-            self.conn.execute("VACUUM INTO ?", (os.fspath(target),))
-        except sqlite3.Error as e:
-            raise StorageError(f"{target}: cannot export the route memory "
-                               f"({one_line(e, 200)})") from e
+            written = copy.add(lessons)
+        except StorageError:
+            copy.close()
+            target.unlink(missing_ok=True)
+            raise
+        copy.close()
+        return written, self.skipped
+
+
+def read_all(paths: Sequence[Path]) -> list[tuple[list[Lesson], int]]:
+    """The well-formed lessons of each file, and its rows skipped as malformed.
+
+    Every file is read before anything is written anywhere: a merge of several files
+    that one of them cannot join stops before it starts.
+
+    Raises:
+        StorageError: A file is not a route memory, or cannot be read.
+    """
+    out = []
+    for path in paths:
+        source = RouteMemory.open(path, read_only=True,
+                                  fix="give a route memory file (`routetune memory "
+                                  "export` writes one)")
+        try:
+            out.append((list(source.lessons()), source.skipped))
+        finally:
+            source.close()
+    return out
+
+
+def merge_into(target: Path, sources: Sequence[Path]) -> list[tuple[int, int]]:
+    """Add the well-formed lessons of `sources` to the memory `target`, all or none.
+
+    Every source is checked and read first; `target` is created only then, and all
+    is written in one transaction.
+
+    Returns:
+        Per source, in order: lessons new to `target`, rows skipped as malformed.
+
+    Raises:
+        StorageError: A source is `target`, is not a route memory or cannot be read
+            (`target` is then untouched, and not created), or `target` cannot be written.
+    """
+    for source in sources:
+        if source.exists() and target.exists() and source.resolve() == target.resolve():
+            raise StorageError(f"{source}: is the memory merged into; give another file")
+    read = read_all(sources)
+    store = RouteMemory.open(target)
+    try:
+        added = store.add_groups([lessons for lessons, _ in read])
+    finally:
+        store.close()
+    return [(n, skipped) for n, (_, skipped) in zip(added, read, strict=True)]
+
 
 def _lesson(row: Sequence[object], signatures: dict[str, ModelSignature | None]
             ) -> Lesson | None:
-    """A row as a lesson; None when it is not a well-formed one (untrusted input)."""
+    """A row as a lesson; None when it is not a well-formed one (untrusted input).
+
+    Every row is judged on its own: its signature must parse and hash to its own
+    ``model`` key (`signatures` caches the parse by the signature's text only).
+    """
     (model, signature, backend, version, device, parent, step, outcome, speedup, low, high,
      margin, reason, created) = row
     texts = (model, backend, version, device, parent, step, reason)
     if not all(isinstance(t, str) and len(t) <= MAX_TEXT for t in texts):
         return None
-    if not isinstance(signature, str) or not isinstance(created, (int, float)):
+    if not isinstance(signature, str) or not _finite(created) or created < 0:  # type: ignore[operator]
         return None
-    assert isinstance(model, str)
-    if model not in signatures:
+    if signature not in signatures:
         try:
-            parsed = ModelSignature.from_json(json.loads(signature))
-            signatures[model] = parsed if parsed.key == model else None
+            signatures[signature] = ModelSignature.from_json(json.loads(signature))
         except ValueError:  # json's errors are ValueErrors too
-            signatures[model] = None
-    sig = signatures[model]
+            signatures[signature] = None
+    sig = signatures[signature]
+    if sig is None or sig.key != model:
+        return None
     try:
         kind = Outcome(outcome)
         parse_route(str(parent)), parse_route(str(step))
     except (ValueError, UsageError):  # not an outcome; a route text the parser refuses
         return None
-    figures = (speedup, low, high)
-    if sig is None or not all(v is None or (isinstance(v, (int, float)) and math.isfinite(v)
-                                            and 1 / MAX_EFFECT <= v <= MAX_EFFECT)
-                              for v in figures):
+    if not all(v is None or (_finite(v) and 1 / MAX_EFFECT <= v <= MAX_EFFECT)  # type: ignore[operator]
+               for v in (speedup, low, high)):
         return None
     if kind in (Outcome.TIMED, Outcome.INACCURATE) and speedup is None:
         return None
-    if margin is not None and not (isinstance(margin, (int, float)) and math.isfinite(margin)):
+    if margin is not None and not _finite(margin):
         return None
     number = [None if v is None else float(v)  # type: ignore[arg-type]
               for v in (speedup, low, high, margin)]
     return Lesson(sig, str(backend), str(version), str(device), str(parent), str(step), kind,
-                  number[0], number[1], number[2], number[3], str(reason), float(created))
+                  number[0], number[1], number[2], number[3], str(reason),
+                  float(created))  # type: ignore[arg-type]
 
 
+def _finite(value: object) -> bool:
+    """A real number (not a bool, not text), finite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)

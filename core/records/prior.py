@@ -57,14 +57,20 @@ class Prior:
     lessons: int = 0
     models: int = 0
     skipped: int = 0
+    elsewhere: int = 0
+    """Of `models`, those measured only on another device (weighed half)."""
 
     def describe(self) -> str:
         """One line for the start of a run: what the memory knows here."""
         if not self.steps:
             return "nothing yet for this backend"
-        known = f"{len(self.steps)} steps from {self.lessons:,} lessons on {self.models} " \
-                f"model{'s' * (self.models != 1)}"
-        return known + (f" ({self.skipped} malformed rows skipped)" if self.skipped else "")
+        n = len(self.steps)
+        known = f"{n} step{'s' * (n != 1)} from {self.lessons:,} lesson" \
+                f"{'s' * (self.lessons != 1)} on {self.models} model{'s' * (self.models != 1)}"
+        notes = ([f"{self.elsewhere} of them on another device, weighed half"]
+                 if self.elsewhere else []) + (
+            [f"{self.skipped:,} malformed rows skipped"] if self.skipped else [])
+        return known + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def prior_of(lessons: Iterable[Lesson], signature: ModelSignature, device: str,
@@ -117,6 +123,8 @@ def prior_of(lessons: Iterable[Lesson], signature: ModelSignature, device: str,
                                    zip(ws, means, spreads, strict=True))) / (total + 1.0)
         fail = (0.1 + sum(w * f for w, f in zip(ws, fails, strict=True))) / (total + 1.0)
         steps[step] = StepPrior(mean, max(math.sqrt(var), 0.02), total, fail)
-    return Prior(steps, count, len({k for k, _ in per_model}), skipped)
+    return Prior(steps, count, len({k for k, _ in per_model}), skipped,
+                 len({k for k, d in per_model if d != device}
+                     - {k for k, d in per_model if d == device}))
 
 

@@ -8,6 +8,7 @@ updated in place; ``--fresh`` moves the old file aside instead of deleting it.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -113,6 +114,8 @@ class TrialStore:
             kinds = conn.execute("SELECT type FROM sqlite_master WHERE name = 'trials' OR "
                                  "type IN ('view', 'trigger')").fetchall()
         except sqlite3.DatabaseError as e:
+            if disk_full(e):
+                raise full_disk(path, e) from e
             if path.exists() and not os.access(path.parent, os.W_OK):
                 raise StorageError(
                     f"{path.parent}: a read-only folder, and SQLite writes its -wal and -shm "
@@ -154,6 +157,8 @@ class TrialStore:
                 version += 1
         except sqlite3.Error as e:
             conn.close()
+            if disk_full(e):
+                raise full_disk(path, e) from e
             raise StorageError(f"{path}: cannot create the trial store ({one_line(e, 200)})") from e
         return cls(path, conn)
 
@@ -175,6 +180,8 @@ class TrialStore:
         except sqlite3.Error as e:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
+            if disk_full(e):
+                raise full_disk(self.path, e) from e
             raise StorageError(f"{self.path}: {e}") from e
         except BaseException:
             if self.conn.in_transaction:
@@ -402,3 +409,26 @@ def _measurement(raw: Any) -> dict[str, Any]:
                 _number(v, f"measurement.per_set of {output!r}: {metric}")
     return {"faults": tuple(faults or ()), "notes": tuple(notes or ()), "tolerances": pairs,
             "accuracy_per_set": {k: tuple(v) for k, v in per_set.items()}}
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether `error` says the disk (or the file system's quota) is full.
+
+    SQLite's ``SQLITE_FULL``, or ``ENOSPC``/``EDQUOT`` from the operating system.
+    """
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return (getattr(error, "sqlite_errorname", "") == "SQLITE_FULL"
+            or "database or disk is full" in str(error))
+
+
+FULL = "the disk is full"
+"""What `full_disk`'s line says, and a worker's crash reason with it."""
+
+
+def full_disk(path: Path, error: BaseException) -> StorageError:
+    """The one line for a write that a full disk refused, with its fix."""
+    return StorageError(
+        f"{path}: {FULL} ({one_line(error, 120)}); free space on the disk that "
+        f"holds {path.parent} and run the same command again (the trials stored so far "
+        "are kept and not run again), or use another --output")

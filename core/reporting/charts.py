@@ -109,13 +109,20 @@ def _figure(width: float, height: float) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
+LOG_SPREAD = 10.0
+"""Above this ratio of the slowest to the fastest relative latency, the Pareto chart's
+latency axis is logarithmic: a trial 183x slower (timed while its base route was
+disturbed) then leaves the 0.5x-2x routes apart instead of on one line."""
+
+
 def pareto_chart(data: dict[str, Any]) -> Chart:
     """The Pareto chart: search-time latency relative to the base route against error.
 
     One point per measured trial (p50 over the base route's p50 timed alongside, a
     ratio; `ERROR_METRIC`, worst output, symlog axis), coloured and shaped by status,
     each its own artist with the group id ``pt-<row number>``; the accurate trials'
-    Pareto front as a line; the winner ringed. Only the front's points are labelled
+    Pareto front as a line; the winner ringed. The latency axis is logarithmic when
+    the latencies span more than `LOG_SPREAD`. Only the front's points are labelled
     (`place_labels`).
     """
     fig, ax = _figure(12, 6)
@@ -141,7 +148,9 @@ def pareto_chart(data: dict[str, Any]) -> Chart:
     if len(front) > 1:
         handles += ax.plot(*zip(*front, strict=True), color=STYLE["ok"][0], lw=1, alpha=0.6,
                            drawstyle="steps-post", label="Pareto front (accurate)")
-    winner = data.get("winner") or {}
+    # the winner at its search row's point, as every other trial
+    route = (data.get("winner") or {}).get("route")
+    winner: dict[str, Any] = next((r for r in data["trials"] if r["route"] == route), {})
     if winner.get("relative_p50") is not None:
         handles.append(ax.scatter([winner["error"].get(ERROR_METRIC, 0.0)],
                                   [winner["relative_p50"]], s=160, facecolors="none",
@@ -152,7 +161,13 @@ def pareto_chart(data: dict[str, Any]) -> Chart:
     ax.set_xscale("symlog", linthresh=linthresh)
     ax.set_xlim(left=0)
     ax.set_xlabel(f"accuracy error ({ERROR_METRIC}, worst output; symlog)")
-    ax.set_ylabel("search-time latency / base route\n(paired blocks; not the confirmation)")
+    ys = [y for _, y in points if y > 0]
+    spread = max(ys) / min(ys) if ys else 1.0
+    if spread > LOG_SPREAD:  # one outlier would squeeze every useful point into a line
+        ax.set_yscale("log")
+    ax.set_ylabel("search-time latency / base route"
+                  + (" (log scale)" if spread > LOG_SPREAD else "")
+                  + "\n(paired blocks; not the confirmation)")
     ax.axhline(1.0, color="#555555", lw=0.6, ls=":")
     ax.set_title(f"{len(rows)} measured trials; {len(data['trials']) - len(rows)} not "
                  "measured (failed, skipped or build-only). Hover a point for its figures; "

@@ -8,6 +8,7 @@ mapping; `write_reports` writes the three files (the HTML in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,27 @@ def build_report(outdir: Path, records: Path | None = None) -> dict[str, Any]:
                            f"({one_line(e)}); move the file away, or run `routetune tune "
                            "--fresh`") from e
     return {"run": run, "trials": rows, "seasonings": effects,
-            "winner": {**rows[0], **result} if winner else None}
+            "winner": winner_record(rows[0], result) if winner else None}
+
+
+SEARCH_FIGURES = ("p50_ms", "p90_ms", "ci_ms", "base_p50_ms", "relative_p50", "speedup_ci",
+                  "other_p50_ms")
+"""A trial row's timing figures, which come from the search; the winner record keeps
+them under ``search`` only."""
+
+
+def winner_record(row: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The winner: its trial row without the search's timing figures, and the verdict.
+
+    ``speedup`` is the verdict's figure, from the confirmation (``confirmed``, with its
+    own interval and p50s) or 1.0 for the base route; the search's figures stay in
+    ``search`` with their own interval, so that no record pairs a figure of one
+    measurement with the interval or p50 of another.
+    """
+    return {**{k: v for k, v in row.items() if k not in SEARCH_FIGURES}, **result,
+            "speedup_from": "confirmation" if result.get("confirmed") else (
+                "the base route (1.0 by definition)" if row["route"] == "base"
+                else "none (not confirmed)")}
 
 
 UNREADABLE = (KeyError, IndexError, TypeError, AttributeError, ValueError, ArithmeticError,
@@ -183,8 +204,11 @@ def seasoning_effects(trials: Sequence[Trial]) -> list[dict[str, Any]]:
         One mapping per seasoning, by name:
 
         - ``pairs``: the pairs kept;
-        - ``latency_ratio``: the mean over the pairs of the ratio of their p50s, each
-          relative to the base route timed alongside (a ratio; < 1 is faster);
+        - ``latency_ratio``: the median over the pairs of the ratio of their p50s,
+          each relative to the base route timed alongside (a ratio; < 1 is faster;
+          with an even count, the geometric mean of the middle two). A median, not a
+          mean: the pairs are few, and one outlier (183x: a trial timed while its
+          base was disturbed) would carry a mean, an arithmetic or a geometric one;
           ``latency_ratio_range``: its smallest and largest ratio ``[min, max]``;
         - ``error_pairs``: the pairs whose two trials both have `ERROR_METRIC`;
           ``error_change``: the mean change of `ERROR_METRIC` (with minus without;
@@ -209,7 +233,8 @@ def seasoning_effects(trials: Sequence[Trial]) -> list[dict[str, Any]]:
             if err is not None and err0 is not None:
                 acc["error"].append(err - err0)
     return [{"seasoning": name, "pairs": len(v["ratio"]),
-             "latency_ratio": _mean(v["ratio"]), "latency_ratio_range": _range(v["ratio"]),
+             "latency_ratio": _median_ratio(v["ratio"]),
+             "latency_ratio_range": _range(v["ratio"]),
              "error_pairs": len(v["error"]), "error_change": _mean(v["error"]),
              "error_change_range": _range(v["error"])}
             for name, v in sorted(effects.items())]
@@ -217,6 +242,14 @@ def seasoning_effects(trials: Sequence[Trial]) -> list[dict[str, Any]]:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def _median_ratio(values: list[float]) -> float | None:
+    ordered = sorted(v for v in values if v > 0)
+    if not ordered:
+        return None
+    middle = ordered[(len(ordered) - 1) // 2: len(ordered) // 2 + 1]
+    return math.sqrt(middle[0] * middle[-1])
 
 
 def _range(values: list[float]) -> list[float] | None:

@@ -24,9 +24,11 @@ from routetune.reporting.report import ERROR_METRIC
 from routetune.reporting.report_text import (
     EFFECTS_CAPTION,
     environment,
+    headline_of,
     span_text,
     speedup_text,
     winner_text,
+    worst_value,
 )
 from routetune.routes.route import parse_route
 
@@ -157,8 +159,10 @@ def render_html(data: dict[str, Any]) -> str:
     win = (f"<h2>Winner: {route_html(winner['route'])}</h2><p>{e(winner_text(winner))}</p>"
            if winner else "<p>No result recorded (the run did not finish).</p>")
     speedups = speedup_chart(data)
-    rows = "".join(_trial_row(n, r, winner is not None and r["route"] == winner["route"])
-                   for n, r in enumerate(data["trials"], 1))
+    key, higher = headline_of(data["run"])  # the metric the verdict used, its column
+    headline = None if key in (ERROR_METRIC, "cos") else (key, higher)
+    rows = "".join(_trial_row(n, r, winner is not None and r["route"] == winner["route"],
+                              headline) for n, r in enumerate(data["trials"], 1))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{CSP}">
@@ -181,7 +185,8 @@ sort (# restores this order). Rejected trials give the reason and the margin.</p
 <div class="table-box" id="trials-box"><table id="trials" class="sortable"><thead><tr>
 <th>#</th><th>route</th><th>status</th><th id="p50-header">p50 ms</th>
 <th>± ms (blocks)</th><th>base p50 ms (alongside)</th><th>speed-up in the search [95%]</th>
-<th>{ERROR_METRIC}</th><th>cos</th><th>build ms</th><th>reason</th>
+<th>{ERROR_METRIC}</th><th>cos</th>{f"<th>{e(key)}</th>" if headline else ""}<th>build ms</th>
+<th>reason</th>
 </tr></thead><tbody>{rows}</tbody></table></div>
 <script>{SCRIPT}</script>
 </body></html>
@@ -203,16 +208,18 @@ def _effects_table(effects: list[dict[str, Any]]) -> str:
         + _num_cell(s.get("error_pairs"), str(s.get("error_pairs", "")))
         + "</tr>" for s in effects)
     return (f"<table id='seasonings' class='sortable'><caption>{e(EFFECTS_CAPTION)}</caption>"
-            f"<thead><tr><th>seasoning</th><th>pairs</th><th>latency ratio: mean</th>"
+            f"<thead><tr><th>seasoning</th><th>pairs</th><th>latency ratio: median</th>"
             f"<th>min–max</th><th>{ERROR_METRIC} change: mean</th><th>min–max</th>"
             f"<th>pairs with {ERROR_METRIC}</th></tr></thead><tbody>{rows}</tbody></table>")
 
 
-def _trial_row(number: int, r: dict[str, Any], winner: bool) -> str:
+def _trial_row(number: int, r: dict[str, Any], winner: bool,
+               headline: tuple[str, bool] | None = None) -> str:
     e = html.escape
     ci = r["ci_ms"]
     spread = (ci[1] - ci[0]) / 2 if ci else None
     mark = " <strong>(winner)</strong>" if winner else ""
+    task = worst_value(r, *headline) if headline is not None else None
     speed = e(speedup_text({**r, "noisy": False})) + (" <em>noisy</em>" if r.get("noisy")
                                                        else "")
     cells = [
@@ -225,6 +232,7 @@ def _trial_row(number: int, r: dict[str, Any], winner: bool) -> str:
         (_v(r["speedup"]), speed, "num"),
         (_v(r["error"].get(ERROR_METRIC)), _f(r["error"].get(ERROR_METRIC), ".3g"), "num"),
         (_v(r["error"].get("cos")), _f(r["error"].get("cos"), ".6f"), "num"),
+        *([] if headline is None else [(_v(task), _f(task, ".3g"), "num")]),
         (_v(r["build_ms"]), _f(r["build_ms"], ".0f"), "num"),
         (e(r["reason"]), f"<div class='fold'>{e(r['reason'])}</div>", "reason"),
     ]

@@ -21,8 +21,9 @@ def render_markdown(data: dict[str, Any]) -> str:
         lines.append(f"\n## Winner: `{winner['route']}`\n\n{winner_text(winner)}\n")
     lines.append("\n## Seasonings: effect against the same routes without them\n")
     lines.append(f"{EFFECTS_CAPTION}\n")
-    lines.append("| seasoning | pairs | latency ratio: mean | min–max | rel-L2 change: mean | "
-                 "min–max | pairs with rel-L2 |\n|---|---|---|---|---|---|---|")
+    lines.append("| seasoning | pairs | latency ratio: median | min–max | "
+                 "rel-L2 change: mean | min–max | pairs with rel-L2 |\n"
+                 "|---|---|---|---|---|---|---|")
     for s in data["seasonings"]:
         lines.append(f"| `{s['seasoning']}` | {s['pairs']} | {s['latency_ratio']:.3f} | "
                      f"{span_text(s.get('latency_ratio_range'), '.3f')} | "
@@ -49,7 +50,7 @@ def render_markdown(data: dict[str, Any]) -> str:
                  if other else "")
         lines.append(f"| `{r['route']}`{mark} | {r['status']} | {_num(r['p50_ms'], '.3f')} | "
                      f"{_num(r['base_p50_ms'], '.3f')} | {speedup_text(r)} | "
-                     f"{_num(_worst(r, key, higher), '.3g')} |{cells} {reason} |")
+                     f"{_num(worst_value(r, key, higher), '.3g')} |{cells} {reason} |")
     return "\n".join(lines) + "\n"
 
 
@@ -62,7 +63,7 @@ def headline_of(run: Mapping[str, Any]) -> tuple[str, bool]:
     return str(key), bool(higher)
 
 
-def _worst(row: dict[str, Any], key: str, higher: bool) -> float | None:
+def worst_value(row: dict[str, Any], key: str, higher: bool) -> float | None:
     """`key`'s value for the row's worst output (`routetune.reporting.report.worst_error`)."""
     values = [m[key] for m in row.get("accuracy", {}).values() if key in m]
     return (min(values) if higher else max(values)) if values else None
@@ -105,6 +106,7 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
                   + (f"{search['time_budget_s']} s" if search["time_budget_s"] else "none")
                   + (f"; stopped early: {stopped}"
                      if (stopped := (run.get("result") or {}).get("stopped")) else ""),
+        "route memory": _memory_text(search.get("memory")),
         "measurement": f"at least {run['measure']['min_runs']} runs, "
                        f"{run['measure']['min_time_s']} s and "
                        f"{run['measure'].get('min_blocks', 1)} blocks per candidate, timed "
@@ -113,6 +115,17 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
         "machine conditions": conditions_text(run),
         "started": f"{run['started_at']}, finished {run.get('finished_at', '?')}",
     }
+
+
+def _memory_text(memory: dict[str, Any] | str | None) -> str:
+    """The route memory's line: the file and what it knew, what this run added to it."""
+    if not isinstance(memory, dict):  # an older run.json: a line, or nothing
+        return memory or "none (a run before the route memory)"
+    if memory["path"] is None or not memory["used"]:
+        return memory["note"]
+    return (f"{memory['note']}; it ordered the search only, no figure comes from it; this "
+            f"run added {memory['lessons_added']:,} lesson"
+            f"{'s' * (memory['lessons_added'] != 1)}")
 
 
 def winner_text(winner: dict[str, Any]) -> str:
@@ -171,10 +184,11 @@ def speedup_text(row: dict[str, Any]) -> str:
 
 
 EFFECTS_CAPTION = ("Each seasoning against the same routes without it (pairs of trials, "
-                   "both measured): the mean over the pairs and the range (min–max) over "
-                   "them. Latency ratio: p50 with the seasoning over p50 without, each "
-                   "relative to the base route timed alongside (< 1 is faster); rel-L2 "
-                   "change: with minus without.")
+                   "both measured) and the range (min–max) over them. Latency ratio: p50 "
+                   "with the seasoning over p50 without, each relative to the base route "
+                   "timed alongside (< 1 is faster), summarised by the median, so that "
+                   "one outlier does not stand for the seasoning; rel-L2 change: with "
+                   "minus without, by the mean.")
 """The seasoning table's caption, in the Markdown and the HTML report."""
 
 

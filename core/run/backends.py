@@ -221,7 +221,7 @@ def write(result: BackendsResult, prepared: Sequence[Prepared], opts: RunSpec
 
 def _record(c: Contender) -> dict[str, Any]:
     return {"backend": c.backend, "route": c.trial.route, "failed": c.failed,
-            "p50_ms": c.latency.p50 if c.latency else None,
+            "p50_ms": c.latency.p50 if c.latency else None,  # the first loop's
             "speedup": c.paired.value if c.paired else None,
             "ci": [c.paired.ci_low, c.paired.ci_high] if c.paired else None}
 
@@ -229,10 +229,14 @@ def _record(c: Contender) -> dict[str, Any]:
 def report_md(result: BackendsResult) -> str:
     """The side-by-side table, then each backend's accurate trials, grouped by backend."""
     base = result.contenders[0]
+    loops = int(result.conditions.get("loops", 1))
     lines = [f"# {len(result.runs)} backends, side by side", "",
              f"Winner: **{result.winner.name}**: {result.reason}.", "",
-             f"Every speed-up is over {base.name}, timed in the same loop.", "",
-             "| backend | route | p50 (ms) | speed-up [95% interval] |", "|---|---|---|---|"]
+             f"Every speed-up is over {base.name}, timed in the same loops of paired "
+             f"blocks ({loops}, in fresh processes; the speed-up combines them, the p50s "
+             "are the first loop's).", "",
+             "| backend | route | p50 (ms), loop 1 | speed-up [95% interval] |",
+             "|---|---|---|---|"]
     for c in result.contenders:
         figure = (f"{c.paired.value:.2f}x [{c.paired.ci_low:.2f}, {c.paired.ci_high:.2f}]"
                   if c.paired else f"not timed: {c.failed}")

@@ -23,6 +23,7 @@ from routetune.errors import BackendError, UsageError, one_line
 from routetune.execution import DEFAULT_TIMEOUT_S
 from routetune.feeds import examples
 from routetune.feeds.inputs import (
+    fed_names,
     load_npz,
     parse_shapes,
     resolve_shapes,
@@ -143,7 +144,8 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
         source["path"] = str(opts.model.resolve())
     else:
         raise UsageError("no model given; pass MODEL.onnx or --example NAME (e.g. ppocr-det)")
-    model = prepare(path, opts.allow_external_data_outside)
+    model = prepare(path, opts.allow_external_data_outside,
+                    fed_names(opts.inputs) if opts.inputs is not None else ())
     if opts.model_sha256 and opts.model_sha256 != model.source_sha256:
         raise OptionError("model_sha256", f" {opts.model_sha256}: {path} has sha256 "
                           f"{model.source_sha256}; the model changed since this hash was "
@@ -229,15 +231,18 @@ def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndar
     and bytes, `with_weights_in`): its own locations may lead out of its folder, which
     ONNX Runtime refuses, when ``--allow-external-data-outside`` let them in.
 
+    The reference must give something to judge a route against (`check_judgeable`).
+
     Raises:
-        UsageError: The reference runtime cannot load or run the model on these inputs.
+        UsageError: The reference runtime cannot load or run the model on these inputs,
+            or its outputs are empty or not finite.
     """
     source = run.model.source
     if run.model.weights is not None:
         source = save_model(run.outdir, run.model.data)
     try:
         with backend.reference(source) as runner:
-            return [runner.infer(feed) for feed in run.feeds]
+            outputs = [runner.infer(feed) for feed in run.feeds]
     except Exception as e:  # the runtime's own error types
         given = {name: a.shape for name, a in run.feeds[0].items()} if run.feeds else {}
         conflict = shared_dim_conflict(run.model.inputs, given)
@@ -248,6 +253,47 @@ def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndar
             f"{run.model.source}: the FP32 reference ({backend.name}, optimisations off) "
             f"cannot run the model on these inputs: {one_line(e, 300)}; {fix}"
         ) from e
+    check_judgeable(outputs, run)
+    return outputs
+
+
+def check_judgeable(outputs: Sequence[Mapping[str, np.ndarray]], run: Prepared) -> None:
+    """Refuse a reference that no route could be judged against.
+
+    An output that is empty on every input set (a batch of 0: every route's error is 0
+    on nothing), or one whose values are all NaN on some input set (validation inputs
+    that are all NaN: a route's error against NaN says nothing), is degenerate input,
+    not data. An output empty on some sets only (a detector that finds nothing in one
+    image), with some NaN, or infinite by definition (ReduceMin of an empty set) is
+    judged as it is, as are outputs that are sequences or maps.
+
+    Raises:
+        UsageError: Naming the output, the input set and the fix.
+    """
+    flag = run.spec.spelled("inputs")
+    zero = next((f"{name}:{'x'.join(map(str, a.shape))}" for name, a in run.feeds[0].items()
+                 if 0 in a.shape), None) if run.feeds else None
+
+    def fix(wanted: str) -> str:
+        if run.spec.inputs is not None:
+            return f"give validation inputs in {flag} on which it is {wanted}"
+        return (f"give sizes of 1 or more ({zero} has a 0)" if zero else
+                f"give real validation inputs with {flag}")
+
+    where = f"{run.model.source}: the FP32 reference"
+    for spec in run.model.outputs:  # tensors only: a sequence or a map is judged as it is
+        arrays = [o[spec.name] for o in outputs if isinstance(o.get(spec.name), np.ndarray)]
+        if arrays and all(a.size == 0 for a in arrays):
+            raise UsageError(f"{where}'s output '{spec.name}' is empty (shape "
+                             f"{'x'.join(map(str, arrays[0].shape))}) on every input set, "
+                             f"so no route's accuracy can be judged; {fix('not empty')}")
+        for i, a in enumerate(arrays):
+            floating = a.dtype.kind in "fc" or a.dtype.name.startswith(("bfloat", "float8",
+                                                                          "float4"))
+            if a.size and floating and np.isnan(a.astype(np.complex128)).all():
+                raise UsageError(f"{where}'s output '{spec.name}' is all NaN on input set "
+                                 f"{i}, so no route's accuracy can be judged; "
+                                 f"{fix('not NaN')}")
 
 
 MIN_WORKER_MEMORY_MB = 512

@@ -278,7 +278,8 @@ def recipe_values(recipe: Any, path: Path) -> dict[str, Any]:
         value = getattr(holder, key)
         if isinstance(value, str) and "Path" in str(info.type):
             value = here / value if not Path(value).is_absolute() else Path(value)
-        elif info.name == "memory" and value != "off" and not Path(value).is_absolute():
+        elif info.name == "memory" and value not in ("off", "") \
+                and not Path(value).is_absolute():
             value = str(here / value)  # a file, as the recipe's other paths
         elif isinstance(value, list):
             value = tuple(value)

@@ -42,14 +42,19 @@ def cpu_flags() -> list[str]:
     return []
 
 
-def start_record(run: Prepared, opts: RunSpec, versions: dict[str, str]) -> dict[str, Any]:
-    """The record of a run about to start."""
+def start_record(run: Prepared, opts: RunSpec, versions: dict[str, str],
+                 memory: dict[str, Any]) -> dict[str, Any]:
+    """The record of a run about to start.
+
+    `memory` is the route memory's part (`routetune.run.route_memory.MemoryUse.record`).
+    """
     return {
         "routetune": routetune.__version__,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": {"source": str(run.model.source), "sha256": run.model.source_sha256,
                   "inputs": [str(s) for s in run.model.inputs],
-                  "outputs": [str(s) for s in run.model.outputs]},
+                  "outputs": [str(s) for s in run.model.outputs],
+                  "prepared": list(run.model.changes)},
         "given": {k: str(v) for k, v in run.source.items()},
         "backend": {"name": run.backend.name, "version": run.backend.version(),
                     "device": run.backend.device(), "versions": versions,
@@ -67,7 +72,7 @@ def start_record(run: Prepared, opts: RunSpec, versions: dict[str, str]) -> dict
                   "not_applicable": dict(run.not_applicable)},
         "search": {"strategy": opts.search, "options": values_of(run.strategy_options),
                    "max_trials": opts.max_trials, "time_budget_s": run.time_budget_s,
-                   "memory": run.memory},
+                   "memory": memory},
         "measure": asdict(opts.measure),
         "verdict": {"min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine,
                     "confirm_repeats": opts.confirm_repeats},
@@ -85,6 +90,8 @@ def finish_record(record: dict[str, Any], result: TuneResult) -> dict[str, Any]:
     measured = [t for t in result.trials if t.latency is not None]
     out["result"] = {"winner": result.winner.route, "reason": result.winner_reason,
                      "status": result.winner.status, "stopped": result.stopped,
+                     "planned_trials": result.planned,
+                     "untried_seasonings": list(result.untried),
                      **verdict_figures(result),
                      "confirmations": [
                          {"route": c.route, "search_speedup": next(

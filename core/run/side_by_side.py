@@ -188,13 +188,14 @@ def _over_loops(loops: Sequence[Loop], k: int, base: int | None
     """Runner `k`'s latency and paired speed-up over `base` from several loops.
 
     The speed-up combines the loops' (`routetune.timing.measure.across_repeats`); the latency
-    is that of the loop with the median speed-up (the first loop's without a base).
+    is the first loop's, for every contender: p50s from one loop compare with each
+    other, where each contender's own median loop put one loop's p50 beside another's
+    (9.706 ms against a base of 1.970 ms shown beside 1.50x).
     """
     if base is None:
         return loops[0].latencies[k], None
     each = [paired_speedup(lp.blocks, k, base) for lp in loops]
-    middle = sorted(range(len(each)), key=lambda j: each[j].value)[(len(each) - 1) // 2]
-    return loops[middle].latencies[k], across_repeats(each)
+    return loops[0].latencies[k], across_repeats(each)
 
 
 def _inputs(run: Prepared) -> TrialInputs:

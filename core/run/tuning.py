@@ -21,10 +21,10 @@ from routetune.judging.ranking import ranked
 from routetune.judging.verdict import DEFAULT_MIN_SPEEDUP, confirm_winner
 from routetune.logs import LOGS, keep, quietly
 from routetune.records import run_record
-from routetune.records.store import FILENAME, TrialStore
+from routetune.records.store import FILENAME, TrialStore, disk_full, full_disk
 from routetune.records.trial import Confirmation, Status, Trial
 from routetune.registry import Registry
-from routetune.routes.route import Route, Step
+from routetune.routes.route import Route, Step, parse_route
 from routetune.run import runinfo
 from routetune.run.outdir import locked, move_aside
 from routetune.run.preparation import Prepared, prepare_run, reference_backend, reference_outputs
@@ -92,6 +92,9 @@ class TuneResult:
         pruned: The candidate models removed at the end (``--keep``), if any.
         elapsed_s: Seconds of the search and the confirmations (wall clock), the
             share of the run that waiting for a quiet machine is told against.
+        planned: The trials the search planned (`Plan.trials`); None when not known.
+        untried: When a budget stopped the search, the offered seasonings that no
+            trial's route held: what the verdict knows nothing about.
     """
 
     winner: Trial
@@ -109,6 +112,8 @@ class TuneResult:
     fresh: frozenset[str] = frozenset()
     pruned: Pruned | None = None
     elapsed_s: float = 0.0
+    planned: int | None = None
+    untried: tuple[str, ...] = ()
 
     @property
     def confirmed(self) -> Confirmation | None:
@@ -217,13 +222,19 @@ def tune(
 
     Raises:
         UsageError: Bad input (see `prepare_run`).
-        StorageError: The trial store cannot be opened or written.
+        StorageError: The trial store cannot be opened or written, or the disk that
+            holds the output folder is full (`routetune.records.store.full_disk`).
     """
     with opts.worded():  # an error names its option as the user wrote it
         run, early = quietly("prepare", lambda: prepare_run(opts, registry))
         with locked(run.outdir):
-            keep(run.outdir / LOGS / "prepare.log", early)  # the libraries' lines
-            return _tune_locked(run, opts, on_start, on_trial, on_status)
+            try:
+                keep(run.outdir / LOGS / "prepare.log", early)  # the libraries' lines
+                return _tune_locked(run, opts, on_start, on_trial, on_status)
+            except OSError as e:
+                if disk_full(e):  # a winner file, a report, a log: wherever it was
+                    raise full_disk(Path(e.filename or run.outdir), e) from e
+                raise
 
 
 def _tune_locked(
@@ -233,11 +244,7 @@ def _tune_locked(
     store_path = run.outdir / FILENAME
     memory = open_memory(opts, run)  # a --memory file that is not one: refused first
     reference = reference_backend(run.registry, run.backend)
-    try:
-        executor = make_executor(run, opts)
-    except BaseException:
-        memory.close()
-        raise
+    executor = make_executor(run, opts)
     executor.on_status = on_status
     executor.warm_up(run.outdir)  # workers load their libraries during the reference run
     loop = None
@@ -250,7 +257,6 @@ def _tune_locked(
         store = TrialStore.open(store_path)
     except BaseException:
         executor.close()
-        memory.close()
         raise
     try:
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
@@ -262,12 +268,13 @@ def _tune_locked(
         strategy = run.registry.strategy(opts.search)(run.space, run.strategy_options)
         strategy.learn(memory.prior(run, loop.device))
         run.memory = memory.note
-        record = runinfo.start_record(run, opts, loop.versions)
+        record = runinfo.start_record(run, opts, loop.versions, memory.record())
         records = run_record.record_dir(run.outdir, record)
         run_record.write(records, record)
         skipped = [loop.record_skipped(Route((Step(n),)), reason)
                    for n, reason in run.not_applicable.items()]
-        on_start(run, plan(strategy, run, opts))
+        planned = plan(strategy, run, opts)
+        on_start(run, planned)
         fresh: set[str] = set()  # trials measured by this run, not read from the store
 
         def on_each(trial: Trial, cached: bool) -> None:
@@ -309,11 +316,14 @@ def _tune_locked(
     finally:
         executor.close()
         store.close()
-        memory.close()
+    tried = {step.name for t in trials if t.status != Status.SKIPPED
+             for step in parse_route(t.route)}
+    untried = tuple(n for n in run.space.infos if n not in tried) if loop.stopped else ()
     result = dataclasses.replace(
         _finish(run, opts, trials, store_path, winner, reason, confirmations, loop.stopped,
-                records, frozenset(fresh)), elapsed_s=elapsed)
-    record["search"]["lessons_added"] = memory.added
+                records, frozenset(fresh)), elapsed_s=elapsed, planned=planned.trials,
+        untried=untried)
+    record["search"]["memory"] = memory.record()
     result.files["run"] = run_record.write(records, runinfo.finish_record(record, result))
     if winner.status == Status.OK and (records / WINNER_OUTPUTS).is_file():
         result.files["outputs"] = records / WINNER_OUTPUTS  # listed in `tune`'s last line

@@ -12,8 +12,10 @@ whatever the number of workers.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +43,7 @@ from routetune.judging.accuracy import Constraint
 from routetune.judging.judge import judged
 from routetune.logs import LOGS, captured
 from routetune.model.loading import PreparedModel, sha256
-from routetune.records.store import TrialStore
+from routetune.records.store import FULL, TrialStore, full_disk
 from routetune.records.trial import Confirmation, Status, Trial
 from routetune.refinement import Refinement
 from routetune.registry import Registry
@@ -326,6 +328,12 @@ class SearchLoop:
         for job, outcome in self.executor.run(jobs(), self._after_build):
             assert outcome.status != BUILT
             route, fingerprint, fields = job.route, job.fingerprint, Measured(**outcome.fields)
+            if outcome.status == Status.CRASHED and (
+                    FULL in outcome.reason or "No space left on device" in outcome.reason):
+                # a full disk: every trial after it would crash alike, so the search
+                # stops, and this one is not stored, so that a rerun runs it
+                raise full_disk(self.store.path.parent / "artifacts",
+                                OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
             shortest, dropped = self.same_engine.shortest(route)
             if dropped and outcome.status != Status.SKIPPED:  # measured in its place
                 fields["passes"] = self.same_engine.passes_of(route, fields.get("passes", ()),

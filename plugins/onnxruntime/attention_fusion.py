@@ -22,7 +22,14 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from routetune.passes.graph.constants import constant_value, infer, taken_names, unique_name
-from routetune.plugins.onnxruntime.attention_match import Block, NoMatch, Shapes, match_block
+from routetune.plugins.onnxruntime.attention_match import (
+    Block,
+    NoMatch,
+    Packed,
+    Shapes,
+    Source,
+    match_block,
+)
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
 
 if TYPE_CHECKING:
@@ -54,7 +61,10 @@ class AttentionFusion(Seasoning):
        Transpose (0, 2, 1, 3) ((0, 2, 3, 1) for K, or its two-step and dynamo forms),
        the Reshape provably keeping B and S. Those (B, S, N·H) tensors become the
        ``query``, ``key`` and ``value`` inputs, so any projection (separate, or one
-       fused QKV MatMul or Conv1D split in three) stays as it is.
+       fused QKV MatMul or Conv1D split in three) stays as it is. timm's packed form,
+       one (B, S, 3·N·H) projection reshaped to (B, S, 3, N, H), transposed to
+       (3, B, N, S, H) and unbound (``Gather`` or ``Split`` and ``Squeeze`` on axis 0),
+       becomes one ``Split`` of the projection's last axis into the three inputs.
     2. Every constant Mul or Div on Q, on K and on the scores multiplies into ``scale``
        (the dynamo exporter's √scale on Q and on K included).
     3. Each Add on the scores (the Hugging Face extended mask, ``(1 - mask) · finfo.min``
@@ -74,9 +84,10 @@ class AttentionFusion(Seasoning):
 
     A block that does not match is left as it is; its reason is counted in the stats
     (``left: <reason>``) and named in the note. Not fused, by these rules: grouped-query
-    attention (K/V with fewer heads than Q), rotary embeddings (an Add between the head
-    split and Q·Kᵀ), KV caches (a Concat of past keys), attention probabilities that are
-    a graph output (``output_attentions``).
+    attention (K/V with fewer heads than Q), rotary embeddings (x·cos +
+    rotate_half(x)·sin between the head split and Q·Kᵀ, named so in the reason), KV
+    caches (a Concat of past keys), attention probabilities that are a graph output
+    (``output_attentions``).
     """
 
     info: ClassVar[SeasoningInfo] = SeasoningInfo(
@@ -161,9 +172,9 @@ def _rewrite(graph: gs.Graph, block: Block, shapes: Shapes, dtypes: dict[str, np
     """Replace `block` by one ``MultiHeadAttention`` node (rules 3 and 5 of the class).
 
     The node reads `block.query`, `block.key` and `block.value` ((B, S, N·H) float32 or
-    float16) and, with a mask, an ``attention_bias`` broadcast to (B or 1, N or 1, S, T)
-    in their dtype; it writes `block.merge`'s output, or a new (B, S, N·Hv) tensor that
-    `block.merge` then reads.
+    float16; a `Packed` part is split off its projection first) and, with a mask, an
+    ``attention_bias`` broadcast to (B or 1, N or 1, S, T) in their dtype; it writes
+    `block.merge`'s output, or a new (B, S, N·Hv) tensor that `block.merge` then reads.
 
     Raises:
         NoMatch: Another dtype, or a bias of rank > 4 (checked before any change).
@@ -182,6 +193,28 @@ def _rewrite(graph: gs.Graph, block: Block, shapes: Shapes, dtypes: dict[str, np
 
     def const(value: np.ndarray, suffix: str) -> gs.Constant:
         return gs.Constant(unique_name(f"{base}/{suffix}", taken), value)
+
+    split: dict[str, list[gs.Variable]] = {}
+
+    def unpacked(source: Source) -> gs.Tensor:
+        """A packed projection's part, split off its last axis (one Split per tensor)."""
+        if not isinstance(source, Packed):
+            return source
+        if source.name not in split:
+            outs = [gs.Variable(unique_name(f"{base}/{'qkv'[i] if source.parts == 3 else i}",
+                                            taken), dtype=dtype)
+                    for i in range(source.parts)]
+            sizes = np.full(source.parts, source.width, np.int64)
+            split_inputs: list[gs.Tensor] = [source.tensor]
+            attrs: dict[str, object] = {"axis": -1}
+            if graph.opset >= 13:  # `split` became an input in opset 13
+                split_inputs.append(const(sizes, "split_sizes"))
+            else:
+                attrs["split"] = [int(x) for x in sizes]
+            new_nodes.append(gs.Node("Split", unique_name(f"{base}/Split", taken), attrs,
+                                     split_inputs, list(outs)))
+            split[source.name] = outs
+        return split[source.name][source.index]
 
     terms: list[tuple[gs.Tensor, float]] = []
     for tensor, factor in block.bias:
@@ -205,13 +238,14 @@ def _rewrite(graph: gs.Graph, block: Block, shapes: Shapes, dtypes: dict[str, np
         if factor != 1.0:
             tensor = node("Mul", [tensor, const(np.array(factor, dtype), "factor")], "bias")
         bias = tensor if bias is None else node("Add", [bias, tensor], "bias_sum")
-    inputs: list[gs.Tensor] = [block.query, block.key, block.value]
+    inputs: list[gs.Tensor] = [unpacked(block.query), unpacked(block.key),
+                               unpacked(block.value)]
     if bias is not None:
         if not _complete(bias, block, shapes):
             one = const(np.ones(2, np.int64), "ones")
             index = const(np.array([1], np.int64), "seq_axis")
-            s = node("Gather", [node("Shape", [block.query], "q_shape"), index], "s", axis=0)
-            t = node("Gather", [node("Shape", [block.key], "k_shape"), index], "t", axis=0)
+            s = node("Gather", [node("Shape", [inputs[0]], "q_shape"), index], "s", axis=0)
+            t = node("Gather", [node("Shape", [inputs[1]], "k_shape"), index], "t", axis=0)
             target = node("Concat", [one, s, t], "bias_shape", axis=0)
             bias = node("Expand", [bias, target], "attention_bias")
         inputs += [gs.Variable.empty(), gs.Variable.empty(), bias]

@@ -21,10 +21,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from routetune.passes.graph.constants import constant_value
 from routetune.plugins.onnxruntime.attention_graph import (
     DEFAULT_DOMAINS,
     Layouts,
@@ -41,11 +43,12 @@ from routetune.plugins.onnxruntime.attention_graph import (
     same_shape,
     scalar,
     swap_last_two,
+    target,
     target_parts,
     unpermute,
 )
 
-__all__ = ["Block", "NoMatch", "Shapes", "match_block"]
+__all__ = ["Block", "NoMatch", "Packed", "Shapes", "Source", "match_block"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +60,45 @@ MASK_FLOOR = -1e4
 above float32's resolution."""
 
 
+@dataclass(frozen=True)
+class Packed:
+    """Part `index` of `parts` equal parts of the last axis of a packed projection.
+
+    timm's ``Attention`` (and others) project Q, K and V with one Linear to
+    (B, S, 3·N·H), reshape to (B, S, 3, N, H), permute to (3, B, N, S, H) and unbind.
+    The fused node reads Q, K and V as the three (B, S, N·H) thirds of `tensor`, which
+    the rewrite splits off (`routetune.plugins.onnxruntime.attention_fusion`).
+
+    Args:
+        tensor: (B, S, parts·width) float: the packed projection.
+        index: Which part (0 for Q, 1 for K, 2 for V in timm's order).
+        parts: How many parts the projection packs (3).
+        width: N·H, the size of each part.
+    """
+
+    tensor: gs.Tensor
+    index: int
+    parts: int
+    width: int
+
+    @property
+    def name(self) -> str:
+        """The packed projection's name."""
+        return self.tensor.name
+
+
+Source: TypeAlias = gs.Tensor | Packed
+"""Where the fused node reads Q, K or V: a (B, S, N·H) tensor, or a part of one."""
+
+
 @dataclass
 class Block:
     """One matched attention block, ready to become a ``MultiHeadAttention``.
 
     Args:
         softmax: The block's Softmax node.
-        query: (B, S, N·H) float: the tensor the Q heads are split from.
+        query: (B, S, N·H) float: the tensor the Q heads are split from, or its part
+            of a packed projection (`Packed`).
         key: (B, T, N·H) float.
         value: (B, T, N·Hv) float.
         merge: The Reshape that merges the heads of the (B, S, N, Hv) tensor.
@@ -79,9 +114,9 @@ class Block:
     """
 
     softmax: gs.Node
-    query: gs.Tensor
-    key: gs.Tensor
-    value: gs.Tensor
+    query: Source
+    key: Source
+    value: Source
     merge: gs.Node
     merged: bool
     num_heads: int
@@ -92,10 +127,12 @@ class Block:
 
 def _split_heads(t: gs.Tensor, want: list[int], shapes: Shapes, what: str,
                  layout: tuple[str, ...], layouts: Layouts
-                 ) -> tuple[gs.Tensor, int, int, float]:
+                 ) -> tuple[Source, int, int, float]:
     """Walk back from a (B, N, ·, ·) operand of a MatMul to its (B, S, N·H) source.
 
     Every tensor on the way is entered in `layouts`, starting with `t` as `layout`.
+    An unbind of a packed projection (`_unbind`) counts as a Transpose (0, 2, 1, 3) of
+    its (B, S, N, H) part.
 
     Returns:
         (source, N, H, the product of the constant Mul/Div factors on the way).
@@ -143,9 +180,107 @@ def _split_heads(t: gs.Tensor, want: list[int], shapes: Shapes, what: str,
             else:
                 raise NoMatch(f"{what} comes from a Reshape that is not (B, S, N·H) → "
                               "(B, S, N, H)")
+        elif node.op in ("Gather", "Squeeze"):
+            reshape, index = _unbind(node, t, what)
+            perm, axes = compose(perm, [0, 2, 1, 3]), unpermute(axes, [0, 2, 1, 3])
+            if perm != want:
+                raise NoMatch(f"{what}'s heads are transposed by {perm}, not {want}")
+            enter_projection(reshape.inputs[0], (axes[0], axes[1], None), layouts)
+            if not all(copies_dim(reshape, i, shapes, layouts) for i in (0, 1)):
+                raise NoMatch(f"{what}'s head-splitting Reshape does not provably keep "
+                              "the batch and sequence axes")
+            parts, n, h = _packed_heads(reshape, shapes)
+            return Packed(reshape.inputs[0], index, parts, n * h), n, h, mult
+        elif node.op == "Add" and all(producer(x, {"Mul"}) for x in node.inputs):
+            raise NoMatch(f"{what} has a rotary position embedding (x·cos + "
+                          "rotate_half(x)·sin) between its projection and Q·Kᵀ, which "
+                          "MultiHeadAttention does not compute")
         else:
             raise NoMatch(f"{what} comes from {node.op}, not from a head-splitting Reshape")
     raise NoMatch(f"{what}: no head-splitting Reshape within 12 nodes")
+
+
+PACKED_PERM = [2, 0, 3, 1, 4]
+"""The Transpose from (B, S, 3, N, H) to (3, B, N, S, H) before a packed unbind."""
+
+
+def _unbind(node: gs.Node, t: gs.Tensor, what: str) -> tuple[gs.Node, int]:
+    """The head-splitting 5-D Reshape and the part index of an unbind that writes `t`.
+
+    ``qkv.unbind(0)`` is exported as ``Gather(axis=0)`` with a scalar index, as
+    ``Split(axis=0)`` then ``Squeeze(axes=[0])``, or as a one-element ``Slice`` on axis 0
+    then that Squeeze (the dynamo exporter), of Transpose(`PACKED_PERM`) of Reshape
+    (B, S, 3, N, H) of the packed projection.
+
+    Raises:
+        NoMatch: `node` is not such an unbind; the message says why.
+    """
+    if node.op == "Gather":
+        index = constant_value(node.inputs[1])
+        if int(node.attrs.get("axis", 0)) != 0 or index is None or index.ndim != 0:
+            raise NoMatch(f"{what} comes from a Gather that is not an unbind (axis 0, one "
+                          "index)")
+        data, part = node.inputs[0], int(index)
+    else:
+        axes = node.attrs.get("axes")
+        if axes is None and len(node.inputs) > 1:
+            value = constant_value(node.inputs[1])
+            axes = None if value is None else [int(a) for a in value.reshape(-1)]
+        split = producer(node.inputs[0], {"Split", "Slice"})
+        one = None if split is None or split.op == "Split" else _one_slice(split)
+        if list(axes or ()) != [0] or split is None or (
+                split.op == "Split" and int(split.attrs.get("axis", 0)) != 0) or (
+                split.op == "Slice" and one is None):
+            raise NoMatch(f"{what} comes from a Squeeze that is not an unbind (of a Split, "
+                          "or a Slice of one, on axis 0)")
+        data = split.inputs[0]
+        part = split.outputs.index(node.inputs[0]) if one is None else one
+    transpose = producer(data, {"Transpose"})
+    if transpose is None or list(transpose.attrs.get("perm", ())) != PACKED_PERM:
+        raise NoMatch(f"{what} is unbound from a tensor not transposed by {PACKED_PERM} "
+                      "from (B, S, 3, N, H)")
+    reshape = producer(transpose.inputs[0], {"Reshape"})
+    if reshape is None:
+        raise NoMatch(f"{what} is unbound from a tensor not reshaped from a packed "
+                      "projection")
+    return reshape, part
+
+
+def _one_slice(node: gs.Node) -> int | None:
+    """The index a ``Slice`` of one element on axis 0 takes, else None.
+
+    The dynamo exporter writes an unbind as ``Slice(x, [i], [i + 1], [0])`` then Squeeze.
+    """
+    values = [constant_value(t) for t in node.inputs[1:4]]
+    if len(values) != 3 or any(v is None or v.size != 1 for v in values):
+        return None
+    start, end, axis = (int(np.asarray(v).reshape(())) for v in values)
+    if axis != 0 or start < 0 or end != start + 1 or len(node.inputs) > 4 and (
+            (step := constant_value(node.inputs[4])) is None or int(step.reshape(())) != 1):
+        return None
+    return start
+
+
+def _packed_heads(reshape: gs.Node, shapes: Shapes) -> tuple[int, int, int]:
+    """(parts, N, H) of a (B, S, parts·N·H) → (B, S, parts, N, H) Reshape.
+
+    Raises:
+        NoMatch: The sizes are not constant, or do not multiply to the input's width.
+    """
+    entries = target(reshape) or [None] * 5
+    out = dims(reshape.outputs[0], shapes) or (None,) * 5
+    src = dims(reshape.inputs[0], shapes)
+    if len(entries) != 5 or len(out) != 5 or src is None or len(src) != 3:
+        raise NoMatch("the packed projection is not reshaped from (B, S, ·) to "
+                      "(B, S, parts, N, H)")
+    sizes = [e if isinstance(e, int) and e > 0 else o for e, o in zip(entries[2:], out[2:],
+                                                                       strict=True)]
+    if not all(isinstance(x, int) and x > 0 for x in sizes):
+        raise NoMatch("the packed projection's parts, heads or head size are not known")
+    parts, n, h = (int(x) for x in sizes)
+    if isinstance(src[2], int) and src[2] != parts * n * h:
+        raise NoMatch(f"the packed projection is {src[2]} wide, not {parts}×{n}×{h}")
+    return parts, n, h
 
 
 def _scores(t: gs.Tensor, block_mult: float, bias: list[tuple[gs.Tensor, float]],

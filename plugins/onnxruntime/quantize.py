@@ -18,6 +18,8 @@ ONNX Runtime quantizer behaviour this module works around (onnxruntime 1.32):
 - Entropy calibration through `quantize_static` equals MinMax (see `ENTROPY_BINS`), so
   its ranges come from ONNX Runtime's `create_calibrator` with more histogram bins and
   reach `quantize_static` through its calibration cache.
+- Its histogram calibrators (Entropy, Percentile, Distribution) fail on input sets of
+  different shapes; they are given one shape at a time (`_calibrate`).
 - `quantize_static` given a ``ModelProto`` saves it with external data in place, so the
   caller's proto ends up pointing at a deleted temporary file; and
   `quant_pre_process` given a ``ModelProto`` fails in its optimizer step. Both are given
@@ -30,9 +32,11 @@ import contextlib
 import io
 import logging
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnxruntime.quantization import (
@@ -100,6 +104,12 @@ rarely clip either (512 bins kept the full range of a Gaussian input that 2048 c
 75%). The cost is ONNX Runtime's pure-Python search: about 0.7 s per calibrated tensor
 on a 2-core x86 CPU (80 s for ppocr-cls's 108 tensors)."""
 
+HISTOGRAM_CALIBRATION = {"entropy": ENTROPY_BINS, "percentile": {}, "distribution": {}}
+"""The calibration methods that build histograms, with the options routetune gives
+ONNX Runtime's calibrator (`_calibrate`); the others are `quantize_static`'s own.
+Percentile and Distribution take `quantize_static`'s defaults (2048 bins; 99.999th
+percentile)."""
+
 _PER_CHANNEL_OPSET = 13
 """First opset whose DequantizeLinear has ``axis`` (ONNX operator spec)."""
 
@@ -114,6 +124,34 @@ def _unproduced_outputs(model: onnx.ModelProto) -> set[str]:
     """
     inputs = {i.name for i in model.graph.input}
     return {o.name for o in model.graph.output if o.name in inputs}
+
+def _calibrate(model: Path, op_types: tuple[str, ...], method: str,
+               feeds: Sequence[Mapping[str, Any]], external: bool, cache: Path) -> int:
+    """Calibrate `model` by a histogram method; its ranges written to `cache`.
+
+    ONNX Runtime's histogram collector stacks one tensor's values from every input set
+    into one array, which fails on sets whose shapes differ (validation inputs of
+    several sequence lengths: "setting an array element with a sequence … inhomogeneous
+    shape"). Input sets are therefore given to it in groups of one shape each, in the
+    order they come; its collector merges each group's histograms into those before
+    (`HistogramCollector.collect`). Sets of one shape make one group: the ranges are
+    those `quantize_static` computes.
+
+    Returns:
+        The number of groups.
+    """
+    groups: dict[tuple[tuple[str, tuple[int, ...]], ...], list[Mapping[str, Any]]] = {}
+    for feed in feeds:
+        key = tuple((k, tuple(np.shape(v))) for k, v in sorted(feed.items()))
+        groups.setdefault(key, []).append(feed)
+    calibrator = create_calibrator(
+        model, list(op_types), str(cache.with_name("augmented.onnx")), CALIBRATION[method],
+        extra_options=HISTOGRAM_CALIBRATION[method], use_external_data_format=external)
+    for group in groups.values():
+        calibrator.collect_data(_Feeds(group))
+    save_tensors_data(calibrator.compute_data(), cache)
+    return len(groups)
+
 
 class _QdqSeasoning(Seasoning):
     """Shared by ``int8-qdq`` and ``fp8-qdq``; subclasses choose the quantized types."""
@@ -200,13 +238,12 @@ class _QdqSeasoning(Seasoning):
                               all_tensors_to_one_file=external)
             cache = Path(tmp) / "ranges.json"
             with contextlib.redirect_stdout(io.StringIO()):  # histogram calibrators print
-                if p["calibration"] == "entropy":
-                    calibrator = create_calibrator(
-                        Path(pre), list(op_types), str(Path(tmp) / "augmented.onnx"),
-                        CalibrationMethod.Entropy, extra_options=ENTROPY_BINS,
-                        use_external_data_format=external)
-                    calibrator.collect_data(_Feeds(ctx.feeds))
-                    save_tensors_data(calibrator.compute_data(), cache)
+                if p["calibration"] in HISTOGRAM_CALIBRATION:
+                    groups = _calibrate(Path(pre), op_types, p["calibration"], ctx.feeds,
+                                        external, cache)
+                    if groups > 1:
+                        notes.append(f"{p['calibration']} histograms collected over "
+                                     f"{groups} groups of input sets of one shape each")
                 quantize_static(
                     pre, out, _Feeds(ctx.feeds), quant_format=QuantFormat.QDQ,
                     op_types_to_quantize=list(op_types), per_channel=p["per_channel"],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from collections import Counter
 
 import onnx_graphsurgeon as gs
 
@@ -83,15 +84,21 @@ class TransformerFusion(Seasoning):
         quiet = logging.getLogger("onnxruntime.transformers")
         level = quiet.level
         quiet.setLevel(logging.ERROR)  # it logs every fusion it tries at INFO
+        model = gs.export_onnx(graph)
+        had = Counter(node.op_type for node in model.graph.node)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                optimized = optimize_model(gs.export_onnx(graph), model_type=model_type,
-                                           opt_level=0,
+                optimized = optimize_model(model, model_type=model_type, opt_level=0,
                                            use_gpu=ctx.backend.name == "onnxruntime-cuda")
         finally:
             quiet.setLevel(level)
-        stats = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+        # the optimizer counts the operators its fusions write wherever they are, those
+        # the export had already included (opset 17's LayerNormalization, 20's Gelu)
+        counted = optimized.get_fused_operator_statistics()
+        stats = {k: int(v) - had[k] for k, v in counted.items() if int(v) > had[k]}
         if not stats:
-            return PassResult(False, {}, f"nothing fused (model type {model_type})")
+            already = ", ".join(f"{k} {had[k]}" for k in sorted(counted) if had[k])
+            return PassResult(False, {}, f"nothing fused (model type {model_type})"
+                              + (f"; the export has {already} already" if already else ""))
         replace_graph(graph, gs.import_onnx(optimized.model))
         return PassResult(True, stats, f"model type {model_type}")

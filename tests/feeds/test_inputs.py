@@ -122,3 +122,27 @@ def test_a_named_dim_given_two_sizes_is_described() -> None:
     # fixed dims, other names and a shape of another rank are not conflicts
     assert shared_dim_conflict([X, IDS], {"x": (2, 3, 4, 5), "ids": (1, 8)}) is None
     assert shared_dim_conflict([square], {"m": (3,)}) is None
+
+
+def test_shapes_that_give_one_named_dim_two_sizes_are_refused_and_hints_agree() -> None:
+    """Batch 2 on one input and 1 on another is refused in one line naming both; an
+    input left out takes the sizes its named dims have elsewhere, and the hint for one
+    still unsized agrees with the sizes given."""
+    ids = TensorSpec("input_ids", np.dtype(np.int64), ("batch", "sequence"))
+    mask = TensorSpec("attention_mask", np.dtype(np.int64), ("batch", "sequence"))
+    pixels = TensorSpec("pixels", np.dtype(np.float32), ("batch", 3, "height", "width"))
+    with pytest.raises(UsageError) as e:
+        resolve_shapes([ids, mask], {"input_ids": (2, 8), "attention_mask": (1, 8)})
+    assert str(e.value) == (
+        "--shapes: inputs 'input_ids' and 'attention_mask' share dimension 'batch' but "
+        "have sizes 2 and 1 there; give them one size (or feed the arrays with --inputs, "
+        "if the model runs on them)")
+    assert resolve_shapes([ids, mask], {"input_ids": (2, 8)}) == {
+        "input_ids": (2, 8), "attention_mask": (2, 8)}
+    with pytest.raises(UsageError) as e:
+        resolve_shapes([ids, mask, pixels], {"attention_mask": (4, 16)}, "--opt-shapes")
+    assert str(e.value).endswith(
+        "give its size with --opt-shapes pixels:4x3x1x1 (1 stands for the size you want)")
+    shapes = resolve_shapes([ids, pixels], {"input_ids": (4, 16),
+                                            "pixels": (4, 3, 32, 32)})
+    assert shapes["pixels"] == (4, 3, 32, 32)

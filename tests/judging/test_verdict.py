@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 import pytest
 
@@ -130,6 +131,12 @@ def test_when_no_route_is_accurate_the_reason_says_what_became_of_them() -> None
     assert pick_winner(inaccurate)[1].startswith(
         "no other route met the accuracy constraint (1 accuracy-failed, 1 crashed)")
     assert pick_winner([trial("base", None)])[1].startswith("no other route was tried")
+    same = [trial("base", None)] + [
+        replace(trial(r, None, status="skipped"), reason="same engine as the base route: "
+                f"'{r}' changes nothing on this model") for r in ("a", "b", "c")]
+    assert pick_winner(same)[1] == (  # not "met the accuracy constraint": none was judged
+        "no other route was built and measured (3 skipped: same engine as the base "
+        "route); the base route is the fallback")
 
 
 def test_a_route_the_search_measured_faster_than_the_held_one_is_confirmed_too() -> None:
@@ -190,3 +197,24 @@ def test_a_winner_confirmed_before_a_challenger_is_reported_confirmed(tmp_path) 
     lines = conditions_lines(result)
     assert "(held: the winner)" in lines[0]
     assert "(held, not faster than the winner)" in lines[1]
+
+
+def test_a_faster_route_timed_while_busy_is_named_beside_the_winner(tmp_path) -> None:  # noqa: ANN001
+    """A 2.41x route measured on a busy machine ranked second and the verdict did not
+    name it (issue 39, kind 8)."""
+    from pathlib import Path
+
+    from routetune.display import conditions_lines
+    from routetune.run.tuning import TuneResult
+
+    busy = "other processes used 1.2 of 2 CPU cores"
+    trials = [trial("base", None), trial("ort-threads", 1.3),
+              trial("fp16", 2.41, noisy=busy)]
+    confirm, _ = confirmer({"ort-threads": 1.3})
+    winner, reason, done = confirm_winner(trials, confirm, repeats=1)
+    assert winner.route == "ort-threads"  # fp16 was busy: not confirmed
+    result = TuneResult(winner, reason, tuple(trials), trials[0], 3, {}, Path(tmp_path), {},
+                        confirmations=tuple(done))
+    text = " ".join(conditions_lines(result))
+    assert ("not confirmed, timed while the machine was busy: fp16 (2.41x [2.39, 2.43]); "
+            "tune again on a quiet machine to judge them") in text

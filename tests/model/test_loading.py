@@ -1,16 +1,21 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from graphs import conv_bn
 from onnx import TensorProto, helper
+from quick import quick_spec
 
 from routetune.errors import PostconditionError, UsageError
 from routetune.model.loading import prepare, sanitize
 from routetune.model.postconditions import check_candidate
+from routetune.registry import Registry
+from routetune.run.tuning import tune
 
 
 def test_prepare_reads_specs_and_hashes(tmp_path: Path) -> None:
@@ -198,3 +203,48 @@ def test_a_value_info_repeating_an_input_or_output_is_dropped(tmp_path: Path,
     prepared = prepare(path).proto
     assert not [v for v in prepared.graph.value_info if v.name in ("x", "y")]
     onnx.checker.check_model(gs.export_onnx(gs.import_onnx(prepared)))
+
+
+def _with_temperature(path: Path) -> Path:
+    """y = (x @ w) / temperature, ``temperature`` an initializer (2.0) and a graph input:
+    a constant a caller may override, which ONNX Runtime takes as an input."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.eye(4, dtype=np.float32).ravel())
+    t = helper.make_tensor("temperature", TensorProto.FLOAT, [1], [2.0])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]),
+         helper.make_node("Div", ["m", "temperature"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("temperature", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w, t])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_an_overridable_initializer_the_user_feeds_stays_an_input(tmp_path: Path) -> None:
+    """Not fed, it is a constant (its default); fed (--inputs), an input of the model
+    every route starts from, and the preparation says so (issue 39, kind 7)."""
+    path = _with_temperature(tmp_path / "t.onnx")
+    assert [s.name for s in prepare(path).inputs] == ["x"] and not prepare(path).changes
+    fed = prepare(path, fed={"x", "temperature"})
+    assert [s.name for s in fed.inputs] == ["x", "temperature"]
+    assert [t.name for t in fed.proto.graph.initializer] == ["w"]
+    assert fed.changes == ("temperature: overridable initializer fed, so an input "
+                           "(no default) of every route",)
+    x = np.ones((2, 4), np.float32)
+    session = ort.InferenceSession(fed.data)
+    got = session.run(None, {"x": x, "temperature": np.array([0.5], np.float32)})[0]
+    np.testing.assert_allclose(got, x * 2)  # the value fed, not the default
+
+
+def test_an_overridable_initializer_in_the_inputs_file_is_tuned_with(
+        registry: Registry, tmp_path: Path) -> None:
+    path = _with_temperature(tmp_path / "t.onnx")
+    np.savez(tmp_path / "in.npz", x=np.ones((2, 4), np.float32),
+             temperature=np.array([0.5], np.float32))
+    result = tune(quick_spec(model=path, inputs=tmp_path / "in.npz", output=tmp_path / "out",
+                             seasonings=("fp16",), accuracy="cos>=0.99"), registry)
+    winner = onnx.load(result.files["model"])
+    assert [i.name for i in winner.graph.input] == ["x", "temperature"]
+    record = json.loads(result.files["run"].read_text())
+    assert record["model"]["prepared"] == [
+        "temperature: overridable initializer fed, so an input (no default) of every route"]

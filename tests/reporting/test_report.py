@@ -68,6 +68,14 @@ def test_tune_writes_every_report_from_the_store(outdir: Path) -> None:
         assert low <= s["error_change"] <= high
     assert effects["fp16"]["error_change_range"][0] > 0  # every pair: FP16 adds error
     assert data["winner"]["route"] == data["run"]["result"]["winner"]
+    winner = data["winner"]  # each figure with its own measurement's interval and p50
+    assert not {"speedup_ci", "p50_ms", "base_p50_ms"} & set(winner)
+    assert winner["speedup_from"] in ("confirmation", "the base route (1.0 by definition)")
+    if winner["confirmed"]:
+        assert winner["speedup"] == pytest.approx(winner["confirmed"]["speedup"], abs=1e-4)
+    if winner["route"] != "base":
+        row = next(r for r in data["trials"] if r["route"] == winner["route"])
+        assert winner["search"]["speedup_ci"] == row["speedup_ci"]
     md = (outdir / "report.md").read_text()
     assert f"## Winner: `{data['winner']['route']}`" in md and "| `fp16` | accuracy-failed" in md
     fp16 = effects["fp16"]
@@ -339,3 +347,52 @@ def test_report_json_holds_every_measured_metric_per_output(outdir: Path) -> Non
     assert "top1" in metrics and metrics["top1"] == 1.0  # task metrics measured too
     fused = next(r for r in data["trials"] if r["route"] == "fuse-bn-into-conv")
     assert fused["passes"][0]["step"] == "fuse-bn-into-conv" and fused["passes"][0]["modified"]
+
+
+def test_a_seasonings_latency_ratio_is_a_median_that_one_outlier_cannot_carry() -> None:
+    """fold-constants at 0.906x in two pairs and 183.9x in one (a trial timed while its
+    base was disturbed): the arithmetic mean said 61.9x (issue 39, kind 8)."""
+    from routetune.records.trial import Trial
+    from routetune.reporting.report import seasoning_effects
+    from routetune.timing.measure import Latency
+
+    def timed(route: str, p50: float) -> Trial:
+        return Trial(route, "m", route, "onnxruntime", "cpu", "s", "ok",
+                     latency=Latency(10, p50, p50, p50, p50, p50, p50),
+                     base_latency=Latency(10, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0))
+
+    trials = [timed("base", 1.0), timed("fp16", 1.0), timed("ort-threads", 1.0),
+              timed("fuse-bn-into-conv", 1.0), timed("fold-constants", 0.906),
+              timed("fold-constants,fp16", 0.906),
+              timed("fold-constants,ort-threads", 183.9)]
+    effect = next(e for e in seasoning_effects(trials) if e["seasoning"] == "fold-constants")
+    assert effect["pairs"] == 3 and effect["latency_ratio_range"] == [0.906, 183.9]
+    assert effect["latency_ratio"] == pytest.approx(0.906)  # the outlier does not carry it
+    two = [t for t in trials if t.route != "fold-constants,fp16"]
+    effect = next(e for e in seasoning_effects(two) if e["seasoning"] == "fold-constants")
+    assert effect["latency_ratio"] == pytest.approx((0.906 * 183.9) ** 0.5)  # middle two
+
+
+def test_one_outlier_puts_the_pareto_latency_axis_on_a_log_scale(outdir: Path) -> None:
+    """A 183.9x trial (timed while its base was disturbed) squeezed every useful point
+    into one line on a linear axis (issue 39, kind 8)."""
+    data = crowded(build_report(outdir), 0)
+    assert pareto_chart(data).figure.axes[0].get_yscale() == "linear"
+    slow = next(r for r in data["trials"] if r["relative_p50"] is not None
+                and r["route"] != "base")
+    slow["relative_p50"] = 183.9
+    ax = pareto_chart(data).figure.axes[0]
+    assert ax.get_yscale() == "log" and "(log scale)" in ax.get_ylabel()
+
+
+def test_the_html_trial_table_has_a_column_for_the_metric_the_verdict_used(
+        outdir: Path) -> None:
+    """report.md showed the verdict's task metric and report.html did not (issue 39,
+    kind 8)."""
+    data = build_report(outdir)
+    assert "<th>top1</th>" not in render_html(data)  # rel-L2: its column is there already
+    data["run"]["headline"] = ["top1", True]
+    page = render_html(data)
+    assert "<th>top1</th>" in page
+    base = page.split("<tbody>")[-1].split("</tr>")[0]  # the winner's row first
+    assert "<td data-v='1' class='num'>1</td>" in base

@@ -90,7 +90,8 @@ def test_two_backends_search_against_one_reference_and_meet_side_by_side(
                           "--seasonings", "ort-threads,ov-threads", "--search", "one-at-a-time",
                           "--output", str(out), *QUICK_FLAGS)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "side by side, one loop: speed-up over onnxruntime: base" in done.stdout
+    assert "side by side, 1 loop of paired blocks: speed-up over onnxruntime: base" \
+        in done.stdout
     summary = json.loads((out / "backends.json").read_text())
     contenders = summary["contenders"]
     assert contenders[0]["backend"] == "onnxruntime" and contenders[0]["route"] == "base"

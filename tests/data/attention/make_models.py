@@ -2,11 +2,13 @@
 
 Not run by the tests (CI has no torch): run it by hand and commit the ``.onnx`` files.
 
-    pip install torch transformers onnxscript     # into a venv of your own
+    pip install torch transformers timm onnxscript     # into a venv of your own
     python tests/data/attention/make_models.py     # writes tests/data/attention/*.onnx
 
 Generated 2026-12-01 with torch 2.14.1, transformers 5.24.0, onnxscript 0.7.2 and
-onnx 1.23.2 (the versions are also written into each model's ``doc_string``). Weights are
+onnx 1.23.2; the ``timm_vit_*`` models on 2026-12-04 with torch 2.14.1, timm 1.0.31,
+onnxscript 0.7.2 and onnx 1.23.2 (the versions are also written into each model's
+``doc_string``). Weights are
 random (seeded); every model is saved with ``ir_version`` 8. The models:
 
 - ``bert_{eager,sdpa}_{torchscript,dynamo}.onnx``: a Hugging Face ``BertModel`` (hidden
@@ -18,6 +20,10 @@ random (seeded); every model is saved with ``ir_version`` 8. The models:
 - ``vit_torchscript.onnx``, ``vit_dynamo.onnx``: a Hugging Face ``ViTModel`` (32×32
   images, patch 8, hidden 32, 2 layers, 4 heads, no pooler; its default attention);
   input ``pixel_values`` (2, 3, 32, 32) float32; output ``y``, (2, 17, 32) float32.
+- ``timm_vit_{eager,sdpa}_{torchscript,dynamo}.onnx``: a timm ``VisionTransformer``
+  (32×32 images, patch 8, embed 32, 2 blocks, 4 heads, no head): Q, K and V packed in
+  one projection and unbound; ``fused_attn`` off (``eager``) or on (``sdpa``); input
+  ``pixel_values`` (2, 3, 32, 32) float32; output ``y``, (2, 17, 32) float32.
 - ``gpt2_{eager,sdpa}_{torchscript,dynamo}.onnx``: a Hugging Face ``GPT2Model`` (hidden
   32, 2 layers, 4 heads, vocabulary 100, ``use_cache=False``): causal self-attention with
   a padding mask, its QKV projection one ``Conv1D`` split in three; inputs and output as
@@ -112,6 +118,25 @@ def vit() -> Any:
     return Wrapped().eval()
 
 
+def timm_vit(fused_attn: bool) -> Any:
+    """A tiny timm VisionTransformer on (2, 3, 32, 32) images, its features unpooled.
+
+    timm's ``Attention`` projects Q, K and V with one Linear, reshapes to
+    (B, S, 3, N, H), permutes to (3, B, N, S, H) and unbinds; with `fused_attn` it
+    calls ``F.scaled_dot_product_attention``, else it writes the product out.
+    """
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32,
+                              patch_size=8, embed_dim=32, depth=2, num_heads=4,
+                              num_classes=0, global_pool="")
+    for block in model.blocks:
+        block.attn.fused_attn = fused_attn
+    return model.eval()
+
+
 def export(module: Any, example: dict[str, Any], name: str, dynamo: bool,
            dynamic: bool = True) -> None:
     """Export `module` on `example` to ``HERE/name.onnx`` with ir_version 8.
@@ -119,9 +144,10 @@ def export(module: Any, example: dict[str, Any], name: str, dynamo: bool,
     TorchScript exports get dynamic batch and sequence axes on token inputs when
     `dynamic`.
     """
+    import importlib.metadata
+
     import onnxscript
     import torch
-    import transformers
 
     path = HERE / f"{name}.onnx"
     args = tuple(example.values())
@@ -138,8 +164,9 @@ def export(module: Any, example: dict[str, Any], name: str, dynamo: bool,
                               dynamic_axes=axes or None)
     model = onnx.load(str(path))
     model.ir_version = 8
+    made_by = "timm" if name.startswith("timm") else "transformers"
     model.doc_string = (f"routetune fuse-attention fixture: torch {torch.__version__}, "
-                        f"transformers {transformers.__version__}, onnxscript "
+                        f"{made_by} {importlib.metadata.version(made_by)}, onnxscript "
                         f"{onnxscript.__version__}, onnx {onnx.__version__}, "
                         f"{'dynamo' if dynamo else 'TorchScript'} exporter")
     onnx.checker.check_model(model, full_check=True)
@@ -172,6 +199,11 @@ def main() -> None:
     for dynamo in (False, True):
         export(vit(), {"pixel_values": pixels},
                f"vit_{'dynamo' if dynamo else 'torchscript'}", dynamo)
+    for fused in (False, True):
+        for dynamo in (False, True):
+            export(timm_vit(fused), {"pixel_values": pixels},
+                   f"timm_vit_{'sdpa' if fused else 'eager'}_"
+                   f"{'dynamo' if dynamo else 'torchscript'}", dynamo)
     torch.manual_seed(0)
     encoder = Encoder(width=32, heads=4, layers=2, ffn=64, vocab=100).eval()
     export(encoder, {"ids": ids}, "encoder_torchscript", False, dynamic=False)

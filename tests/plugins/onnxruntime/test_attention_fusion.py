@@ -24,8 +24,13 @@ DATA = Path(__file__).parents[2] / "data" / "attention"
 MASKED = ("bert_eager_torchscript", "bert_sdpa_torchscript", "bert_eager_dynamo",
           "bert_sdpa_dynamo", "gpt2_eager_torchscript", "gpt2_sdpa_torchscript",
           "gpt2_eager_dynamo", "gpt2_sdpa_dynamo")  # GPT-2's: causal and padding
+TIMM = ("timm_vit_eager_torchscript", "timm_vit_eager_dynamo", "timm_vit_sdpa_torchscript",
+        "timm_vit_sdpa_dynamo")  # Q, K and V packed in one projection, then unbound
 UNMASKED = ("vit_torchscript", "vit_dynamo", "encoder_torchscript",  # as gpu.py exports it
-            "encoder_dynamic_torchscript")
+            "encoder_dynamic_torchscript", *TIMM)
+FOLD_FIRST = ("timm_vit_sdpa_torchscript",)
+"""Exports whose attention scale is computed from a Shape: fused after fold-constants, as
+the seasoning's order (``after fold-constants``) has it in a route."""
 LAYERS, HEADS, HEAD_SIZE = 2, 4, 8  # every fixture: hidden 32
 
 
@@ -42,6 +47,18 @@ def feeds(model: onnx.ModelProto, batch: int = 2, seq: int = 16) -> dict[str, np
         mask[-1, seq // 2:] = 0
         out["attention_mask"] = mask
     return out
+
+
+def model_of(name: str) -> onnx.ModelProto:
+    """A fixture, its constants folded first where `FOLD_FIRST` says."""
+    model = onnx.load(DATA / f"{name}.onnx")
+    if name not in FOLD_FIRST:
+        return model
+    from routetune.passes.graph.fold_constants import FoldConstants
+
+    state = RouteState(graph=gs.import_onnx(model))
+    assert FoldConstants()(state, RouteContext(backend=OnnxRuntimeBackend())).modified
+    return gs.export_onnx(state.graph)
 
 
 def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
@@ -70,7 +87,7 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
 @pytest.mark.parametrize("name", MASKED + UNMASKED)
 def test_every_block_becomes_one_multi_head_attention_that_computes_the_same(name: str
                                                                              ) -> None:
-    model = onnx.load(DATA / f"{name}.onnx")
+    model = model_of(name)
     fused, result = fuse(model)
     ops = [n.op_type for n in fused.graph.node]
     assert result.modified
@@ -89,7 +106,7 @@ def test_every_block_becomes_one_multi_head_attention_that_computes_the_same(nam
 
 @pytest.mark.parametrize("name", MASKED + UNMASKED)
 def test_the_node_takes_the_heads_the_scale_and_the_graph_s_own_mask(name: str) -> None:
-    fused, _ = fuse(onnx.load(DATA / f"{name}.onnx"))
+    fused, _ = fuse(model_of(name))
     for node in (n for n in fused.graph.node if n.op_type == "MultiHeadAttention"):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["num_heads"] == HEADS
@@ -275,3 +292,72 @@ def test_building_a_route_whose_fusion_fused_nothing_says_so(tmp_path: Path) -> 
     assert ("'fuse-attention' changed nothing on this model: " in text
             and "the head-merging Reshape's target may copy (0) an axis" in text), text
     assert "no step changed the model or the settings: this engine is the base route's" in text
+
+
+def packed_block(unbind: str, rotary: bool = False) -> onnx.ModelProto:
+    """timm's ``Attention`` on x (2, 4, 8) float32, 2 heads of 4: one qkv projection
+    (8 → 24), Reshape (B, S, 3, N, H), Transpose (2, 0, 3, 1, 4), unbound by ``Gather``
+    (``unbind="gather"``) or ``Split`` and ``Squeeze`` (``"split"``); q scaled, k
+    transposed (-2, -1). With `rotary`, Q and K get x·cos + rotate_half(x)·sin first."""
+    rng = np.random.default_rng(5)
+    h, nh = onnx.helper, onnx.numpy_helper
+    inits = [nh.from_array(rng.standard_normal((8, 24)).astype(np.float32), "wqkv"),
+             nh.from_array(np.array([2, 4, 3, 2, 4], np.int64), "packed"),
+             nh.from_array(np.array([2, 4, 8], np.int64), "merge"),
+             nh.from_array(np.array(0.5, np.float32), "scale")]
+    nodes = [h.make_node("MatMul", ["x", "wqkv"], ["qkv"]),
+             h.make_node("Reshape", ["qkv", "packed"], ["qkv5"]),
+             h.make_node("Transpose", ["qkv5"], ["qkvt"], perm=[2, 0, 3, 1, 4])]
+    if unbind == "gather":
+        for i, c in enumerate("qkv"):
+            inits.append(nh.from_array(np.array(i, np.int64), f"i{c}"))
+            nodes.append(h.make_node("Gather", ["qkvt", f"i{c}"], [c], axis=0))
+    else:
+        inits.append(nh.from_array(np.array([0], np.int64), "axis0"))
+        nodes.append(h.make_node("Split", ["qkvt"], ["q1", "k1", "v1"], axis=0,
+                                 num_outputs=3))
+        nodes += [h.make_node("Squeeze", [f"{c}1", "axis0"], [c]) for c in "qkv"]
+    q, k = "q", "k"
+    if rotary:
+        inits += [nh.from_array(rng.standard_normal((4, 4)).astype(np.float32), n)
+                  for n in ("cos", "sin")]
+        for c in "qk":
+            nodes += [h.make_node("Mul", [c, "cos"], [f"{c}c"]),
+                      h.make_node("Neg", [c], [f"{c}n"]),  # rotate_half, shortened
+                      h.make_node("Mul", [f"{c}n", "sin"], [f"{c}sin"]),
+                      h.make_node("Add", [f"{c}c", f"{c}sin"], [f"{c}r"])]
+        q, k = "qr", "kr"
+    nodes += [h.make_node("Mul", [q, "scale"], ["qs"]),
+              h.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2]),
+              h.make_node("MatMul", ["qs", "kt"], ["scores"]),
+              h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              h.make_node("MatMul", ["probs", "v"], ["pv"]),
+              h.make_node("Transpose", ["pv"], ["pvt"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["pvt", "merge"], ["y"])]
+    graph = h.make_graph(nodes, "timm_block", [h.make_tensor_value_info("x", 1, [2, 4, 8])],
+                         [h.make_tensor_value_info("y", 1, [2, 4, 8])], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)], ir_version=8)
+
+
+@pytest.mark.parametrize("unbind", ["gather", "split"])
+def test_a_packed_qkv_unbound_in_three_becomes_one_split_and_the_node(unbind: str) -> None:
+    """timm's ViT and Swin write Q, K and V as one projection unbound in three: 0 of 9
+    blocks fused ("Q comes from Squeeze"); now one Split feeds the fused node (issue 39,
+    kind 2)."""
+    model = packed_block(unbind)
+    fused, result = fuse(model)
+    assert result.stats["MultiHeadAttention"] == 1, result.note
+    assert [n.op_type for n in fused.graph.node] == ["MatMul", "Split", "MultiHeadAttention"]
+    node = fused.graph.node[-1]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs == {"num_heads": 2, "scale": pytest.approx(0.5)}
+    assert list(node.input) == list(fused.graph.node[1].output) and node.output[0] == "y"
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32)}
+    assert rel_l2(run(model, feed), run(fused, feed)) <= 1e-6
+
+
+def test_a_rotary_embedding_is_named_as_the_reason() -> None:
+    fused, result = fuse(packed_block("split", rotary=True))
+    assert not result.modified
+    assert ("Q has a rotary position embedding (x·cos + rotate_half(x)·sin) between its "
+            "projection and Q·Kᵀ, which MultiHeadAttention does not compute") in result.note

@@ -47,3 +47,30 @@ def test_an_rmsnorm_fused_into_onnx_runtimes_own_operator_is_judged_by_onnx_runt
     fused = next(t for t in result.trials if t.route.startswith("ort-transformer-fusion"))
     assert fused.status == "ok", fused.reason
     assert fused.passes[0]["stats"] == {"SimplifiedLayerNormalization": 2}
+
+
+def test_operators_the_export_already_had_are_not_counted_as_fused() -> None:
+    """An opset-20 export writes LayerNormalization and Gelu itself: the optimizer's
+    statistics count them, but nothing was fused (issue 39, kind 8)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+    from routetune.plugins.onnxruntime.transformer_fusion import TransformerFusion
+    from routetune.seasoning import RouteContext, RouteState
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("gamma", (16,)), ("beta", (16,)), ("w", (16, 16)))]
+    graph = helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1),
+         helper.make_node("MatMul", ["n", "w"], ["m"]),
+         helper.make_node("Gelu", ["m"], ["y"])], "native",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    result = TransformerFusion()(RouteState(gs.import_onnx(model)),
+                                 RouteContext(OnnxRuntimeBackend()))
+    assert not result.modified and result.stats == {}
+    assert result.note == ("nothing fused (model type bert); the export has Gelu 1, "
+                           "LayerNormalization 1 already")
