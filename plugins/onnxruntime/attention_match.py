@@ -275,6 +275,11 @@ def _packed_heads(reshape: gs.Node, shapes: Shapes) -> tuple[int, int, int]:
                       "(B, S, parts, N, H)")
     sizes = [e if isinstance(e, int) and e > 0 else o for e, o in zip(entries[2:], out[2:],
                                                                        strict=True)]
+    width = src[2] if isinstance(src[2], int) else None
+    known = [x for x in sizes if isinstance(x, int) and x > 0]
+    if len(known) == 2 and width is not None and width % (known[0] * known[1]) == 0:
+        rest = width // (known[0] * known[1])  # one -1 in the target (timm's Swin)
+        sizes = [x if isinstance(x, int) and x > 0 else rest for x in sizes]
     if not all(isinstance(x, int) and x > 0 for x in sizes):
         raise NoMatch("the packed projection's parts, heads or head size are not known")
     parts, n, h = (int(x) for x in sizes)

@@ -19,6 +19,7 @@ from collections import Counter
 import onnx_graphsurgeon as gs
 
 from routetune.backend import Backend
+from routetune.errors import describe
 from routetune.passes.graph.constants import replace_graph
 from routetune.seasoning import (
     Param,
@@ -69,8 +70,9 @@ class TransformerFusion(Seasoning):
         """Run the optimizer's fusions on the graph and count what they fused.
 
         Raises:
-            ValueError: A model with external data (the optimizer reads one file).
-            Exception: Whatever the optimizer raises (recorded as ``build-failed``).
+            ValueError: A model with external data (the optimizer reads one file), or
+                the optimizer failed on the model (its own assertion or error, with
+                where it was raised: ``build-failed``, the pass declined).
         """
         from onnxruntime.transformers.optimizer import optimize_model
 
@@ -90,6 +92,10 @@ class TransformerFusion(Seasoning):
             with contextlib.redirect_stdout(io.StringIO()):
                 optimized = optimize_model(model, model_type=model_type, opt_level=0,
                                            use_gpu=ctx.backend.name == "onnxruntime-cuda")
+        except Exception as e:  # its own assertions on a legal model: declined, with why
+            raise ValueError(f"ONNX Runtime's transformer optimizer (model type "
+                             f"{model_type}) failed on this model: {describe(e, where=True)}"
+                             ) from e
         finally:
             quiet.setLevel(level)
         # the optimizer counts the operators its fusions write wherever they are, those

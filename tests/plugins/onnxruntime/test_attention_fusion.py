@@ -294,15 +294,16 @@ def test_building_a_route_whose_fusion_fused_nothing_says_so(tmp_path: Path) -> 
     assert "no step changed the model or the settings: this engine is the base route's" in text
 
 
-def packed_block(unbind: str, rotary: bool = False) -> onnx.ModelProto:
+def packed_block(unbind: str, rotary: bool = False, head: int = 4) -> onnx.ModelProto:
     """timm's ``Attention`` on x (2, 4, 8) float32, 2 heads of 4: one qkv projection
     (8 → 24), Reshape (B, S, 3, N, H), Transpose (2, 0, 3, 1, 4), unbound by ``Gather``
     (``unbind="gather"``) or ``Split`` and ``Squeeze`` (``"split"``); q scaled, k
-    transposed (-2, -1). With `rotary`, Q and K get x·cos + rotate_half(x)·sin first."""
+    transposed (-2, -1). With `rotary`, Q and K get x·cos + rotate_half(x)·sin first;
+    `head` -1 writes the head size as timm's Swin does."""
     rng = np.random.default_rng(5)
     h, nh = onnx.helper, onnx.numpy_helper
     inits = [nh.from_array(rng.standard_normal((8, 24)).astype(np.float32), "wqkv"),
-             nh.from_array(np.array([2, 4, 3, 2, 4], np.int64), "packed"),
+             nh.from_array(np.array([2, 4, 3, 2, head], np.int64), "packed"),
              nh.from_array(np.array([2, 4, 8], np.int64), "merge"),
              nh.from_array(np.array(0.5, np.float32), "scale")]
     nodes = [h.make_node("MatMul", ["x", "wqkv"], ["qkv"]),
@@ -339,12 +340,13 @@ def packed_block(unbind: str, rotary: bool = False) -> onnx.ModelProto:
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)], ir_version=8)
 
 
-@pytest.mark.parametrize("unbind", ["gather", "split"])
-def test_a_packed_qkv_unbound_in_three_becomes_one_split_and_the_node(unbind: str) -> None:
+@pytest.mark.parametrize(("unbind", "head"), [("gather", 4), ("split", 4), ("split", -1)])
+def test_a_packed_qkv_unbound_in_three_becomes_one_split_and_the_node(unbind: str,
+                                                                      head: int) -> None:
     """timm's ViT and Swin write Q, K and V as one projection unbound in three: 0 of 9
     blocks fused ("Q comes from Squeeze"); now one Split feeds the fused node (issue 39,
     kind 2)."""
-    model = packed_block(unbind)
+    model = packed_block(unbind, head=head)
     fused, result = fuse(model)
     assert result.stats["MultiHeadAttention"] == 1, result.note
     assert [n.op_type for n in fused.graph.node] == ["MatMul", "Split", "MultiHeadAttention"]
