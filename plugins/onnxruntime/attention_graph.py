@@ -211,8 +211,10 @@ def same_shape(node: gs.Node, shapes: Shapes, layouts: Layouts) -> bool:
     """Whether a Reshape provably keeps its 4-D input's shape.
 
     Either both shapes are inferred and equal, or each entry of the target is the input's
-    dimension: a constant equal to it, ``Gather(Shape(y), j)`` of a tensor ``y`` whose
-    axis ``j`` is the same axis of the block (`layouts`), or the one ``-1``.
+    dimension: a constant equal to it or to the size known for its axis (`layouts`: a
+    TorchScript export's (1, −1, 16, 8) where inference lost the batch),
+    ``Gather(Shape(y), j)`` of a tensor ``y`` whose axis ``j`` is the same axis of the
+    block, or the one ``-1``.
     """
     a, b = dims(node.inputs[0], shapes), dims(node.outputs[0], shapes)
     if a is not None and a == b and len(a) == 4 and all(isinstance(d, int) for d in a):
@@ -226,8 +228,9 @@ def same_shape(node: gs.Node, shapes: Shapes, layouts: Layouts) -> bool:
         if isinstance(part, int):
             if part == -1:
                 unknown += 1
-            elif a is None or a[i] != part:
-                return False
+            elif (a is None or a[i] != part) and (
+                    (axis := layout[i]) is None or layouts.size(axis) != part):
+                return False  # neither inferred nor the size the block's axis has
         else:
             other = layouts.get(part[0].name)
             if layout[i] is None or other is None or part[1] >= len(other) \

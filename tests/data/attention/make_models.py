@@ -17,6 +17,10 @@ random (seeded); every model is saved with ``ir_version`` 8. The models:
   (``dynamo=False``, opset 17, dynamic batch and sequence) or by the dynamo exporter
   (``dynamo=True``, its default opset, static (2, 16)). Inputs ``input_ids`` and
   ``attention_mask``, (B, S) int64; output ``y``, (B, S, 32) float32.
+- ``bert_static_torchscript.onnx``: ``benchmarks/exports.py``'s ``bert-ts`` (the same
+  BERT, static (1, 16), transformers 5.25.0 with torch 2.14.1), whose TorchScript export
+  writes a (1, −1, 16, 8) Reshape after MatMul(probs, V) that shape inference cannot
+  prove keeps the batch.
 - ``vit_torchscript.onnx``, ``vit_dynamo.onnx``: a Hugging Face ``ViTModel`` (32×32
   images, patch 8, hidden 32, 2 layers, 4 heads, no pooler; its default attention);
   input ``pixel_values`` (2, 3, 32, 32) float32; output ``y``, (2, 17, 32) float32.

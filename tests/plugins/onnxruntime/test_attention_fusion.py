@@ -22,8 +22,9 @@ from routetune.testing import check_seasoning
 
 DATA = Path(__file__).parents[2] / "data" / "attention"
 MASKED = ("bert_eager_torchscript", "bert_sdpa_torchscript", "bert_eager_dynamo",
-          "bert_sdpa_dynamo", "gpt2_eager_torchscript", "gpt2_sdpa_torchscript",
-          "gpt2_eager_dynamo", "gpt2_sdpa_dynamo")  # GPT-2's: causal and padding
+          "bert_sdpa_dynamo", "bert_static_torchscript", "gpt2_eager_torchscript",
+          "gpt2_sdpa_torchscript", "gpt2_eager_dynamo",
+          "gpt2_sdpa_dynamo")  # GPT-2's: causal and padding
 TIMM = ("timm_vit_eager_torchscript", "timm_vit_eager_dynamo", "timm_vit_sdpa_torchscript",
         "timm_vit_sdpa_dynamo")  # Q, K and V packed in one projection, then unbound
 UNMASKED = ("vit_torchscript", "vit_dynamo", "encoder_torchscript",  # as gpu.py exports it
@@ -39,6 +40,9 @@ def feeds(model: onnx.ModelProto, batch: int = 2, seq: int = 16) -> dict[str, np
     (2, 3, 32, 32) float32 images."""
     rng = np.random.default_rng(7)
     names = [i.name for i in model.graph.input]
+    first = model.graph.input[0].type.tensor_type.shape.dim
+    if first and first[0].dim_value:  # a static batch (benchmarks/exports.py's BERT: 1)
+        batch = first[0].dim_value
     if names == ["pixel_values"]:
         return {"pixel_values": rng.standard_normal((2, 3, 32, 32)).astype(np.float32)}
     out = {names[0]: rng.integers(0, 100, (batch, seq)).astype(np.int64)}
