@@ -157,8 +157,7 @@ BAD = {
     "inputs all NaN": (lambda d, m: ["tune", str(m), "--inputs", str(_npz(
         d / "nan.npz", x=np.full((1, 3, 32, 32), np.nan, np.float32)))],
         "the FP32 reference's output 'y' is all NaN on input set 0, so no route's "
-        "accuracy can be judged; give validation inputs in --inputs on which it is not "
-        "NaN"),
+        "accuracy can be judged; give validation inputs on which it is not NaN (--inputs "),
     "gpu seasoning on the cpu": (lambda d, m: ["tune", str(m), "--shapes", "x:1x3x32x32",
                                                "--seasonings", "ort-cuda-graph"],
                                  "applies only to backends onnxruntime-cuda"),

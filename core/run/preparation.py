@@ -271,13 +271,14 @@ def check_judgeable(outputs: Sequence[Mapping[str, np.ndarray]], run: Prepared) 
         UsageError: Naming the output, the input set and the fix.
     """
     flag = run.spec.spelled("inputs")
-    zero = next((f"{name}:{'x'.join(map(str, a.shape))}" for name, a in run.feeds[0].items()
-                 if 0 in a.shape), None) if run.feeds else None
+    zeros = [f"{name}:{'x'.join(map(str, a.shape))}" for name, a in
+             (run.feeds[0].items() if run.feeds else ()) if 0 in a.shape]
 
     def fix(wanted: str) -> str:
         if run.spec.inputs is not None:
-            return f"give validation inputs in {flag} on which it is {wanted}"
-        return (f"give sizes of 1 or more ({zero} has a 0)" if zero else
+            return f"give validation inputs on which it is {wanted} ({flag} {run.spec.inputs})"
+        return (f"give sizes of 1 or more ({', '.join(zeros)} "
+                f"{'has' if len(zeros) == 1 else 'have'} a 0)" if zeros else
                 f"give real validation inputs with {flag}")
 
     where = f"{run.model.source}: the FP32 reference"

@@ -320,3 +320,20 @@ def test_a_memory_option_names_where_it_was_written_and_creates_nothing_early(
     spec = quick_spec(model=model, output=tmp_path / "out", memory=str(fresh))
     use = open_memory(spec, prepare_run(spec, registry))
     assert use.used and use.path == fresh and not fresh.parent.exists()
+
+
+def test_a_real_step_over_a_hopeless_parent_is_read_back(tmp_path: Path) -> None:
+    """A step measured over a 0.014x parent route (`ort-parallel` on a small
+    transformer) is 81x [3.6, 1804]: a measurement, which the memory wrote and then
+    counted as malformed when reading (11 of 843 rows of one user's memory)."""
+    sig = ModelSignature({"MatMul": 4}, 100, (("float32", (1, 4)),))
+    path = tmp_path / "m.sqlite"
+    real = list(_row(sig, "fold-constants", 80.9, 0))
+    real[10:12] = [3.6, 1804.3]  # low, high
+    absurd = list(_row(sig, "fp16", 80.9, 1))
+    absurd[9] = 5000.0  # the estimate itself: not a measurement
+    _plant(path, [tuple(real), tuple(absurd)])
+    memory = RouteMemory.open(path)
+    lessons = list(memory.lessons())
+    assert [(x.step, x.high) for x in lessons] == [("fold-constants", 1804.3)]
+    assert memory.skipped == 1
