@@ -8,7 +8,8 @@
 #                                               # table, every H200 table, the seed memory
 #   bash benchmarks/memory_h200.sh learned OUT MODEL RUNS   # MODEL (bert or hf-bert)
 #                                               # tuned RUNS times, each from a fresh copy
-#                                               # of the seed memory, 90 s budget
+#                                               # of the seed memory, a 90 s budget
+#                                               # (BUDGET=S for another)
 set -euo pipefail
 stage=$1
 out=$2
@@ -41,7 +42,7 @@ elif [ "$stage" = learned ]; then
   for i in $(seq 1 "$4"); do
     cp "$seed" "/tmp/memory-$model-$i.sqlite"
     python3 benchmarks/gpu.py --models "$model" --search learned --in-process --max-depth 4 \
-      --budget-s 90 --fresh --no-baselines --memory "/tmp/memory-$model-$i.sqlite" \
+      --budget-s "${BUDGET:-90}" --fresh --no-baselines --memory "/tmp/memory-$model-$i.sqlite" \
       --seasonings fuse-attention,ort-transformer-fusion,fp16,ort-cuda-graph,ort-cuda-sdpa-kernel \
       --out "/tmp/learned-$model-$i" > "$out/learned-$model-$i.log" 2>&1 || true
     cp "/tmp/learned-$model-$i/benchmark.json" "$out/learned-$model-$i.json" || true

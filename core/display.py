@@ -317,7 +317,7 @@ def winner_line(result: TuneResult) -> str:
     if confirmed is not None:
         p, k = confirmed.paired, len(confirmed.repeats)
         where = f"in each of {k} fresh processes" if k > 1 else "in a fresh process"
-        return (f"winner: {route} ({p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] over "
+        return (f"winner: {route} ({p.figure} over "
                 f"the base route, confirmed {where}: above {rule} beyond its 95% interval)")
     n = len(result.confirmations)
     return (f"winner: {route} (the base route stands: no faster route held a speed-up above "
@@ -337,7 +337,7 @@ def conditions_lines(result: TuneResult) -> list[str]:
                 else f"did not hold: {why_not}" if why_not
                 else "held, not faster than the winner")
         lines.append(
-            f"  {escape(c.route)}: {p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] "
+            f"  {escape(c.route)}: {p.figure} "
             f"({escape(held)}), "
             f"p50 {c.latency.p50:.3f} vs {c.base_latency.p50:.3f} ms, {p.pairs} block pairs, "
             f"base drift ±{p.drift:.1%}")
@@ -408,7 +408,7 @@ def backends_lines(result: BackendsResult) -> list[Any]:
                    "speed-up [95%]"):
         table.add_column(column)
     for c in result.contenders:
-        figure = (f"{c.paired.value:.2f}x [{c.paired.ci_low:.2f}, {c.paired.ci_high:.2f}]"
+        figure = (c.paired.figure
                   if c.paired else f"not timed: {escape(c.failed)}")
         mark = " (winner)" if c is result.winner else ""
         table.add_row(c.backend, escape(short_route(c.trial.route, 50)) + mark,

@@ -61,6 +61,23 @@ def rank_key(trial: Ranked) -> Rank:
                 trial.latency.p50 if trial.latency else float("inf"), len(steps), str(steps))
 
 
+def shown_faster(trial: Ranked) -> bool:
+    """Whether a route ran faster than the base route beyond noise.
+
+    True when the upper end of the 95% interval of its latency relative to the base
+    route measured alongside (`Trial.relative`, the inverse of the paired speed-up) is
+    below 1: the paired blocks reject "no faster" at 2.5% one-sided. It is the screen a
+    route passes before anything is built on it or spent on it: a beam or an ascent
+    extends only such routes (forward selection, which adds a variable only when its
+    test is significant: M. A. Efroymson, "Multiple regression analysis", in *Mathematical
+    Methods for Digital Computers*, Wiley 1960), and only such routes are confirmed. A
+    first positive is timed again (`routetune.candidate.pairing.replicated`) before it
+    counts.
+    """
+    relative = trial.relative
+    return relative is not None and relative.ci_high < 1.0
+
+
 def ranked(trials: Sequence[Trial], winner: Trial | None = None) -> list[Trial]:
     """The trials as a reader wants them: the winner, the accurate by `rank_key`, the rest.
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from routetune.errors import one_line
-from routetune.judging.ranking import rank_key
+from routetune.judging.ranking import rank_key, shown_faster
 from routetune.records.trial import Status, Trial
 from routetune.timing.measure import across_repeats
 
@@ -69,10 +69,11 @@ def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDU
     """The routes worth confirming, best first, or why the base route stands.
 
     A route is worth confirming when it is ``ok``, its paired speed-up estimate is above
-    `min_speedup`, and it was not measured on a busy machine (``noisy``), unless
-    `busy_machine` is ``ignore``. They are ranked by speed-up; among the routes whose
-    speed-up intervals overlap the fastest's (a tie), the one with the fewest steps
-    goes first (then the faster).
+    `min_speedup`, the search showed it faster than the base route beyond its 95%
+    interval (`routetune.judging.ranking.shown_faster`), and it was not measured on a
+    busy machine (``noisy``), unless `busy_machine` is ``ignore``. They are ranked by
+    speed-up; among the routes whose speed-up intervals overlap the fastest's (a tie),
+    the one with the fewest steps goes first (then the faster).
 
     Returns:
         The routes in the order to confirm them (empty when none), and a one-line
@@ -92,17 +93,23 @@ def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDU
     if not accurate:
         return [], _none_accurate(trials, base) + "; the base route is the fallback"
     trusted = [t for t in accurate if not t.noisy or busy_machine == "ignore"]
-    faster = sorted((t for t in trusted if (t.speedup or 0) > min_speedup), key=rank_key)
+    above = [t for t in trusted if (t.speedup or 0) > min_speedup]
+    faster = sorted((t for t in above if shown_faster(t)), key=rank_key)
     busy = sorted((t for t in accurate if t not in trusted and t.paired is not None
                    and t.paired.ci_low > min_speedup), key=rank_key)  # clearly, if busy
     if not faster:
         why = (f"no accurate route was more than {min_speedup:g}x faster than the base route "
                "(--min-speedup)")
+        if above:
+            best = min(above, key=rank_key)
+            why = (f"no accurate route was shown faster than the base route in the search "
+                   f"(the fastest, '{best.route}' at {best.figure}, has a 95% interval "
+                   f"reaching 1), so none was confirmed; {len(above)} had an estimate above "
+                   f"--min-speedup {min_speedup:g}")
         if busy:
             why += ("; faster beyond the 95% interval, but only while the machine was "
                     "busy, so not confirmed: " + ", ".join(
-                        f"'{t.route}' ({t.paired.value:.2f}x [{t.paired.ci_low:.2f}, "
-                        f"{t.paired.ci_high:.2f}])" for t in busy[:3] if t.paired))
+                        f"'{t.route}' ({t.figure})" for t in busy[:3]))
         return [], why + "; the base route stands"
     fastest = faster[0]
     tied = [t for t in faster if t.paired is None or fastest.paired is None
@@ -144,10 +151,8 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
                       f"latency (p50 {rank_key(best).ms:.3f} ms)"), []
     if base.status == Status.ACCURACY_FAILED and accurate:  # no fallback: the accurate
         best = min(accurate, key=rank_key)  # route fastest against it in the search
-        figure = (f"{best.paired.value:.2f}x [{best.paired.ci_low:.2f}, "
-                  f"{best.paired.ci_high:.2f}]" if best.paired else f"{best.speedup or 0:.2f}x")
         return best, (f"the base route is accuracy-failed ({_short(base.reason)}), so it "
-                      f"cannot stand: fastest accurate route, {figure} against it in the "
+                      f"cannot stand: fastest accurate route, {best.figure} against it in the "
                       "search; not confirmed, since the base route is no alternative"), []
     built = [t for t in trials if t.status == Status.BUILD_ONLY]
     if base.status in FAILED and built:
@@ -178,7 +183,7 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
         p = c.paired
         n = len(c.repeats) or 1
         where = "a fresh process" if n == 1 else f"{n} fresh processes"
-        figure = (f"{p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] confirmed in {where} "
+        figure = (f"{p.figure} confirmed in {where} "
                   f"(search: {trial.speedup:.2f}x)")
         busy = c.conditions.get("busy", "")
         why_not = p.clears(min_speedup) or (

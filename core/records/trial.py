@@ -184,6 +184,15 @@ class Trial:
             return None
         return self.base_latency.p50 / self.latency.p50
 
+    @property
+    def figure(self) -> str:
+        """The speed-up as reports print it.
+
+        The paired one with its 95% interval (``1.04x [0.97, 1.14]``), else the ratio of
+        the p50s (``1.04x``).
+        """
+        return self.paired.figure if self.paired is not None else f"{self.speedup or 0:.2f}x"
+
 
 @dataclass(frozen=True)
 class Confirmation:

@@ -170,7 +170,7 @@ def pick(contenders: Sequence[Contender], min_speedup: float, conditions: dict[s
             and c.paired.ci_high >= p.ci_low]
     tie = (f"; within its interval: {', '.join(ties)} (a tie: either would do)"
            if ties else "")
-    return best, (f"{p.value:.2f}x [{p.ci_low:.2f}, {p.ci_high:.2f}] over {base.name}, "
+    return best, (f"{p.figure} over {base.name}, "
                   f"side by side{tie}")
 
 
@@ -238,7 +238,7 @@ def report_md(result: BackendsResult) -> str:
              "| backend | route | p50 (ms), loop 1 | speed-up [95% interval] |",
              "|---|---|---|---|"]
     for c in result.contenders:
-        figure = (f"{c.paired.value:.2f}x [{c.paired.ci_low:.2f}, {c.paired.ci_high:.2f}]"
+        figure = (c.paired.figure
                   if c.paired else f"not timed: {c.failed}")
         p50 = f"{c.latency.p50:.3f}" if c.latency else "-"
         lines.append(f"| {c.backend} | `{c.trial.route}` | {p50} | {figure} |")

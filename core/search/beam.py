@@ -2,10 +2,12 @@
 
 Depth 0 is the base route. At depth d every route of the beam is extended by one
 seasoning (every parameter choice, every ordering that can matter); the ``beam_width``
-fastest accurate routes of depth d still in the race form the next beam: a route out of
-the race (`routetune.timing.race`: it cannot reach ``--min-speedup``, or the leader) is
-not built on. The search ends at the depth limit, or when no route of a depth is
-accurate and in the race.
+fastest of the routes of depth d that are accurate, still in the race and shown faster
+than the base route (`routetune.judging.ranking.shown_faster`: beyond their 95% interval)
+form the next beam. A route out of the race (`routetune.timing.race`: it cannot reach
+``--min-speedup``, or the leader) or one the paired blocks cannot tell from the base
+route is not built on: forward selection adds a step only when its test is significant.
+The search ends at the depth limit, or when no route of a depth passes.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from routetune.judging.ranking import rank_key
+from routetune.judging.ranking import rank_key, shown_faster
 from routetune.options import option
 from routetune.records.trial import Status
 from routetune.routes.route import Route
@@ -29,7 +31,7 @@ class BeamOptions:
 
 
 class Beam(Strategy):
-    """Grows routes one seasoning at a time, keeping the fastest accurate in the race."""
+    """Grows routes one seasoning at a time from the fastest accurate ones shown faster."""
 
     name = "beam"
     Options = BeamOptions
@@ -46,7 +48,7 @@ class Beam(Strategy):
         """The next depth's routes: every extension of the current beam not yet tried."""
         if self._started:
             accurate = [(r, t) for r, t in self._depth_results
-                        if t.status == Status.OK and not t.out_of_race]
+                        if t.status == Status.OK and not t.out_of_race and shown_faster(t)]
             accurate.sort(key=lambda rt: rank_key(rt[1]))
             self._beam = [r for r, _ in accurate[: self.options.beam_width]]
         self._started = True

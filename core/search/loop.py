@@ -199,21 +199,41 @@ class SearchLoop:
         self._unmeasured = []
 
         running = [0]  # trials admitted and not yet done
+        admitted: list[float] = []  # when each trial running was admitted, in order
+        longest = [0.0]  # the longest candidate so far, admission to result (s)
 
         def admit() -> bool:
-            """Whether one more trial may start now; says why not in `stopped`."""
+            """Whether one more trial may start now; says why not in `stopped`.
+
+            Under a time budget, a candidate starts only if the time left is at least
+            what the longest candidate of this search took so far: one started later
+            would most likely be built past the deadline and dropped unmeasured, its
+            build wasted (a transformer optimizer's build of a BERT takes about 45 s on
+            the H200's host).
+            """
+            now = time.monotonic()
+            left = None if budget.time_s is None else budget.time_s - (now - started)
             if budget.max_trials is not None and len(trials) + running[0] >= budget.max_trials:
                 self.stopped = f"--max-trials {budget.max_trials} reached"
-            elif budget.time_s is not None and time.monotonic() - started >= budget.time_s:
+            elif left is not None and left <= 0:
                 self.stopped = f"--time-budget {budget.time_s:g} s reached"
+            elif left is not None and trials and left < longest[0]:
+                self.stopped = (f"--time-budget {budget.time_s:g} s nearly reached: {left:.0f} "
+                                f"s left, less than the longest trial took ({longest[0]:.0f} "
+                                "s), so none more started")
             else:
                 running[0] += 1
+                admitted.append(now)
                 return True
             return False
 
         def done(trial: Trial, cached: bool) -> None:
             """Keep a trial as soon as it is known: a Ctrl-C mid-batch loses none."""
             running[0] -= 1
+            if admitted:
+                took = time.monotonic() - admitted.pop(0)
+                if not trial.steps.is_base:  # the base route's time holds worker start-up
+                    longest[0] = max(longest[0], took)
             if trial.fingerprint not in seen:  # a pinned route the strategy asks again
                 seen.add(trial.fingerprint)
                 trials.append(trial)
@@ -232,6 +252,7 @@ class SearchLoop:
             The strategy is told them in the batch's order once the batch is done.
             """
             running[0] = 0
+            admitted.clear()
             finished = self.evaluate(routes, admit, done, also)
             ordered = []
             for route in routes:

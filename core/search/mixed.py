@@ -7,9 +7,11 @@ constraint and the upper end of the 95% confidence interval of its latency, rela
 the base route measured alongside, is below 1: faster beyond noise.
 
 Then, unless ``ascent=false`` (trtexec's mixed exactly): a greedy ascent (hill climbing,
-one seasoning at a time) from the fastest accurate route so far. Every one-step extension
-of it is tried (`RouteSpace.extensions`), knobs that did not help alone included, and
-again from a faster route while one is found, up to the depth limit. A knob that helps
+one seasoning at a time) from the fastest route so far that beats the base route beyond
+noise. Every one-step extension of it is tried (`RouteSpace.extensions`), knobs that did
+not help alone included, and again from a faster route while one is found, up to the
+depth limit. When no route beats the base route, there is nothing to climb from, and
+the search ends after the single changes. A knob that helps
 only with others is found this way: on ResNet-50 on an H200, ``fuse_conv_bias`` is
 slower than the base route alone in FP32 and decides the best route with FP16 and NHWC
 (docs/benchmarks.md, "Search efficiency on the H200").
@@ -21,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from routetune.judging.ranking import rank_key
+from routetune.judging.ranking import rank_key, shown_faster
 from routetune.options import option
 from routetune.records.trial import Status
 from routetune.routes.composer import RouteSpace
@@ -33,8 +35,7 @@ from routetune.seasoning import ParamValue, SeasoningInfo
 
 def beats_base(result: Result) -> bool:
     """Whether a route is accurate and faster than the base route beyond noise."""
-    rel = result.relative
-    return result.status == Status.OK and rel is not None and rel.ci_high < 1.0
+    return result.status == Status.OK and shown_faster(result)
 
 
 def positive_space(space: RouteSpace, positive: list[Route]) -> RouteSpace:
@@ -102,12 +103,13 @@ class Mixed(Strategy):
         return self._ascend() if self.options.ascent else []
 
     def _ascend(self) -> list[Route]:
-        """The untried one-step extensions of the fastest accurate route not yet extended.
+        """The untried one-step extensions of the fastest route not yet extended.
 
-        Routes out of the race (`routetune.timing.race`) are not climbed from.
+        Only a route that beats the base route beyond noise (`beats_base`) and is in the
+        race (`routetune.timing.race`) is climbed from.
         """
         accurate = [r for r, t in self._told.items()
-                    if t.status == Status.OK and not t.out_of_race]
+                    if beats_base(t) and not t.out_of_race]
         if not accurate:
             return []
         best = min(accurate, key=lambda r: rank_key(self._told[r]))

@@ -247,6 +247,11 @@ class Speedup:
                     f"comparison, more than the {self.value - 1:.1%} effect claimed")
         return None
 
+    @property
+    def figure(self) -> str:
+        """The estimate with its interval, as reports print it: ``1.04x [0.97, 1.14]``."""
+        return f"{self.value:.2f}x [{self.ci_low:.2f}, {self.ci_high:.2f}]"
+
     def ties(self, other: Speedup) -> bool:
         """Whether the two intervals overlap."""
         return self.ci_low <= other.ci_high and other.ci_low <= self.ci_high
@@ -347,6 +352,7 @@ def measure_side_by_side(runners: Sequence[Runner], feeds: Sequence[Feed],
 
 def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: MeasureSettings,
                    give_up: Callable[[list[Block]], bool] | None = None,
+                   warm: frozenset[int] = frozenset(),
                    ) -> tuple[list[Latency], list[Block]]:
     """Time several runners in one loop, in blocks of runs, in ABBA order.
 
@@ -360,7 +366,9 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: M
     `settings` apply per runner. `MeasureSettings.latency` says what a run is: device
     compute, or host to host with the copies. `give_up`, asked after every round with
     the blocks so far, ends the timing early when it answers True
-    (`routetune.timing.race.out_of_race`).
+    (`routetune.timing.race.out_of_race`). Runners whose index is in `warm` were warmed
+    up by an earlier call with these feeds (the base route's engine, kept open in a
+    worker from one candidate to the next) and run once per input set instead.
 
     Returns:
         One `Latency` per runner, in order (ms), and every block in time order.
@@ -369,9 +377,9 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: M
     calls = [[(runner.prepare_end_to_end if end_to_end else runner.prepare)(feed)
               for feed in feeds] for runner in runners]
     timers = [runner.wall_timed if end_to_end else runner.timed for runner in runners]
-    for runner, prepared in zip(runners, calls, strict=True):
+    for i, (runner, prepared) in enumerate(zip(runners, calls, strict=True)):
         for call in prepared:
-            for _ in range(settings.warmup):
+            for _ in range(min(settings.warmup, 1) if i in warm else settings.warmup):
                 call()
         runner.synchronize()
     samples: list[list[float]] = [[] for _ in runners]

@@ -11,12 +11,16 @@ the base route, or out of the race (`routetune.timing.race`: it cannot reach
 ``--min-speedup`` or the leader), is not repaired, and the doubling stops at a failing
 count whose route is no faster or out of the race: more FP32 nodes only slow a route
 down. The route gets
-``precision-repair{count=k}`` inserted right after that step, for k = 1, 2, 4, …
-until a route passes (or half the ranked nodes are kept, see `SMALL`), then k is
-bisected between the largest failing and the smallest passing count: O(2 log n)
-trials for n ranked nodes, each built, checked, measured and stored like any other, so
-the winner may be a repaired route that keeps a few nodes in FP32. Accuracy is assumed to improve as
-more nodes stay FP32 (the premise of Polygraphy's ``debug precision`` bisection).
+``precision-repair{count=k}`` inserted right after that step: k = 1 first, then the
+most nodes it may keep (all ranked nodes up to `SMALL`, else half of them): if that
+still fails, no smaller k can pass, and the repair stops after two trials. Otherwise
+k gallops up from the largest failing count (2, 4, 8, …) and is bisected below the
+smallest passing one (exponential search: J. L. Bentley and A. C. Yao, "An almost
+optimal algorithm for unbounded searching", Information Processing Letters 5, 1976):
+O(2 log n) trials for n ranked nodes, each built, checked, measured and stored like
+any other, so the winner may be a repaired route that keeps a few nodes in FP32.
+Accuracy is assumed to improve as more nodes stay FP32 (the premise of Polygraphy's
+``debug precision`` bisection).
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None],
     """
     trials: list[Trial] = []
     failing, passing, count = 0, None, 1
+    probed = False  # whether the most nodes it may keep has been tried
     while True:
         trial = visit(repair_route(route, at, count))
         if trial is None:
@@ -138,14 +143,18 @@ def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None],
                         f"repair stopped: with {count} of {ranked} nodes in FP32 it is out "
                         f"of the race ({trial.speedup:.2f}x, below {trial.raced:.3g}x)"
                         if trial.raced is not None else
-                        f"repair stopped: {count} of {ranked} nodes in FP32 still fail; "
-                        "keeping more than half of them is the FP32 model again"))
+                        f"repair stopped: {count} of {ranked} nodes in FP32 still fail, so "
+                        "no fewer can pass" + ("" if limit == ranked else "; keeping more "
+                                               "than half of them is the FP32 model again")))
                 return trials
-            count = min(2 * count, limit)
+            if not probed and 2 * count < limit:  # the most it may keep, right away
+                probed, count = True, limit
+            else:
+                count = min(2 * count, limit)
         elif passing - failing <= 1:
             return trials
-        else:
-            count = (failing + passing) // 2
+        else:  # gallop up from the largest failing count, bisect below the passing one
+            count = min(2 * failing, (failing + passing) // 2)
 
 
 def faster_than_base(trial: Trial) -> bool:
@@ -157,6 +166,7 @@ def faster_than_base(trial: Trial) -> bool:
     """
     relative = trial.relative
     return relative is None or trial.base_latency is None or relative.ci_low < 1.0
+
 
 
 def _ranked(trial: Trial) -> int:

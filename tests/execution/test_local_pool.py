@@ -221,6 +221,27 @@ def test_past_the_time_budget_a_built_candidate_is_not_measured_and_a_resume_mea
     assert json.loads((out / "run.json").read_text())["result"]["stopped"] is None
 
 
+@pytest.mark.slow
+def test_no_candidate_starts_when_less_time_is_left_than_the_longest_one_took(
+        chaos: Path, tmp_path: Path) -> None:
+    """On the H200 a BERT's transformer-optimizer build takes about 45 s; one started
+    with 30 s of the budget left was built past the deadline and dropped, its build
+    wasted. ``chaos-slow`` takes 12 s: once it is done (at 13 s or later), less than
+    12 s of the 24 s budget is left, so the routes of depth 2 do not start."""
+    out = tmp_path / "out"
+    done = routetune("tune", str(chaos), "--output", str(out), "--time-budget", "24",
+                     "--seasonings", "chaos-drop-waste,chaos-slow", "--search", "exhaustive",
+                     "--max-depth", "2", *QUICK_FLAGS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stopped = json.loads((out / "run.json").read_text())["result"]["stopped"]
+    assert stopped.startswith("--time-budget 24 s nearly reached: ") and stopped.endswith(
+        "s), so none more started"), stopped
+    assert {t.route for t in stored(out)} == {"base", "chaos-drop-waste", "chaos-slow"}
+    builds = [e["route"] for e in map(json.loads, (out / "artifacts" / "timeline.jsonl")
+                                      .read_text().splitlines()) if e["phase"] == "build"]
+    assert all("," not in route for route in builds), builds  # no depth-2 build started
+
+
 @pytest.mark.parametrize("executor", [(), ("--in-process",)])
 @pytest.mark.slow
 def test_the_base_route_is_measured_even_when_the_time_budget_ends_during_its_build(

@@ -218,3 +218,20 @@ def test_a_faster_route_timed_while_busy_is_named_beside_the_winner(tmp_path) ->
     text = " ".join(conditions_lines(result))
     assert ("not confirmed, timed while the machine was busy: fp16 (2.41x [2.39, 2.43]); "
             "tune again on a quiet machine to judge them") in text
+
+
+def test_a_route_the_search_could_not_tell_from_the_base_route_is_not_confirmed() -> None:
+    """1.06x with an interval reaching below 1: above --min-speedup by its estimate, but
+    not shown faster than the base route, so no confirmation is spent on it."""
+    trials = [trial("base", None), trial("a", 1.06, half=0.2), trial("b", 1.04, half=0.1)]
+    confirm, asked = confirmer({})
+    winner, reason, done = confirm_winner(trials, confirm, min_speedup=1.03)
+    assert winner.route == "base" and asked == [] and done == []
+    assert reason == ("no accurate route was shown faster than the base route in the search "
+                      "(the fastest, 'a' at 1.06x [0.86, 1.26], has a 95% interval reaching "
+                      "1), so none was confirmed; 2 had an estimate above --min-speedup 1.03; "
+                      "the base route stands")
+    # shown faster (its interval above 1), it is confirmed as before
+    trials.append(trial("c", 1.05, half=0.03))
+    _, _, done = confirm_winner(trials, confirmer({"c": 1.05})[0], min_speedup=1.03)
+    assert [c.route for c in done] == ["c"]

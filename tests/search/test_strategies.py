@@ -183,3 +183,25 @@ def test_mixed_and_beam_replayed_on_a_recorded_exhaustive_table_find_its_best() 
     beam = replay_search.replay(Beam(space, BeamOptions(beam_width=3)), table)
     assert beam["winner"] == best and beam["builds"] < sum(map(replay_search.built,
                                                                  table.values()))
+
+
+def test_beam_builds_only_on_routes_shown_faster_than_the_base_route() -> None:
+    """Every one-step route ties with the base route (±3% intervals around 0.99–1.01 of
+    its latency): none is shown faster, so the beam ends after depth 1 (forward
+    selection); one shown faster (c{k=3}, 10% faster) is the only route built on."""
+    def tied(route: Route, ms: float) -> Trial:
+        lat = Latency(10, ms, ms, ms, ms, ms * 0.97, ms * 1.03)
+        return Trial("f" + str(route), "m", str(route), "be", "dev", "s", "ok",
+                     latency=lat, base_latency=BASE)
+
+    for fast in (None, "c{k=3}"):
+        strategy = Beam(space(), BeamOptions(beam_width=3))
+        strategy.tell(Route(), Result.of(tied(Route(), 10.0)))
+        first = strategy.ask()
+        for i, r in enumerate(first):
+            strategy.tell(r, Result.of(tied(r, 9.0 if str(r) == fast else 9.9 + 0.05 * i)))
+        second = strategy.ask()
+        if fast is None:
+            assert second == []
+        else:
+            assert second and all("c{k=3}" in str(r) and len(r) == 2 for r in second)
