@@ -8,7 +8,7 @@ through `Runner.prepare`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -300,8 +300,13 @@ class Backend:
         raise NotImplementedError
 
     def evaluate(self, model: Any, feeds: list[Feed], weights: Path | None = None
-                 ) -> list[dict[str, np.ndarray]]:
+                 ) -> Iterator[dict[str, np.ndarray]]:
         """Run an ``onnx.ModelProto`` as the FP32 reference on each feed; all outputs.
+
+        One mapping per feed, in order, each produced when it is asked for: a model with
+        every intermediate tensor as an output gives hundreds of MB per feed (212 MB for
+        PP-OCRv4's recogniser), so a caller that reduces each feed's outputs before it
+        asks for the next holds one feed's at a time. Errors are raised while iterating.
 
         Args:
             model: The model.
@@ -315,7 +320,7 @@ class Backend:
         raise BackendError(f"backend '{self.name}' cannot compute reference outputs")
 
     def run_on_device(self, model: Any, feeds: list[Feed], weights: Path | None = None
-                      ) -> list[dict[str, np.ndarray]]:
+                      ) -> Iterator[dict[str, np.ndarray]]:
         """Run an ``onnx.ModelProto`` on this backend's device, with its defaults; all outputs.
 
         For a model the FP32 reference cannot run: ``precision-repair`` ranks a bfloat16

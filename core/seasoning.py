@@ -9,7 +9,7 @@ build seasonings set namespaced backend options in `RouteState.settings`. Both r
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, final
 
@@ -212,13 +212,16 @@ class RouteContext:
             double as calibration data for precision seasonings.
         applied: The route text of the steps already applied.
         evaluate: Runs an ONNX model in FP32 on the CPU (ONNX Runtime, optimisations
-            off) on every set of `feeds` and returns all its outputs, one mapping per
-            set. Precision seasonings use it to read activation ranges. None where no
-            reference runtime is available. It takes models with external data too.
+            off) on every set of `feeds` and yields all its outputs, one mapping per
+            set, each when it is asked for (a caller that reduces one before asking for
+            the next holds one set's intermediates at a time). Precision seasonings
+            use it to read activation ranges. None where no reference runtime is
+            available. It takes models with external data too.
         run_on_device: Runs an ONNX model on the backend's device with its default
             settings (`Backend.run_on_device`) on every set of `feeds`; all outputs, one
-            mapping per set. For a model the reference cannot run (bfloat16 on ONNX
-            Runtime's CPU provider). Raises `BackendError` where the backend cannot.
+            mapping per set, as `evaluate` yields them. For a model the reference
+            cannot run (bfloat16 on ONNX Runtime's CPU provider). Raises
+            `BackendError` where the backend cannot.
         weights: For a model with external data (over 2 GiB, say), the folder its
             tensors' locations are relative to; None when the model holds its data. A
             pass that hands the model to another tool as a file loads the data from
@@ -229,9 +232,9 @@ class RouteContext:
     backend: Backend
     feeds: tuple[Mapping[str, Any], ...] = ()
     applied: str = "base"
-    evaluate: Callable[[onnx.ModelProto], list[dict[str, Any]]] | None = None
+    evaluate: Callable[[onnx.ModelProto], Iterable[dict[str, Any]]] | None = None
     weights: Path | None = None
-    run_on_device: Callable[[onnx.ModelProto], list[dict[str, Any]]] | None = None
+    run_on_device: Callable[[onnx.ModelProto], Iterable[dict[str, Any]]] | None = None
 
 
 class Seasoning:

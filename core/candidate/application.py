@@ -13,6 +13,7 @@ import gc
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +177,10 @@ class RouteApplier:
         return {"step": str(step), "modified": modified, "stats": dict(result.stats),
                 "note": note, "ms": round(ms, 3)}
 
-    def evaluate(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+    def evaluate(self, model: onnx.ModelProto) -> Iterator[dict[str, np.ndarray]]:
         """Run `model` in FP32 on the reference backend on every input set; all outputs.
+
+        One input set's outputs at a time, as they are asked for (`Backend.evaluate`).
 
         With external data, the tensors a pass wrote go to the weights store first, so
         that the model stays under protobuf's 2 GiB whatever its size (`model` changes).
@@ -187,8 +190,10 @@ class RouteApplier:
             externalize(model, self.store)
         return self.reference.evaluate(model, list(self.inputs.feeds), weights=self.store)
 
-    def run_on_device(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+    def run_on_device(self, model: onnx.ModelProto) -> Iterator[dict[str, np.ndarray]]:
         """Run `model` on the backend's device, its defaults, on every input set; all outputs.
+
+        One input set's outputs at a time, as they are asked for.
 
         Raises:
             BackendError: The backend cannot run a model outside an engine build.

@@ -14,7 +14,7 @@ ModelOpt AutoCast (``modelopt/onnx/autocast``) treats with care.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,7 @@ def mentions_float16(model: onnx.ModelProto) -> bool:
 
 def strict_fp16_overflows(
     model: onnx.ModelProto,
-    evaluate: Callable[[onnx.ModelProto], list[dict[str, np.ndarray]]],
+    evaluate: Callable[[onnx.ModelProto], Iterable[dict[str, np.ndarray]]],
     limit: int = 5,
 ) -> dict[str, str]:
     """Find the `STRICT_OPS` nodes that overflow when computed in float16.

@@ -38,10 +38,11 @@ def check_candidate(model: onnx.ModelProto, expected: tuple[tuple[str, int], ...
     another Cast of the same tensor already gives (`cast_faults`); the ones in `allowed`
     were in the model before the rewrite and are not its doing.
 
-    An operator that ONNX does not define in its own domain but the target backend does
-    (`backend_ops`: ONNX Runtime's ``SimplifiedLayerNormalization``, which its
-    transformer optimizer writes in the default domain) is the backend's to judge: the
-    build runs it or fails. The ONNX checker judges everything else, on a copy where such
+    An operator that ONNX does not define in its own domain at the model's opset but the
+    target backend does (`backend_ops`: ONNX Runtime's ``SimplifiedLayerNormalization``,
+    which its transformer optimizer writes in the default domain, and its
+    ``LayerNormalization`` below opset 17) is the backend's to judge: the build runs it
+    or fails. The ONNX checker judges everything else, on a copy where such
     nodes sit in a private domain (`BACKEND_DOMAIN`), which it does not check.
 
     Args:
@@ -89,18 +90,22 @@ def _backend_ops_aside(model: onnx.ModelProto, backend_ops: Collection[tuple[str
                        ) -> onnx.ModelProto:
     """`model`, or a copy with its backend-only operators in `BACKEND_DOMAIN`.
 
-    Those of ONNX's own domains that ONNX does not define; the checker skips them there.
+    Those of ONNX's own domains that ONNX does not define at the model's opset; the
+    checker skips them there.
     """
     ours = {(d or "", op) for d, op in backend_ops if d in ("", "ai.onnx")}
-    nodes = [n for n in _all_nodes(model.graph) if (n.domain or "", n.op_type) in ours
-             and not onnx.defs.has(n.op_type, n.domain or "")]
-    if not nodes:
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+    def aside(node: onnx.NodeProto) -> bool:
+        return ((node.domain or "", node.op_type) in ours
+                and not onnx.defs.has(node.op_type, opset, node.domain or ""))
+
+    if not any(aside(n) for n in _all_nodes(model.graph)):
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for node in _all_nodes(copy.graph):
-        if (node.domain or "", node.op_type) in ours and not onnx.defs.has(node.op_type,
-                                                                           node.domain or ""):
+        if aside(node):
             node.domain = BACKEND_DOMAIN
     copy.opset_import.append(helper.make_opsetid(BACKEND_DOMAIN, 1))
     return copy

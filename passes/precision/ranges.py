@@ -52,32 +52,26 @@ def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
     """
     if ctx.evaluate is None or not ctx.feeds:
         return Ranges()
-    runs = ctx.evaluate(with_intermediates(gs.export_onnx(copy_graph(graph), do_type_check=False)))
+    reductions = [(node, _axes(node), node.op in ("ReduceSumSquare", "ReduceL2"))
+                  for node in graph.nodes if node.op in REDUCTIONS and node.inputs]
     amax: dict[str, float] = {}
-    for outputs in runs:
+    sums: dict[str, float] = {}
+    # one input set's intermediates at a time (`RouteContext.evaluate`)
+    for outputs in ctx.evaluate(with_intermediates(gs.export_onnx(copy_graph(graph),
+                                                                  do_type_check=False))):
         for name, array in outputs.items():
             if isinstance(array, np.ndarray) and array.dtype.kind == "f" and array.size:
                 finite = np.abs(array[np.isfinite(array)])
                 peak = float(finite.max()) if finite.size else 0.0
                 amax[name] = max(amax.get(name, 0.0), peak)
-    return Ranges(amax, _partial_sums(graph, runs))
-
-
-def _partial_sums(graph: gs.Graph, runs: list[dict[str, np.ndarray]]) -> dict[str, float]:
-    sums: dict[str, float] = {}
-    for node in graph.nodes:
-        if node.op not in REDUCTIONS or not node.inputs:
-            continue
-        axes = _axes(node)
-        squared = node.op in ("ReduceSumSquare", "ReduceL2")
-        for outputs in runs:
+        for node, axes, squared in reductions:
             x = outputs.get(node.inputs[0].name)
             if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
                 continue
             mag = np.abs(x.astype(np.float64))
             acc = np.sum(mag * mag if squared else mag, axis=axes)
             sums[node.name] = max(sums.get(node.name, 0.0), float(np.max(acc, initial=0.0)))
-    return sums
+    return Ranges(amax, sums)
 
 
 def _axes(node: gs.Node) -> tuple[int, ...] | None:

@@ -10,7 +10,7 @@ import functools
 import os
 import platform
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,34 +145,37 @@ class OnnxRuntimeBackend(Backend):
             None, "CPUExecutionProvider")
 
     def evaluate(self, model: Any, feeds: list[Feed], weights: Path | None = None
-                 ) -> list[dict[str, np.ndarray]]:
+                 ) -> Iterator[dict[str, np.ndarray]]:
         """Run an in-memory model on the CPU provider, optimisations off; all outputs.
 
-        External data is read from `weights` (ONNX Runtime's session option
+        One feed's outputs at a time (`Backend.evaluate`). External data is read from
+        `weights` (ONNX Runtime's session option
         ``session.model_external_initializers_file_folder_path``).
         """
         session = ort.InferenceSession(model.SerializeToString(), reference_options(weights),
                                        providers=["CPUExecutionProvider"])
         runner = OnnxRuntimeRunner(session)
-        return [runner.infer(feed) for feed in feeds]
+        for feed in feeds:
+            yield runner.infer(feed)
 
     def run_on_device(self, model: Any, feeds: list[Feed], weights: Path | None = None
-                      ) -> list[dict[str, np.ndarray]]:
+                      ) -> Iterator[dict[str, np.ndarray]]:
         """Run an in-memory model on this backend's execution provider, optimisations off.
 
-        ONNX Runtime's Python API returns no bfloat16 array, so each bfloat16 output
-        is cast to float32 in the graph (exact) and handed back as ``ml_dtypes.bfloat16``.
+        One feed's outputs at a time (`Backend.evaluate`). ONNX Runtime's Python API
+        returns no bfloat16 array, so each bfloat16 output is cast to float32 in the
+        graph (exact) and handed back as ``ml_dtypes.bfloat16``.
         """
         provider = self.options()[NS + "execution_provider"].default
         model, bf16 = _bfloat16_outputs_as_float(model)
         session = ort.InferenceSession(model.SerializeToString(), reference_options(weights),
                                        providers=[provider])
         runner = OnnxRuntimeRunner(session)
-        runs = [runner.infer(feed) for feed in feeds]
-        for run in runs:
+        for feed in feeds:
+            run = runner.infer(feed)
             for name in bf16:
                 run[name] = run.pop(name + AS_FLOAT).astype(ml_dtypes.bfloat16)
-        return runs
+            yield run
 
     def operator_schemas(self) -> Mapping[tuple[str, str], Any]:
         """ONNX Runtime's own operators: ``com.microsoft`` and its other contrib domains.
@@ -215,14 +218,17 @@ def _contrib_schemas() -> dict[tuple[str, str], Any]:
 
     Its contrib domains (``com.microsoft`` …), and its own operators in the default
     domain: ``SimplifiedLayerNormalization``, which its transformer optimizer writes
-    there (ONNX Runtime 1.32: 16 such names).
+    there (ONNX Runtime 1.32: 16 such names), and those it registers at opsets where
+    ONNX has none: ``LayerNormalization`` from opset 1 (ONNX's from 17), which the
+    optimizer writes into a model of an older opset, and ``ThresholdedRelu`` and
+    ``MeanVarianceNormalization`` from 1.
     """
     from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
 
     return {(s.domain, s.name): s
             for s in sorted(get_all_operator_schema(), key=lambda s: s.since_version)
             if s.domain not in ("", "ai.onnx", "ai.onnx.ml")
-            or not onnx.defs.has(s.name, s.domain)}
+            or not onnx.defs.has(s.name, s.since_version, s.domain)}
 
 
 KERNEL_GAP = re.compile(

@@ -110,7 +110,7 @@ def test_a_bfloat16_output_comes_back_as_bfloat16_from_the_device() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     x = np.array([1.0, 1.00390625, -2.5], np.float32)  # the middle one rounds in bfloat16
-    (run,) = OnnxRuntimeBackend().run_on_device(model, [{"x": x}])
+    (run,) = list(OnnxRuntimeBackend().run_on_device(model, [{"x": x}]))
     assert set(run) == {"y", "h"} and run["h"].dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(run["h"].astype(np.float32), [1.0, 1.0, -2.5])
     assert [o.name for o in model.graph.output] == ["y", "h"]  # the caller's model unchanged
