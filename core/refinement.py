@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from routetune.records.trial import Trial
 from routetune.routes.route import Route
+from routetune.timing.race import Bar
 
 if TYPE_CHECKING:
     from routetune.registry import Registry
@@ -48,5 +49,9 @@ class Refinement:
         return None
 
     def after_batch(self, done: Sequence[tuple[Route, Trial]], visit: Visit,
-                    skip: Skip) -> None:
-        """Follow up on a batch's routes and trials, in the batch's order."""
+                    skip: Skip, bar: Bar) -> None:
+        """Follow up on a batch's routes and trials, in the batch's order.
+
+        `bar` is the speed-up a route must be able to reach to win now (the search's
+        racing bar: ``--min-speedup``, or the leading route's lower end).
+        """

@@ -107,6 +107,9 @@ class PairedTiming:
     def measure(self, runner: Runner, route: Route, bar: Bar | None = None) -> Timing:
         """Time a candidate in paired blocks with the base route's engine, then alone.
 
+        `runner` has run every input set once already (its accuracy pass), which counts
+        towards its warm-up (`measure_blocks`).
+
         The paired blocks time what ``--latency`` names (`MeasureSettings.latency`).
         On a runner with host copies (a GPU engine), the other figure follows, timed
         alone for a quarter of the time (`other_settings`): it is recorded, never judged.
@@ -126,7 +129,7 @@ class PairedTiming:
                       other_latency=None, notes=(), raced=None)
         base = None if route.is_base else self.base_runner()
         if route.is_base or base is None:
-            timed["latency"] = measure(runner, feeds, settings)
+            timed["latency"] = measure(runner, feeds, settings, warm=True)
             timed["base_latency"] = timed["latency"] if route.is_base else None
         else:
             stopped: list[Speedup] = []
@@ -136,8 +139,9 @@ class PairedTiming:
                 stopped.extend(s for s in [out_of_race(blocks, racing)] if s is not None)
                 return bool(stopped)
 
+            warm = frozenset({0}) | self._warm_base
             (latency, base_latency), blocks = measure_blocks([runner, base], feeds, settings,
-                                                              give_up, self._warm_base)
+                                                              give_up, warm)
             self._warm_base = frozenset({1})  # the base engine stays open, and warm
             timed["latency"], timed["base_latency"] = latency, base_latency
             paired = timed["paired"] = paired_speedup(blocks, 0, 1)

@@ -298,7 +298,8 @@ class SearchLoop:
             for refinement in self.refinements:
                 refinement.after_batch(
                     done, lambda r: next(iter(visit([r], tell=False)), None),
-                    lambda r, why: trials.append(self.record_skipped(r, why)))
+                    lambda r, why: trials.append(self.record_skipped(r, why)),
+                    self.leader.bar())
                 if self.stopped:
                     return
 

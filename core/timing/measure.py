@@ -335,13 +335,21 @@ def across_repeats(speedups: Sequence[Speedup]) -> Speedup:
                    sum(s.pairs for s in speedups), max(s.drift for s in speedups))
 
 
-def measure(runner: Runner, feeds: Sequence[Feed], settings: MeasureSettings) -> Latency:
+def measure(runner: Runner, feeds: Sequence[Feed], settings: MeasureSettings,
+            warm: bool = False) -> Latency:
     """Time `runner` on `feeds`, rotating over them, in blocks.
+
+    Args:
+        runner: The engine.
+        feeds: Input sets, run in turn.
+        settings: How long.
+        warm: It has already run every feed (`measure_blocks`' ``warm``).
 
     Returns:
         The latency statistics, in ms.
     """
-    return measure_side_by_side([runner], feeds, settings)[0]
+    return measure_blocks([runner], feeds, settings,
+                          warm=frozenset({0}) if warm else frozenset())[0][0]
 
 
 def measure_side_by_side(runners: Sequence[Runner], feeds: Sequence[Feed],
@@ -366,9 +374,11 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: M
     `settings` apply per runner. `MeasureSettings.latency` says what a run is: device
     compute, or host to host with the copies. `give_up`, asked after every round with
     the blocks so far, ends the timing early when it answers True
-    (`routetune.timing.race.out_of_race`). Runners whose index is in `warm` were warmed
-    up by an earlier call with these feeds (the base route's engine, kept open in a
-    worker from one candidate to the next) and run once per input set instead.
+    (`routetune.timing.race.out_of_race`). Warm-up is `MeasureSettings.warmup` runs per
+    input set; a runner whose index is in `warm` has already run every input set (the
+    base route's engine, kept open in a worker from one candidate to the next, or a
+    candidate after its accuracy pass) and runs each once more, `MeasureSettings.warmup`
+    runs in all at least.
 
     Returns:
         One `Latency` per runner, in order (ms), and every block in time order.
@@ -378,9 +388,10 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: M
               for feed in feeds] for runner in runners]
     timers = [runner.wall_timed if end_to_end else runner.timed for runner in runners]
     for i, (runner, prepared) in enumerate(zip(runners, calls, strict=True)):
-        for call in prepared:
-            for _ in range(min(settings.warmup, 1) if i in warm else settings.warmup):
-                call()
+        runs = (max(len(prepared), settings.warmup) if i in warm
+                else len(prepared) * settings.warmup)
+        for k in range(runs):
+            prepared[k % len(prepared)]()
         runner.synchronize()
     samples: list[list[float]] = [[] for _ in runners]
     blocks: list[Block] = []

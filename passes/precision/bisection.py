@@ -33,6 +33,7 @@ from routetune.refinement import Refinement, Skip, Visit
 from routetune.registry import Registry
 from routetune.routes.route import Route, Step
 from routetune.seasoning import SeasoningInfo
+from routetune.timing.race import Bar
 
 REPAIR = "precision-repair"
 """The seasoning the refinement inserts (`routetune.passes.precision.repair`)."""
@@ -41,6 +42,10 @@ SMALL = 8
 """Up to this many ranked nodes the repair may keep all of them in FP32; above it, at
 most half: a route with most of its nodes back in FP32 is the FP32 model again, slower
 for its Casts (PP-OCRv4 det needed 293 of 308 FP16 nodes back, and ran at 0.85x)."""
+
+
+EVEN = Bar(1.0, "the base route's speed")
+"""The bar without a search around it: a repaired route must be able to beat the base."""
 
 
 def repair_point(route: Route, registry: Registry) -> int | None:
@@ -59,19 +64,22 @@ def repair_point(route: Route, registry: Registry) -> int | None:
     return found[0] + 1 if len(found) == 1 else None
 
 
-def repairs(done: Sequence[tuple[Route, Trial]], registry: Registry, repaired: set[str]
-            ) -> list[tuple[Route, int, str | None]]:
+def repairs(done: Sequence[tuple[Route, Trial]], registry: Registry, repaired: set[str],
+            bar: Bar = EVEN) -> list[tuple[Route, int, str | None]]:
     """The failing routes to repair after a batch: the fastest per precision seasoning.
 
     Args:
         done: The batch's routes and trials.
         registry: The installed seasonings.
         repaired: Names of precision seasonings repaired already; they are left out.
+        bar: The speed-up a route must be able to reach to win (the search's racing bar,
+            `routetune.search.leader.Leader.bar`): a failing route whose interval lies
+            below it is not repaired.
 
     Returns:
         ``(route, insertion point, why not)`` by seasoning name: ``why not`` is None for
-        a route to repair, or the reason a failing route is not worth repairing (it is
-        no faster than the base route).
+        a route to repair, or the reason a failing route is not worth repairing (it
+        cannot reach `bar`).
     """
     fastest: dict[str, tuple[Route, Trial, int]] = {}
     for route, trial in done:
@@ -85,11 +93,10 @@ def repairs(done: Sequence[tuple[Route, Trial]], registry: Registry, repaired: s
     out = []
     for name in sorted(fastest):
         route, trial, at = fastest[name]
-        why = None if faster_than_base(trial) and trial.raced is None else (
-            f"not repaired: '{route}', the fastest route of {name} that failed accuracy, is "
-            + (f"no faster than the base route ({trial.speedup:.2f}x)"
-               if trial.raced is None else
-               f"out of the race ({trial.speedup:.2f}x, below {trial.raced:.3g}x)")
+        why = None if reaches(trial, bar) and trial.raced is None else (
+            f"not repaired: '{route}', the fastest route of {name} that failed accuracy, "
+            + (_short_of(trial, bar) if trial.raced is None else
+               f"is out of the race ({trial.speedup:.2f}x, below {trial.raced:.3g}x)")
             + "; keeping nodes in FP32 would only slow it down")
         out.append((route, at, why))
     return out
@@ -102,8 +109,8 @@ def repair_route(route: Route, at: int, count: int) -> Route:
 
 
 def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None],
-                  skip: Callable[[Route, str], object] = lambda route, why: None
-                  ) -> list[Trial]:
+                  skip: Callable[[Route, str], object] = lambda route, why: None,
+                  bar: Bar = EVEN) -> list[Trial]:
     """Try repaired variants of a failing `route` until the smallest passing count is known.
 
     Args:
@@ -112,6 +119,9 @@ def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None],
         visit: Evaluates a route and returns its trial; None when a budget stops the search.
         skip: Records the next count's route as not tried, with the reason, when the
             doubling stops before a route passes.
+        bar: The speed-up a route must be able to reach to win (`repairs`): the doubling
+            stops at a failing count whose interval lies below it, since more FP32
+            nodes only slow the route down.
 
     Returns:
         The trials of the repaired routes, in the order they ran.
@@ -133,13 +143,13 @@ def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None],
             return trials
         limit = ranked if ranked <= SMALL else ranked // 2
         if passing is None:
-            if (count >= limit or not faster_than_base(trial)  # more FP32 nodes: slower
+            if (count >= limit or not reaches(trial, bar)  # more FP32 nodes: slower
                     or trial.raced is not None):
                 if count < ranked:
                     skip(repair_route(route, at, min(2 * count, ranked)), (
-                        f"repair stopped: with {count} of {ranked} nodes in FP32 it is no "
-                        f"faster than the base route ({trial.speedup:.2f}x)"
-                        if not faster_than_base(trial) else
+                        f"repair stopped: with {count} of {ranked} nodes in FP32 it "
+                        + _short_of(trial, bar)
+                        if not reaches(trial, bar) else
                         f"repair stopped: with {count} of {ranked} nodes in FP32 it is out "
                         f"of the race ({trial.speedup:.2f}x, below {trial.raced:.3g}x)"
                         if trial.raced is not None else
@@ -157,16 +167,25 @@ def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None],
             count = min(2 * failing, (failing + passing) // 2)
 
 
-def faster_than_base(trial: Trial) -> bool:
-    """Whether the trial may be faster than the base route measured alongside it.
+def reaches(trial: Trial, bar: Bar = EVEN) -> bool:
+    """Whether the trial's speed-up over the base route may reach `bar`.
 
-    False when the 95% interval of its median relative to the base route lies at or
-    above 1: keeping more nodes in FP32 would not make it faster, so a repair of it
-    cannot win. True when it was not measured against the base route.
+    False when the 95% interval of its speed-up (measured alongside the base route) lies
+    below ``bar.speedup``: keeping more nodes in FP32 would not make it faster, so a
+    repair of it cannot win. True when it was not measured against the base route.
     """
     relative = trial.relative
-    return relative is None or trial.base_latency is None or relative.ci_low < 1.0
+    return (relative is None or trial.base_latency is None
+            or relative.ci_low * bar.speedup <= 1.0)
 
+
+def _short_of(trial: Trial, bar: Bar) -> str:
+    """Why `trial` cannot reach `bar`, for a note: "is no faster than …" or "cannot reach …"."""
+    relative = trial.relative
+    top = "" if relative is None else f", at best {1.0 / relative.ci_low:.2f}x"
+    if bar.speedup <= 1.0:
+        return f"is no faster than the base route ({trial.speedup:.2f}x{top})"
+    return f"cannot reach {bar.speedup:.3g}x, {bar.source} ({trial.speedup:.2f}x{top})"
 
 
 def _ranked(trial: Trial) -> int:
@@ -196,11 +215,15 @@ class RepairRefinement(Refinement):
                 "int8-qdq or fp8-qdq")
 
     def after_batch(self, done: Sequence[tuple[Route, Trial]], visit: Visit,
-                    skip: Skip) -> None:
-        """Repair the batch's fastest accuracy failure of each precision seasoning."""
-        for route, at, why_not in repairs(done, self.registry, self.repaired):
+                    skip: Skip, bar: Bar = EVEN) -> None:
+        """Repair the batch's fastest accuracy failure of each precision seasoning.
+
+        Only a failing route whose interval reaches `bar` (the search's racing bar) is
+        repaired, and the doubling stops below it (`repairs`, `bisect_repair`).
+        """
+        for route, at, why_not in repairs(done, self.registry, self.repaired, bar):
             if why_not:
                 skip(repair_route(route, at, 1), why_not)
                 continue
             self.repaired.add(route.steps[at - 1].name)
-            bisect_repair(route, at, visit, skip)
+            bisect_repair(route, at, visit, skip, bar)

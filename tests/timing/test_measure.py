@@ -59,6 +59,19 @@ def test_measure_rotates_inputs_and_meets_count_and_duration() -> None:
     assert 1.9 < lat.p50 < 20
 
 
+def test_an_engine_that_ran_every_input_set_warms_up_once_per_set() -> None:
+    settings = MeasureSettings(warmup=3, min_runs=6, min_time_s=0.02, min_blocks=6)
+    cold, warm = SleepRunner(), SleepRunner()
+    sets = [{"k": k} for k in "abcd"]
+    measure_blocks([cold, warm], sets, settings, warm=frozenset({1}))
+    assert cold.calls[:12] == list("abcd" * 3)  # 3 per input set before any timed run
+    assert warm.calls[:4] == list("abcd") and warm.calls[4:6] == ["a", "b"]  # timed from here
+    one_set = SleepRunner()
+    lat = measure(one_set, [{"k": "a"}], settings, warm=True)
+    # never fewer than `warmup` runs in all: a single input set still runs 3 times
+    assert len(one_set.calls) == 3 + lat.n
+
+
 class CopyingRunner(SleepRunner):
     """Device compute takes 2 ms by its own clock; host to host, 2 ms more of copies."""
 
