@@ -97,6 +97,34 @@ def test_a_backends_own_operator_is_left_to_the_backend_and_the_rest_still_check
         check_candidate(rms, model.signature, backend_ops=ort_ops)
 
 
+
+def test_layer_normalization_below_opset_17_is_left_to_onnx_runtime() -> None:
+    """ONNX defines LayerNormalization from opset 17; ONNX Runtime registers it from
+    opset 1 and its transformer optimizer writes it into older models (PP-OCRv4's
+    recogniser is opset 12). Only a backend that runs it may keep it."""
+    from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
+
+    ones = onnx.numpy_helper.from_array(np.ones(8, np.float32), "scale")
+    zeros = onnx.numpy_helper.from_array(np.zeros(8, np.float32), "bias")
+    graph = helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["y"], name="ln",
+                          axis=-1, epsilon=1e-5)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [ones, zeros])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    model.ir_version = 7
+    signature = (("x", TensorProto.FLOAT), ("y", TensorProto.FLOAT))
+    with pytest.raises(PostconditionError, match="LayerNormalization"):
+        check_candidate(model, signature)  # a backend without it: the checker decides
+    check_candidate(model, signature,
+                    backend_ops=frozenset(OnnxRuntimeBackend().operator_schemas()))
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    y = session.run(None, {"x": x})[0]  # and ONNX Runtime does run it
+    np.testing.assert_allclose(y.mean(axis=-1), 0, atol=1e-5)
+
+
 # --- graphs stored out of order, and whole checker messages (real-models issue) -------
 
 def _reversed(src: Path, dst: Path) -> Path:
