@@ -391,9 +391,11 @@ def racing_line(result: TuneResult) -> str:
 def backends_lines(result: BackendsResult) -> list[Any]:
     """A multi-backend run for the terminal.
 
-    Each backend's winner, the side-by-side table, the verdict and where the files are.
+    What the base routes' screen set, each backend's winner, the side-by-side table, the
+    verdict and where the files are.
     """
-    lines: list[Any] = []
+    lines: list[Any] = [f"before the searches, base routes side by side (one loop): "
+                        f"{escape(line)}" for line in result.screen]
     for run in result.runs:
         confirmed = (f"{run.winner_speedup:.2f}x over its own base route, confirmed"
                      if run.confirmed else "its base route stands")

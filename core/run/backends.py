@@ -23,6 +23,7 @@ winner's files (a copy of its backend's, or its base route's written afresh).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -31,14 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from routetune.logs import quietly
 from routetune.options import OptionError
 from routetune.registry import Registry
 from routetune.run.outdir import locked, make_outdir
-from routetune.run.preparation import Prepared, available_backend
+from routetune.run.preparation import Prepared, available_backend, prepare_run
 from routetune.run.run_spec import RunSpec
-from routetune.run.side_by_side import Contender, side_by_side
+from routetune.run.side_by_side import Contender, base_floors, side_by_side
 from routetune.run.tuning import Plan, TuneResult, tune
 from routetune.run.winner import WINNER_OUTPUTS, save_outputs, write_winner
+from routetune.timing.race import Bar
 
 SUMMARY = "backends.json"
 """The side-by-side figures and the verdict of a multi-backend run."""
@@ -74,6 +77,8 @@ class BackendsResult:
         outdir: The output directory (each backend's run is in a folder of it).
         files: What was written here, by role.
         conditions: The machine's conditions during the side-by-side timing.
+        screen: What the base routes' timing before the searches found, one line per
+            backend (`routetune.run.side_by_side.base_floors`); empty when not timed.
     """
 
     runs: tuple[TuneResult, ...]
@@ -83,6 +88,7 @@ class BackendsResult:
     outdir: Path
     files: dict[str, Path] = field(default_factory=dict)
     conditions: dict[str, Any] = field(default_factory=dict)
+    screen: tuple[str, ...] = ()
 
     @property
     def winner_speedup(self) -> float:
@@ -123,12 +129,14 @@ def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda
         prepared.append(run)
         on_start(run, plan)
 
-    for name in names:
-        sub = dataclasses.replace(
-            opts, backend=name, output=top / name if top else None,
-            backend_options={k: v for k, v in opts.backend_options.items()
-                             if k in known[name]})
-        runs.append(tune(sub, registry, started, on_trial, on_status))
+    subs = [dataclasses.replace(opts, backend=name, output=top / name if top else None,
+                                backend_options={k: v for k, v in opts.backend_options.items()
+                                                 if k in known[name]})
+            for name in names]
+    ready = [_prepared(sub, registry) for sub in subs]  # every backend, before any search
+    floors, screen = _floors([run for run, _ in ready], on_status)
+    for sub, floor, run in zip(subs, floors, ready, strict=True):
+        runs.append(tune(sub, registry, started, on_trial, on_status, floor, run))
     if top is None:  # beside the backends' default folders: <model>-<sha>-<a>+<b>
         first = runs[0].outdir
         top = first.parent / (first.name.removesuffix(names[0]) + "+".join(names))
@@ -139,9 +147,31 @@ def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda
                                               opts.in_process)
         winner, reason = pick(contenders, opts.min_speedup, conditions, opts.busy_machine)
         result = BackendsResult(tuple(runs), tuple(contenders), winner, reason, top,
-                                conditions=conditions)
+                                conditions=conditions, screen=screen)
         result.files.update(write(result, prepared, opts))
     return result
+
+
+def _prepared(sub: RunSpec, registry: Registry) -> tuple[Prepared, bytes]:
+    """One backend's run, prepared (`prepare_run`), and what the libraries printed."""
+    with sub.worded():
+        return quietly("prepare", functools.partial(prepare_run, sub, registry))
+
+
+def _floors(runs: Sequence[Prepared], on_status: Callback
+            ) -> tuple[list[Bar | None], tuple[str, ...]]:
+    """Each backend's floor and what it rests on; none with ``--no-race``.
+
+    Its base route timed beside the others' before the searches
+    (`routetune.run.side_by_side.base_floors`).
+    """
+    if not runs[0].spec.measure.race:
+        return [None] * len(runs), ()
+    on_status(f"timing the {len(runs)} backends' base routes side by side")
+    floors, lines, _ = base_floors(runs, runs[0].registry)
+    for line in lines:
+        on_status(line)
+    return floors, tuple(lines)
 
 
 def pick(contenders: Sequence[Contender], min_speedup: float, conditions: dict[str, Any],
@@ -208,6 +238,7 @@ def write(result: BackendsResult, prepared: Sequence[Prepared], opts: RunSpec
                    "folder": str(source.outdir)},
         "contenders": [_record(c) for c in result.contenders],
         "conditions": result.conditions,
+        "screen": list(result.screen),
         "backends": [{"backend": r.base.backend, "folder": str(r.outdir),
                       "winner": r.winner.route, "speedup_over_own_base": r.winner_speedup}
                      for r in result.runs],
@@ -235,6 +266,8 @@ def report_md(result: BackendsResult) -> str:
              f"Every speed-up is over {base.name}, timed in the same loops of paired "
              f"blocks ({loops}, in fresh processes; the speed-up combines them, the p50s "
              "are the first loop's).", "",
+             *([("Before the searches, the base routes side by side (one loop, in "
+                 "process): " + "; ".join(result.screen) + "."), ""] if result.screen else []),
              "| backend | route | p50 (ms), loop 1 | speed-up [95% interval] |",
              "|---|---|---|---|"]
     for c in result.contenders:

@@ -1,8 +1,11 @@
 """The side-by-side timing of a multi-backend search (`routetune.run.backends`).
 
-Every backend's base route and winner are built again and timed together in loops of
-interleaved paired blocks, each loop in a fresh process, and the loops' speed-ups are
-combined (`routetune.timing.measure.across_repeats`).
+Before the searches, every backend's base route is timed beside the others' in one loop
+(`base_floors`): a backend whose base route is slower than another's gets a floor, the
+speed-up its routes must reach to win the run. After them, every backend's base route
+and winner are built again and timed together in loops of interleaved paired blocks,
+each loop in a fresh process, and the loops' speed-ups are combined
+(`routetune.timing.measure.across_repeats`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from routetune.timing.measure import (
     measure_blocks,
     paired_speedup,
 )
+from routetune.timing.race import Bar
 
 if TYPE_CHECKING:
     from routetune.run.tuning import TuneResult
@@ -145,16 +149,17 @@ class Loop:
     outputs: list[list[dict[str, np.ndarray]]] | None = None
 
 
-def timed_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial]],
-               settings: MeasureSettings, outputs: bool) -> Loop:
+def timed_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial | None]],
+               settings: MeasureSettings, outputs: bool, registry: Registry | None = None
+               ) -> Loop:
     """Open every job's engine and time them all in one loop of paired blocks.
 
-    Runs in a fresh process (`side_by_side`): the registry is loaded here. A job whose
-    engine cannot be rebuilt is left out, with its reason. The loop is watched as a
-    trial's measurement is (`routetune.candidate.pairing.PairedTiming`), on the first
-    job's inputs.
+    Runs in a fresh process (`side_by_side`): the registry is loaded here unless given.
+    A job's trial is None for its backend's base route. A job whose engine cannot be
+    rebuilt is left out, with its reason. The loop is watched as a trial's measurement
+    is (`routetune.candidate.pairing.PairedTiming`), on the first job's inputs.
     """
-    registry = load_registry()
+    registry = registry or load_registry()
     runners: list[Any] = []
     timed: list[int] = []
     failed: dict[int, str] = {}
@@ -203,13 +208,16 @@ def _inputs(run: Prepared) -> TrialInputs:
                        run.outdir, run.model.data, run.spec.trial_settings())
 
 
-def _open(registry: Registry, inputs: TrialInputs, base: tuple[Any, ...], trial: Trial
+def _open(registry: Registry, inputs: TrialInputs, base: tuple[Any, ...], trial: Trial | None
           ) -> Any:
-    """The trial's engine, opened: its stored candidate model (checked) and settings."""
+    """The trial's engine, opened: its stored candidate model (checked) and settings.
+
+    The base route's when `trial` is None.
+    """
     backend = registry.backend(inputs.backend)(inputs.profile)
     reference = reference_backend(registry, backend)
     candidate, _ = with_preflight(registry, inputs, backend, reference, list(base))
-    if trial.route == "base" or not trial.artifact:
+    if trial is None or trial.route == "base" or not trial.artifact:
         path = candidate.save_model(candidate.inputs.base_data)
         settings = backend.full_settings(candidate.inputs.base_settings)
         return open_engine(backend, candidate.engine(path, settings, "", ""))
@@ -217,3 +225,54 @@ def _open(registry: Registry, inputs: TrialInputs, base: tuple[Any, ...], trial:
     path = candidate.checked_model(trial.route, trial.artifact, trial.settings, recorded)
     return open_engine(backend, candidate.engine(path, trial.settings, trial.fingerprint,
                                                  recorded.engine))
+
+
+def base_floors(prepared: Sequence[Prepared], registry: Registry
+                ) -> tuple[list[Bar | None], list[str], dict[str, Any]]:
+    """Time every backend's base route beside the others' in one loop, in this process.
+
+    A backend whose base route is slower than another's gets a floor: the lower end of
+    the fastest other base route's paired speed-up over its own (95% interval), when
+    that lies above 1. Its search's candidates race against it at least
+    (`routetune.search.leader.Leader`): a route slower than another backend's base route
+    cannot win the run. The floor can only cost a missed route, never a false win: the
+    winners are still timed side by side afterwards (`side_by_side`). A loop on a busy
+    machine (unless ``--busy-machine ignore``), or one where a base route could not be
+    built, sets no floor.
+
+    Args:
+        prepared: Each backend's prepared run, in the order given.
+        registry: The installed plugins.
+
+    Returns:
+        Each backend's floor (None for none), one line per backend saying what was
+        measured, and the machine's conditions meanwhile.
+    """
+    names = [run.backend.name for run in prepared]
+    jobs = [(_inputs(run), tuple(run.base), None) for run in prepared]
+    loop = timed_loop(jobs, prepared[0].spec.measure, False, registry)
+    busy = loop.conditions.get("busy") and prepared[0].spec.busy_machine != "ignore"
+    if loop.failed or busy:
+        why = (f"the machine was busy ({loop.conditions['busy']})" if not loop.failed
+               else f"{names[min(loop.failed)]}'s base route was not timed: "
+               f"{next(iter(loop.failed.values()))}")
+        return [None] * len(prepared), [f"base routes side by side: {why}; no floor"], \
+            loop.conditions
+    floors: list[Bar | None] = []
+    lines = []
+    for i, name in enumerate(names):
+        faster = [(paired_speedup(loop.blocks, j, i), names[j])
+                  for j in range(len(names)) if j != i]
+        p, other = max(faster, key=lambda f: f[0].ci_low)
+        if p.ci_low <= 1.0:
+            floors.append(None)
+            lines.append(f"{name}: no other backend's base route is shown faster; no "
+                         "floor")
+            continue
+        floors.append(Bar(p.ci_low, f"the lower end of {other}'s base route, "
+                          f"{p.value:.3f}x [{p.ci_low:.3f}, {p.ci_high:.3f}] over "
+                          f"{name}'s side by side"))
+        lines.append(f"{name}: {other}'s base route is {p.value:.2f}x "
+                     f"[{p.ci_low:.2f}, {p.ci_high:.2f}] faster side by side; its routes "
+                     f"race against {p.ci_low:.2f}x at least")
+    return floors, lines, loop.conditions

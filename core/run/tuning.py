@@ -34,6 +34,7 @@ from routetune.run.run_spec import RunSpec
 from routetune.run.winner import WINNER_OUTPUTS, save_outputs, write_winner
 from routetune.search.loop import Budget, SearchLoop
 from routetune.search.strategy import Strategy
+from routetune.timing.race import Bar
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +207,8 @@ def tune(
     on_start: Callable[[Prepared, Plan], None] = lambda run, plan: None,
     on_trial: Callable[[Trial, bool], None] = lambda trial, cached: None,
     on_status: Callable[[str], None] = lambda text: None,
+    floor: Bar | None = None,
+    prepared: tuple[Prepared, bytes] | None = None,
 ) -> TuneResult:
     """Run a whole search and write the winner to the output directory.
 
@@ -216,6 +219,11 @@ def tune(
         on_trial: Called after each trial, with whether it came from the store.
         on_status: Called with a line to show while a measurement waits for a quiet
             machine (``--busy-machine wait``).
+        floor: A bar every candidate races against at least
+            (`routetune.search.leader.Leader`); a multi-backend run's
+            (`routetune.run.backends`). None for ``--min-speedup`` alone.
+        prepared: The run, already prepared from `opts` (`prepare_run`), with what the
+            libraries printed meanwhile; None to prepare it here.
 
     Returns:
         The result; never None. When nothing is accurate the base route wins.
@@ -226,11 +234,11 @@ def tune(
             holds the output folder is full (`routetune.records.store.full_disk`).
     """
     with opts.worded():  # an error names its option as the user wrote it
-        run, early = quietly("prepare", lambda: prepare_run(opts, registry))
+        run, early = prepared or quietly("prepare", lambda: prepare_run(opts, registry))
         with locked(run.outdir):
             try:
                 keep(run.outdir / LOGS / "prepare.log", early)  # the libraries' lines
-                return _tune_locked(run, opts, on_start, on_trial, on_status)
+                return _tune_locked(run, opts, on_start, on_trial, on_status, floor)
             except OSError as e:
                 if disk_full(e):  # a winner file, a report, a log: wherever it was
                     raise full_disk(Path(e.filename or run.outdir), e) from e
@@ -240,6 +248,7 @@ def tune(
 def _tune_locked(
     run: Prepared, opts: RunSpec, on_start: Callable[[Prepared, Plan], None],
     on_trial: Callable[[Trial, bool], None], on_status: Callable[[str], None],
+    floor: Bar | None,
 ) -> TuneResult:
     store_path = run.outdir / FILENAME
     memory = open_memory(opts, run)  # a --memory file that is not one: refused first
@@ -263,12 +272,14 @@ def _tune_locked(
                           run.constraint, store, run.outdir, opts.trial_settings(),
                           run.settings_hash,
                           reference, [r(run.registry) for r in run.refinements],
-                          base=run.base, executor=executor)
+                          base=run.base, executor=executor, floor=floor)
         run.base_passes = loop.base_passes
         strategy = run.registry.strategy(opts.search)(run.space, run.strategy_options)
         strategy.learn(memory.prior(run, loop.device))
         run.memory = memory.note
         record = runinfo.start_record(run, opts, loop.versions, memory.record())
+        if floor is not None:
+            record["search"]["floor"] = {"speedup": floor.speedup, "source": floor.source}
         records = run_record.record_dir(run.outdir, record)
         run_record.write(records, record)
         skipped = [loop.record_skipped(Route((Step(n),)), reason)

@@ -5,7 +5,10 @@ or the lower end of the leading route's paired interval where that is higher. Th
 leader is the accurate route of this search with the highest lower end, not measured on
 a busy machine (unless ``--busy-machine ignore``): a candidate that cannot reach it
 cannot be the fastest route, and a candidate that cannot reach ``--min-speedup`` cannot
-win at all.
+win at all. In a search over several backends (`routetune.run.backends`), a floor may
+raise that bar: the lower end of another backend's base route's speed-up over this
+one's, timed side by side before the searches; a route slower than that engine cannot
+win the run.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ class Leader:
     Args:
         min_speedup: ``--min-speedup``, the lowest bar.
         busy_machine: The ``--busy-machine`` mode: under ``ignore`` a noisy trial may lead.
+        floor: A bar from outside this search (another backend's engine), or None.
     """
 
-    def __init__(self, min_speedup: float, busy_machine: str) -> None:
+    def __init__(self, min_speedup: float, busy_machine: str, floor: Bar | None = None
+                 ) -> None:
         self.min_speedup = min_speedup
         self.busy_machine = busy_machine
+        self.floor = floor
         self.trial: Trial | None = None
 
     def consider(self, trial: Trial) -> Trial:
@@ -38,11 +44,16 @@ class Leader:
         return trial
 
     def bar(self) -> Bar:
-        """What a new candidate races against: the leader's lower end, or ``--min-speedup``."""
-        floor = self.min_speedup
+        """What a new candidate races against.
+
+        The highest of the leader's lower end, the floor and ``--min-speedup``.
+        """
+        bars = [Bar(self.min_speedup, f"--min-speedup {self.min_speedup:g}")]
+        if self.floor is not None:
+            bars.append(self.floor)
         leader = self.trial
-        if leader is not None and leader.paired is not None and leader.paired.ci_low > floor:
+        if leader is not None and leader.paired is not None:
             p = leader.paired
-            return Bar(p.ci_low, f"the lower end of the leading route '{leader.route}' "
-                       f"{p.value:.3f}x [{p.ci_low:.3f}, {p.ci_high:.3f}]")
-        return Bar(floor, f"--min-speedup {floor:g}")
+            bars.append(Bar(p.ci_low, f"the lower end of the leading route '{leader.route}' "
+                            f"{p.value:.3f}x [{p.ci_low:.3f}, {p.ci_high:.3f}]"))
+        return max(bars, key=lambda b: b.speedup)

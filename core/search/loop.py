@@ -52,6 +52,7 @@ from routetune.search.leader import Leader
 from routetune.search.same_engine import SameEngine, same_engine_reason
 from routetune.search.strategy import Result, Strategy
 from routetune.signals import interrupted
+from routetune.timing.race import Bar
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ class SearchLoop:
             included (a recipe's ``base``), after the backend's preflight (the pinned prefix).
         executor: Where trials run; default: this process (`InlineExecutor`). The loop
             starts it, and `close` closes it.
+        floor: A bar every candidate races against at least (`Leader`): in a search over
+            several backends, another backend's base route; None for none.
 
     Raises:
         SeasoningError: A preflight or pinned-prefix step failed; no route can be built.
@@ -115,6 +118,7 @@ class SearchLoop:
         refinements: Sequence[Refinement] = (),
         base: Route | None = None,
         executor: Executor | None = None,
+        floor: Bar | None = None,
     ) -> None:
         self.registry = registry
         self.model = model
@@ -147,7 +151,7 @@ class SearchLoop:
         self._runtime = sorted(k for k, spec in backend.options().items() if spec.runtime)
         self._engines = {self._engine_key(t.engine_sha256, t.settings): t.route
                          for t in ours if t.engine_sha256}
-        self.leader = Leader(settings.min_speedup, settings.busy_machine)
+        self.leader = Leader(settings.min_speedup, settings.busy_machine, floor)
         self.same_engine = SameEngine(lambda name: registry.seasoning(name).info.stage,
                                       len(self.base_passes))
         for t in ours:

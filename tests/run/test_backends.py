@@ -11,7 +11,7 @@ import onnx
 import pytest
 from command import routetune as routetune_here
 from graphs import matmul_chain
-from quick import QUICK_FLAGS, QUICK_KEYWORDS
+from quick import QUICK_FLAGS, QUICK_KEYWORDS, quick_spec
 
 import routetune
 from routetune.options import check_keyword, options_of
@@ -25,10 +25,10 @@ from routetune.run.backends import (
     tune_backends,
     write,
 )
-from routetune.run.preparation import Prepared
+from routetune.run.preparation import Prepared, prepare_run
 from routetune.run.recipe import merge
 from routetune.run.run_spec import RunSpec
-from routetune.run.side_by_side import side_by_side
+from routetune.run.side_by_side import base_floors, side_by_side
 from routetune.run.winner import WINNER_OUTPUTS, load_outputs
 from routetune.timing.measure import Latency, Speedup
 
@@ -102,6 +102,11 @@ def test_two_backends_search_against_one_reference_and_meet_side_by_side(
     winner = summary["winner"]
     assert (winner["backend"], winner["route"]) in {(c["backend"], c["route"])
                                                     for c in contenders}
+    screen = summary["screen"]  # the base routes before the searches: one line each
+    assert [line.split(":")[0] for line in screen] == ["onnxruntime", "openvino"], screen
+    for name, line in zip(("onnxruntime", "openvino"), screen, strict=True):
+        record = json.loads((out / name / "run.json").read_text())
+        assert ("floor" in record["search"]) == ("no floor" not in line), (line, record)
     copied = json.loads((out / "winner.json").read_text())
     assert (copied["backend"], copied["route"]) == (winner["backend"], winner["route"])
     stored = {}
@@ -171,3 +176,24 @@ def test_a_base_route_that_wins_side_by_side_gets_its_own_winner_files(
     assert contenders[0].outputs is not None  # from the first loop
     alone, _ = side_by_side(prepared, result.runs, repeats=1, in_process=True)
     assert [c.name for c in alone] == [c.name for c in contenders]
+
+
+def test_a_backend_whose_base_route_is_slower_races_against_the_faster_one(
+        tmp_path: Path) -> None:
+    """The screen before the searches: one loop of the base routes side by side.
+
+    Two prepared runs whose base routes differ sixteenfold in work (one and sixteen
+    MatMul layers on the same input): the slower gets a floor, the lower end of the
+    faster one's paired speed-up over it; the faster gets none.
+    """
+    registry = load_registry()
+    runs = [prepare_run(quick_spec(model=matmul_chain(tmp_path / f"d{depth}.onnx",
+                                                      depth=depth, width=128, batch=16),
+                                   output=tmp_path / f"out{depth}"), registry)
+            for depth in (1, 16)]
+    floors, lines, _ = base_floors(runs, registry)
+    fast, slow = floors
+    assert fast is None and "no other backend's base route is shown faster" in lines[0]
+    assert slow is not None and slow.speedup > 3, lines  # sixteen layers against one
+    assert slow.source.startswith("the lower end of onnxruntime's base route")
+    assert f"race against {slow.speedup:.2f}x at least" in lines[1]

@@ -157,3 +157,31 @@ def test_an_example_whose_task_metric_is_disabled_says_so_in_one_line(
                               "be used (--accuracy 'top1>=0.99': unknown accuracy metric")
     assert message.endswith("enable the plugin that registers its metric, or give --accuracy")
     assert "\n" not in message
+
+
+def test_a_floor_from_outside_the_search_is_every_candidates_bar(registry: Registry,
+                                                                tmp_path: Path) -> None:
+    """A multi-backend run's floor (`routetune.run.backends`): every candidate races it.
+
+    No route is 100x faster than its base route: each leaves the race after its first
+    paired blocks, under that floor and named by it, the beam builds on none of them,
+    and the run record keeps the floor.
+    """
+    from graphs import matmul_chain
+
+    from routetune.timing.race import RACE_PAIRS, Bar
+
+    model = matmul_chain(tmp_path / "m.onnx", depth=2, width=64, batch=8)
+    opts = quick_spec(model=model, output=tmp_path / "out", search="beam",
+                      seasonings=("ort-threads", "ort-no-spinning"))
+    result = tune(opts, registry, floor=Bar(100.0, "a floor no route reaches"))
+    timed = [t for t in result.trials if not t.steps.is_base and t.paired is not None]
+    assert timed, [t.route for t in result.trials]
+    for trial in timed:
+        assert trial.raced == 100.0 and trial.paired.pairs <= RACE_PAIRS + 1, trial
+        assert any("(a floor no route reaches)" in note for note in trial.notes), trial.notes
+    assert max(len(t.steps) for t in result.trials) == 1  # nothing built on
+    assert result.winner.route == "base"
+    record = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert record["search"]["floor"] == {"speedup": 100.0,
+                                         "source": "a floor no route reaches"}
