@@ -51,6 +51,7 @@ from routetune.candidate.records import (
     Outcome,
     Recorded,
     StoredEngine,
+    Timing,
     TrialInputs,
 )
 from routetune.errors import (
@@ -212,7 +213,8 @@ class Candidate:
                     racing = FAILED_ACCURACY
                 timed, conditions = self.timing.watched(
                     lambda: self.timing.measure(runner, route, racing),
-                    None if racing is None else lambda t: cannot_reach(t.get("paired"), racing))
+                    None if racing is None else lambda t: cannot_reach(t.get("paired"), racing),
+                    base_ms=_base_ms)
                 notes += timed.pop("notes", ())
                 fields.update(timed)
                 fields.update(Measured(notes=tuple(notes), conditions=conditions,
@@ -243,7 +245,8 @@ class Candidate:
 
         Meant for a fresh worker process: nothing of the search's sessions is reused.
         The two engines are timed in paired blocks (`CONFIRM_BLOCKS` at least, and 3x
-        the search's minimum time), under the busy-machine policy. Racing
+        the search's minimum time), under the busy-machine policy, the base route's
+        pace in the search (`StoredEngine.pace_ms`) included (`PairedTiming.watched`). Racing
         (`MeasureSettings.race`), the timing stops once the paired blocks show the
         route cannot clear ``--min-speedup`` (`routetune.timing.race.out_of_race`): it
         would not hold; ``conditions["raced"]`` then gives that bar.
@@ -280,7 +283,9 @@ class Candidate:
                                                    give_up)
                 return latencies, paired_speedup(blocks, 0, 1)
 
-            (latencies, paired), conditions = self.timing.watched(timed)
+            (latencies, paired), conditions = self.timing.watched(
+                timed, base_ms=lambda r: r[0][1].p50, pace_ms=stored.pace_ms,
+                probe=runners[1])
         finally:
             for runner in runners:
                 runner.close()
@@ -395,3 +400,9 @@ def with_preflight(registry: Registry, inputs: TrialInputs, backend: Backend,
         data = exported.SerializeToString()
     inputs = replace(inputs, base_data=data, base_passes=tuple(passes))
     return Candidate(registry, inputs, backend, reference), passes
+
+
+def _base_ms(timed: Timing) -> float | None:
+    """The base route's p50 (ms) in a candidate's timing, where it was timed."""
+    base = timed.get("base_latency")
+    return None if base is None else base.p50

@@ -6,7 +6,9 @@ drift cancels out of the speed-up (`routetune.timing.measure.paired_speedup`). A
 whose paired blocks show it cannot clear its bar is timed no further
 (`routetune.timing.race`). Every
 timing waits for a quiet machine, or marks itself noisy, as ``--busy-machine`` says
-(`routetune.timing.conditions.measure_watched`).
+(`routetune.timing.conditions.measure_watched`); on the host CPU, a machine that runs
+the base route slower than it did earlier counts as busy too
+(`routetune.timing.conditions.pace_note`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from routetune.backend import Backend, Runner
 from routetune.candidate.artifacts import build_engine, open_engine, save_model
 from routetune.candidate.records import Timing, TrialInputs
 from routetune.routes.route import Route
-from routetune.timing.conditions import BusyPolicy, measure_watched
+from routetune.timing.conditions import WINDOW_S, BusyPolicy, measure_watched, pace_note
 from routetune.timing.measure import (
     Block,
     MeasureSettings,
@@ -90,19 +92,70 @@ class PairedTiming:
         self._base: Runner | Literal[False] | None = None  # False: cannot be built
         self._gpu: str | None = None  # see policy
         self._warm_base: frozenset[int] = frozenset()  # {1} once the base engine ran here
+        self._pace_ms: float | None = None  # the base route's fastest p50 in this process
 
     def watched(self, timed: Callable[[], T], settled: Callable[[T], bool] | None = None,
+                base_ms: Callable[[T], float | None] | None = None,
+                pace_ms: float | None = None, probe: Runner | None = None,
                 ) -> tuple[T, dict[str, Any]]:
         """Run `timed` under the busy-machine policy (`measure_watched`).
+
+        Where engines run on the host CPU, the base route's pace counts too: its p50
+        timed alone on a quiet machine, the first time in this process (the base trial)
+        or `pace_ms`. A result whose base route figure is over `PACE_SLOWER` times the
+        pace has the base route's engine timed alone for `WINDOW_S` (a paired figure
+        runs up to 1.3x its alone one on a small model: the two engines share caches and
+        cores); where that is slower too, the machine is slower than it was
+        (`pace_note`) and the attempt counts as busy. ``wait`` then waits by timing the
+        base route's engine alone until it is back to its pace. A wait that runs out
+        with the base route still slower takes its figure as the pace from then on: the
+        machine changed for good.
 
         Args:
             timed: The measurement.
             settled: Whether a busy result stands without a quiet re-measurement.
+            base_ms: The base route's p50 (ms) in a result, or None where it has none.
+            pace_ms: The base route's p50 alone (ms) from elsewhere (the search's base
+                trial, for a confirmation in a fresh process).
+            probe: The base route's engine to time alone; None: `base_runner`.
 
         Returns:
             Its result, and the machine's conditions meanwhile.
         """
-        return measure_watched(self.policy(), self.status(), timed, settled)
+        policy = self.policy()
+        pace = min((p for p in (self._pace_ms, pace_ms) if p), default=None)
+        paced = base_ms is not None and policy.gpu is None and pace is not None
+        alone: list[float] = []
+
+        def look() -> str:
+            ms = self._pace_now(probe)
+            alone.extend([] if ms is None else [ms])
+            return pace_note(ms, pace)
+
+        def slower(result: T) -> str:
+            return look() if base_ms is not None and pace_note(base_ms(result), pace) else ""
+
+        result, conditions = measure_watched(policy, self.status(), timed, settled,
+                                             slower if paced else None,
+                                             look if paced else None)
+        ms = base_ms(result) if base_ms is not None else None
+        if ms is not None and pace is None and not conditions["busy"]:
+            self._pace_ms = ms
+        elif (paced and alone and conditions["busy"] == pace_note(alone[-1], pace)
+              and conditions["waited_s"] >= policy.max_wait_s):
+            logger.warning("the base route stays at %.3g ms alone after %.0f s of waiting: "
+                           "its pace from now on", alone[-1], conditions["waited_s"])
+            self._pace_ms = alone[-1]
+        return result, conditions
+
+    def _pace_now(self, probe: Runner | None) -> float | None:
+        """The base route's p50 (ms) alone over `WINDOW_S` of runs now, or None."""
+        runner = probe or self.base_runner()
+        if runner is None:
+            return None
+        short = replace(self.inputs.measure, min_runs=3, min_time_s=WINDOW_S,
+                        max_time_s=WINDOW_S, min_blocks=1)
+        return measure(runner, self.inputs.feeds, short, warm=True).p50
 
     def measure(self, runner: Runner, route: Route, bar: Bar | None = None) -> Timing:
         """Time a candidate in paired blocks with the base route's engine, then alone.

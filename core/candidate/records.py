@@ -140,6 +140,9 @@ class StoredEngine:
         settings: Its full build settings (backend option keys).
         fingerprint: Its trial fingerprint (it names the engine file).
         recorded: What the trial store recorded of its build, to check files against.
+        pace_ms: The base route's p50 (ms) alone in the search's base trial, against
+            which a confirmation sees whether the machine is slower than it was
+            (`routetune.timing.conditions.pace_note`); None where unknown.
     """
 
     route: str
@@ -147,6 +150,7 @@ class StoredEngine:
     settings: Mapping[str, Any]
     fingerprint: str
     recorded: Recorded
+    pace_ms: float | None = None
 
 
 class Built(TypedDict, total=False):

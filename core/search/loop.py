@@ -152,6 +152,7 @@ class SearchLoop:
         self._engines = {self._engine_key(t.engine_sha256, t.settings): t.route
                          for t in ours if t.engine_sha256}
         self.leader = Leader(settings.min_speedup, settings.busy_machine, floor)
+        self.pace_ms: float | None = None  # the base route's p50 alone in this search
         self.same_engine = SameEngine(lambda name: registry.seasoning(name).info.stage,
                                       len(self.base_passes))
         for t in ours:
@@ -367,16 +368,27 @@ class SearchLoop:
                 measured = self.store.get(self.fingerprint(shortest)) or self.store.add(judged(
                     self._record(shortest, self.fingerprint(shortest), outcome.status,
                                  outcome.reason, **fields), self.constraint))
-                also(self.leader.consider(measured))
+                also(self.leader.consider(self._keep_pace(measured)))
                 trial = self._same_as(route, shortest, dropped, measured)
             else:
-                trial = self.leader.consider(self.store.add(judged(
+                trial = self.leader.consider(self._keep_pace(self.store.add(judged(
                     self._record(route, fingerprint, outcome.status, outcome.reason,
-                                 **fields), self.constraint)))
+                                 **fields), self.constraint))))
             logger.info("%s: %s %s", route, trial.status, trial.reason)
             done[route] = trial
             on_trial(trial, False)
         return {route: done[route] for route in routes if route in done}
+
+    def _keep_pace(self, trial: Trial) -> Trial:
+        """`trial`; the base route's, measured on a quiet machine, sets `pace_ms`.
+
+        A confirmation times the base route alone when its figure there is slower than
+        this pace: a machine that runs it slower than in the search is slower than it
+        was (`routetune.timing.conditions.pace_note`).
+        """
+        if trial.steps.is_base and trial.latency is not None and not trial.noisy:
+            self.pace_ms = trial.latency.p50
+        return trial
 
     def _as_measured(self, route: Route, done: Mapping[Route, Trial]) -> Trial | None:
         """The route recorded as its shortest equal's engine, when that has a trial."""
@@ -443,7 +455,7 @@ class SearchLoop:
         Raises:
             BuildError: An engine could not be rebuilt.
         """
-        return self.executor.confirm(_stored(trial))
+        return self.executor.confirm(_stored(trial, self.pace_ms))
 
     def outputs(self, trial: Trial) -> list[dict[str, np.ndarray]] | None:
         """Rebuild a stored trial's engine and run it on every input set.
@@ -476,11 +488,15 @@ class SearchLoop:
         self.executor.close()
 
 
-def _stored(trial: Trial) -> StoredEngine:
-    """A stored trial's engine, and what the store recorded of its build."""
+def _stored(trial: Trial, pace_ms: float | None = None) -> StoredEngine:
+    """A stored trial's engine, what the store recorded of its build, and the pace.
+
+    The pace: the base route's p50 alone in the search (`SearchLoop.pace_ms`).
+    """
     return StoredEngine(trial.route, trial.artifact or "", dict(trial.settings),
                         trial.fingerprint,
-                        Recorded(trial.candidate_sha256 or "", trial.engine_sha256 or ""))
+                        Recorded(trial.candidate_sha256 or "", trial.engine_sha256 or ""),
+                        pace_ms)
 
 
 def _versions(backend: Backend) -> dict[str, str]:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
 import onnx_graphsurgeon as gs
+import pytest
 from graphs import wasteful
 from quick import quick_spec
 
 from routetune.display import racing_line
 from routetune.plugin_manager import load_registry
+from routetune.records.trial import Trial
 from routetune.run.tuning import TuneResult, tune
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
 from routetune.timing.measure import MeasureSettings
@@ -86,3 +91,72 @@ def test_without_racing_only_a_hopeless_candidate_stops_early(tmp_path: Path) ->
         if route not in ("base", "add-waste") and trial.status == "ok":
             assert trial.paired is not None and trial.paired.pairs >= 10
             assert not any("out of the race" in n for n in trial.notes)
+
+
+def _pin_every_thread(cpus: set[int]) -> None:
+    """Run every thread of this process (ONNX Runtime's pools too) on `cpus` only."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+
+
+ALL_CPUS = os.sched_getaffinity(0)
+
+
+class TakeACore(Seasoning):
+    """Renames the graph (a new engine, the same computation), and meanwhile takes every
+    core but one from this process, as the VM's host took one of its two vCPUs away
+    (docs/benchmarks.md): the machine is slower than it was, and nothing in /proc says
+    so. With ``give_back_s``, a timer gives the cores back after that many seconds."""
+
+    info = SeasoningInfo(name="take-a-core", stage="graph",
+                         summary="take every core but one from the process")
+    give_back_s: float | None = None
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Rename the graph, and pin every thread to the first core."""
+        state.graph.name = f"{state.graph.name}-renamed"
+        _pin_every_thread({min(ALL_CPUS)})
+        if self.give_back_s is not None:
+            threading.Timer(self.give_back_s, _pin_every_thread, (ALL_CPUS,)).start()
+        return PassResult(True, {"renamed": 1})
+
+
+def _slowed(tmp_path: Path, busy_machine: str) -> dict[str, Trial]:
+    """A search whose last candidate takes the core; the base route's engine in the
+    search is opened before (by ``ort-opt-level``'s), with a thread for each core."""
+    registry = load_registry()
+    registry.add_seasoning(TakeACore)
+    try:
+        result = tune(quick_spec(model=wasteful(tmp_path / "m.onnx", depth=40),
+                                 output=tmp_path / "out",
+                                 seasonings=("ort-opt-level", "take-a-core"),
+                                 search="exhaustive", max_depth=1,
+                                 busy_machine=busy_machine), registry)
+    finally:
+        _pin_every_thread(ALL_CPUS)
+    assert result.winner is not None and result.winner.route == "base"
+    return {t.route: t for t in result.trials}
+
+
+@pytest.mark.serial
+@pytest.mark.skipif(len(ALL_CPUS) < 2, reason="needs two cores to take one away")
+def test_a_machine_slower_than_it_was_marks_the_trial_noisy(tmp_path: Path) -> None:
+    trials = _slowed(tmp_path, "warn")
+    assert not trials["base"].noisy
+    slowed = trials["take-a-core"]
+    assert slowed.noisy.startswith("the base route ran alone at "), slowed.noisy
+    assert "its p50 earlier in this run" in slowed.noisy
+    assert "this machine is slower than it was" in slowed.noisy
+    assert slowed.conditions["attempts"] == 1 and slowed.conditions["waited_s"] == 0
+
+
+@pytest.mark.serial
+@pytest.mark.skipif(len(ALL_CPUS) < 2, reason="needs two cores to take one away")
+def test_wait_times_the_base_route_until_it_is_back_to_its_pace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(TakeACore, "give_back_s", 2.0)
+    trials = _slowed(tmp_path, "wait")
+    slowed = trials["take-a-core"]
+    assert not slowed.noisy, slowed.noisy  # measured again once the core was back
+    assert slowed.conditions["attempts"] >= 2 and slowed.conditions["waited_s"] >= 2.0
