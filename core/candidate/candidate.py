@@ -43,7 +43,7 @@ from routetune.candidate.artifacts import (
     open_engine,
     save_model,
 )
-from routetune.candidate.pairing import PairedTiming
+from routetune.candidate.pairing import THROUGH, PairedTiming
 from routetune.candidate.records import (
     BUILT,
     Built,
@@ -214,7 +214,9 @@ class Candidate:
                 timed, conditions = self.timing.watched(
                     lambda: self.timing.measure(runner, route, racing),
                     None if racing is None else lambda t: cannot_reach(t.get("paired"), racing),
-                    base_ms=_base_ms)
+                    base_ms=_base_ms,
+                    through=None if racing is None else (
+                        lambda: self.timing.measure(runner, route, racing, THROUGH)))
                 notes += timed.pop("notes", ())
                 fields.update(timed)
                 fields.update(Measured(notes=tuple(notes), conditions=conditions,

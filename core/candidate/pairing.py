@@ -42,6 +42,11 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+THROUGH = 3
+"""A busy search candidate that its paired figure does not settle is measured again at
+once, this many times as long, before it waits for quiet (`measure_watched`): three
+times the blocks narrow a paired interval by about sqrt(3)."""
+
 def other_settings(settings: MeasureSettings) -> MeasureSettings:
     """How the other latency is timed: the other kind, a quarter of the time, 6 blocks."""
     return replace(settings, latency=settings.other_latency,
@@ -97,6 +102,7 @@ class PairedTiming:
     def watched(self, timed: Callable[[], T], settled: Callable[[T], bool] | None = None,
                 base_ms: Callable[[T], float | None] | None = None,
                 pace_ms: float | None = None, probe: Runner | None = None,
+                through: Callable[[], T] | None = None,
                 ) -> tuple[T, dict[str, Any]]:
         """Run `timed` under the busy-machine policy (`measure_watched`).
 
@@ -104,9 +110,10 @@ class PairedTiming:
         timed alone on a quiet machine, the first time in this process (the base trial)
         or `pace_ms`. A result whose base route figure is over `PACE_SLOWER` times the
         pace has the base route's engine timed alone for `WINDOW_S` (a paired figure
-        runs up to 1.3x its alone one on a small model: the two engines share caches and
-        cores); where that is slower too, the machine is slower than it was
-        (`pace_note`) and the attempt counts as busy. ``wait`` then waits by timing the
+        runs up to 1.5x its alone one on a small model: the two engines share caches and
+        cores); where that is slower too, or the paired figure itself is over
+        `PAIRED_SLOWER` times the pace, the machine is slower than it was (`pace_note`)
+        and the attempt counts as busy. ``wait`` then waits by timing the
         base route's engine alone until it is back to its pace. A wait that runs out
         with the base route still slower takes its figure as the pace from then on: the
         machine changed for good.
@@ -118,6 +125,8 @@ class PairedTiming:
             pace_ms: The base route's p50 alone (ms) from elsewhere (the search's base
                 trial, for a confirmation in a fresh process).
             probe: The base route's engine to time alone; None: `base_runner`.
+            through: A longer measurement, tried at once on a busy result that is not
+                `settled`, before waiting (`measure_watched`).
 
         Returns:
             Its result, and the machine's conditions meanwhile.
@@ -133,11 +142,14 @@ class PairedTiming:
             return pace_note(ms, pace)
 
         def slower(result: T) -> str:
-            return look() if base_ms is not None and pace_note(base_ms(result), pace) else ""
+            ms = None if base_ms is None else base_ms(result)
+            if not pace_note(ms, pace):
+                return ""
+            return pace_note(ms, pace, paired=True) or look()
 
         result, conditions = measure_watched(policy, self.status(), timed, settled,
                                              slower if paced else None,
-                                             look if paced else None)
+                                             look if paced else None, through)
         ms = base_ms(result) if base_ms is not None else None
         if ms is not None and pace is None and not conditions["busy"]:
             self._pace_ms = ms
@@ -157,8 +169,12 @@ class PairedTiming:
                         max_time_s=WINDOW_S, min_blocks=1)
         return measure(runner, self.inputs.feeds, short, warm=True).p50
 
-    def measure(self, runner: Runner, route: Route, bar: Bar | None = None) -> Timing:
+    def measure(self, runner: Runner, route: Route, bar: Bar | None = None,
+                longer: int = 1) -> Timing:
         """Time a candidate in paired blocks with the base route's engine, then alone.
+
+        `longer` times as many blocks and seconds as the search's settings say: a
+        candidate measured through a busy machine (`THROUGH`).
 
         `runner` has run every input set once already (its accuracy pass), which counts
         towards its warm-up (`measure_blocks`).
@@ -178,6 +194,11 @@ class PairedTiming:
             ``notes``: why the timing ended early, when it did.
         """
         feeds, settings = self.inputs.feeds, self.inputs.measure
+        if longer > 1:
+            settings = replace(settings, min_time_s=settings.min_time_s * longer,
+                               max_time_s=settings.max_time_s * longer,
+                               max_runs=settings.max_runs * longer,
+                               min_blocks=settings.min_blocks * longer)
         timed = Timing(latency_kind=settings.latency, base_latency=None, paired=None,
                       other_latency=None, notes=(), raced=None)
         base = None if route.is_base else self.base_runner()

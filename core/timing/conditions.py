@@ -69,6 +69,13 @@ PACE_SLOWER = 1.3
 the machine slower than it was. A quiet run's base route drifts by about ±6% (the verdicts'
 ``base drift``); the VM's lost vCPU made it 2.1x (docs/benchmarks.md, 2026-12-05)."""
 
+PAIRED_SLOWER = 1.8
+"""A base route whose paired p50 is this many times its p50 alone earlier in the run marks
+the machine slower than it was without timing it alone again: sharing caches and cores
+with another engine made it up to 1.5x on a small model, the lost vCPU 2.1x and more. A
+paired figure between `PACE_SLOWER` and this is timed alone to tell (the slow state may
+have ended meanwhile; a figure over this was slow whatever came after)."""
+
 QUIET_S = 2.0
 """Seconds the machine must be quiet before ``wait`` measures again."""
 
@@ -287,19 +294,23 @@ def gpu_conditions(gpu: str, own: set[int]) -> dict[str, Any]:
     return out
 
 
-def pace_note(ms: float | None, pace_ms: float | None) -> str:
-    """Why a base route timed alone at `ms` shows the machine slower than at `pace_ms`.
+def pace_note(ms: float | None, pace_ms: float | None, paired: bool = False) -> str:
+    """Why a base route timed at `ms` shows the machine slower than at `pace_ms`.
 
     Args:
-        ms: The base route's p50 alone now (ms), or None where it was not timed.
+        ms: The base route's p50 now (ms), or None where it was not timed.
         pace_ms: Its p50 alone earlier in the run (ms), or None where none is known.
+        paired: `ms` is a measurement's own figure (paired with another engine, as a
+            rule), not one timed alone for this check: its bar is `PAIRED_SLOWER`.
 
     Returns:
-        The reason, or "" where `ms` is within `PACE_SLOWER` times `pace_ms`.
+        The reason, or "" where `ms` is within the bar times `pace_ms`.
     """
-    if ms is None or not pace_ms or ms <= pace_ms * PACE_SLOWER:
+    bar = PAIRED_SLOWER if paired else PACE_SLOWER
+    if ms is None or not pace_ms or ms <= pace_ms * bar:
         return ""
-    return (f"the base route ran alone at {ms:.3g} ms (p50), {ms / pace_ms:.2f}x its p50 "
+    how = "in this measurement" if paired else "alone"
+    return (f"the base route ran {how} at {ms:.3g} ms (p50), {ms / pace_ms:.2f}x its p50 "
             f"earlier in this run ({pace_ms:.3g} ms), with no other process to blame: "
             "this machine is slower than it was (a core or clock taken away)")
 
@@ -393,6 +404,7 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
                     settled: Callable[[Any], bool] | None = None,
                     slower: Callable[[Any], str] | None = None,
                     look: Callable[[], str] | None = None,
+                    through: Callable[[], Any] | None = None,
                     ) -> tuple[Any, dict[str, Any]]:
     """Run a measurement under `policy`: wait for quiet and measure again as it says.
 
@@ -403,8 +415,12 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
     With `settled`, ``wait`` measures at once, and waits only where the paired
     statistics cannot decide: a busy attempt whose result is settled (a candidate that
     cannot reach its bar even at the top of its interval, whatever the load did to it)
-    stands, marked noisy; only one that might matter waits for quiet and is measured
-    again. So a busy machine costs waiting only for the routes that could win.
+    stands, marked noisy. One that might matter is first measured through the noise
+    with `through`, at once: a longer paired measurement, whose narrower interval may
+    settle it after all (load that slows both engines alike cancels out of a paired
+    figure; what is left widens the interval, and more blocks narrow it). Only one
+    still unsettled waits for quiet and is measured again. So a busy machine costs
+    waiting only for the routes that could win.
 
     Args:
         policy: The busy-machine policy.
@@ -416,19 +432,23 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
             or "": such an attempt counts as busy.
         look: What ``wait`` checks besides foreign load while it waits (the base
             route's pace now, `pace_note`).
+        through: The longer measurement tried once, at once, on a busy attempt that
+            is not `settled`, before any wait; None: wait at once.
 
     Returns:
         `run`'s result and the conditions of the attempt that stands, with
-        ``waited_s`` (seconds waited in all), ``attempts`` and ``mode``.
+        ``waited_s`` (seconds waited in all), ``attempts``, ``through`` (whether a
+        busy attempt was measured through, `through`) and ``mode``.
     """
     watch = Watch(policy, status)
     waited, attempts = 0.0, 0
     if policy.mode == "wait" and settled is None and (why := watch.quick_busy()):
         waited += watch.wait_quiet(policy.max_wait_s, why)
+    now, measured_through = run, False
     while True:
         attempts += 1
         watch.start()
-        result = run()
+        result = now()
         conditions = watch.stop()
         if not conditions["busy"] and slower is not None:
             conditions["busy"] = slower(result)
@@ -436,8 +456,13 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
         if (policy.mode != "wait" or not conditions["busy"] or left <= 0
                 or (settled is not None and settled(result))):
             break
+        if through is not None and not measured_through:
+            now, measured_through = through, True
+            continue
+        now = run
         waited += watch.wait_quiet(left, conditions["busy"], look)
-    conditions.update(waited_s=round(waited, 2), attempts=attempts, mode=policy.mode)
+    conditions.update(waited_s=round(waited, 2), attempts=attempts,
+                      through=measured_through, mode=policy.mode)
     return result, conditions
 
 

@@ -145,7 +145,7 @@ def test_a_machine_slower_than_it_was_marks_the_trial_noisy(tmp_path: Path) -> N
     trials = _slowed(tmp_path, "warn")
     assert not trials["base"].noisy
     slowed = trials["take-a-core"]
-    assert slowed.noisy.startswith("the base route ran alone at "), slowed.noisy
+    assert slowed.noisy.startswith("the base route ran "), slowed.noisy
     assert "its p50 earlier in this run" in slowed.noisy
     assert "this machine is slower than it was" in slowed.noisy
     assert slowed.conditions["attempts"] == 1 and slowed.conditions["waited_s"] == 0
@@ -155,8 +155,10 @@ def test_a_machine_slower_than_it_was_marks_the_trial_noisy(tmp_path: Path) -> N
 @pytest.mark.skipif(len(ALL_CPUS) < 2, reason="needs two cores to take one away")
 def test_wait_times_the_base_route_until_it_is_back_to_its_pace(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(TakeACore, "give_back_s", 2.0)
+    # given back after the first measurement and the one through the noise (about 3 s)
+    monkeypatch.setattr(TakeACore, "give_back_s", 5.0)
     trials = _slowed(tmp_path, "wait")
     slowed = trials["take-a-core"]
     assert not slowed.noisy, slowed.noisy  # measured again once the core was back
-    assert slowed.conditions["attempts"] >= 2 and slowed.conditions["waited_s"] >= 2.0
+    assert slowed.conditions["through"] and slowed.conditions["attempts"] >= 3
+    assert slowed.conditions["waited_s"] >= 2.0

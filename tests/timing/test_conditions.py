@@ -137,6 +137,24 @@ def test_wait_keeps_a_busy_result_that_is_settled_and_waits_only_for_the_others(
     assert c["attempts"] == 2 and c["waited_s"] >= 2.0  # might matter: waited, again
 
 
+def test_wait_measures_through_the_noise_once_before_it_waits(tmp_path: Path) -> None:
+    with foreign_load(cores=1):
+        # the longer measurement settles it: it stands at once, with no wait
+        result, c = measure_watched(BusyPolicy("wait", max_wait_s=2.0), None,
+                                    lambda: time.sleep(0.2) or "close", lambda r: r == "slow",
+                                    through=lambda: time.sleep(0.6) or "slow")
+        assert result == "slow" and c["attempts"] == 2 and c["waited_s"] == 0
+        assert c["through"] and c["busy"].startswith("other processes used")
+        # still unsettled after it: waits, then measures as at first (not through again)
+        calls: list[str] = []
+        result, c = measure_watched(
+            BusyPolicy("wait", max_wait_s=2.0), None,
+            lambda: time.sleep(0.3) or calls.append("run") or "close", lambda r: r == "slow",
+            through=lambda: time.sleep(0.3) or calls.append("through") or "close")
+    assert calls == ["run", "through", "run"] and result == "close"
+    assert c["through"] and c["waited_s"] >= 2.0
+
+
 def routetune(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
                           text=True, timeout=600)
