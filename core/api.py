@@ -50,7 +50,10 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult | Backen
             ``in_process``, ``executor`` (``local``, ``ray``), ``ray_address``,
             ``min_speedup``, ``confirm_repeats``,
             ``busy_machine`` (``wait``, ``warn``, ``ignore``),
-            ``allow_external_data_outside``.
+            ``allow_external_data_outside``, ``reference_outputs`` (a saved
+            reference: an ``.npz`` file or folder, or Polygraphy's ``.json``),
+            ``custom_op_libraries`` (paths, or ``"onnxruntime-extensions"``: registered
+            with every ONNX Runtime session).
 
     Returns:
         The `TuneResult`: ``winner``, ``trials`` (winner first), ``to_dataframe()``,

@@ -215,6 +215,10 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
     if result.stopped:
         console.print(f"[yellow]{stopped_line(result)}[/]")
     console.print(winner_line(result))
+    if opts.reference_outputs is not None:
+        console.print(f"reference: every route was judged against the outputs in "
+                      f"{escape(str(opts.reference_outputs))} ({opts.spelled('reference_outputs')}),"
+                      " not against a run of the model here")
     for line in conditions_lines(result):
         console.print(line)
     records = result.files["run"].parent

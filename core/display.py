@@ -11,6 +11,7 @@ from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
+from routetune.libraries import EXTENSIONS
 from routetune.options import options_of
 from routetune.records.trial import Status, Trial
 from routetune.registry import Registry
@@ -40,7 +41,8 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
     """What ``routetune tune`` is about to do, in short lines that do not wrap at 80 columns.
 
     The model's name and hash, the backend and its device, what the preparation
-    changed (`routetune.model.loading.PreparedModel.changes`), the base pipeline's preflight
+    changed (`routetune.model.loading.PreparedModel.changes`), each custom-op library
+    with its hash, a saved reference with its hash, the base pipeline's preflight
     (one line per step), the route space with the trials planned, the time budget and
     the accuracy constraint (an example's own say so).
     """
@@ -50,6 +52,14 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
              f"backend  {escape(run.backend.name)} {escape(run.backend.version())}",
              f"device   {escape(run.backend.device())}"]
     lines += [f"prepared {escape(change)}" for change in run.model.changes]
+    lines += [f"library  {escape(lib.named if lib.named == EXTENSIONS else lib.path.name)} "
+              f"· sha256 {lib.sha256[:16]} · custom ops registered with every ONNX Runtime "
+              "session" for lib in run.libraries]
+    saved = run.saved_reference
+    if saved is not None:
+        lines.append(f"reference {escape(saved.path.name)} · sha256 {saved.sha256[:16]} · "
+                     f"saved outputs of {len(saved.outputs)} input "
+                     f"set{'s' * (len(saved.outputs) != 1)}, not run here")
     for p in run.base_passes or ():
         stats = ", ".join(f"{k} {v}" for k, v in p["stats"].items() if v)
         lines.append(f"preflight {escape(p['step'])}" + (f": {escape(stats)}" if stats else ""))

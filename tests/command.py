@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from routetune.cli import main
 
@@ -56,3 +59,18 @@ def routetune_script(*args: str, timeout: float = 300, cwd: Path | None = None,
     """Run ``python -m routetune ARGS`` in a subprocess, with `env` added to this one's."""
     return subprocess.run([sys.executable, "-m", "routetune", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd, env={**os.environ, **env})
+
+
+def without_root_rights(*args: str) -> list[str]:
+    """`args` run without root's right to write anywhere when this is root, else as is.
+
+    Root keeps its user id, so it still reads a venv in its own home (as nobody, uid
+    65534, it could not), and loses the capabilities that let it write a read-only
+    folder (``CAP_DAC_OVERRIDE`` and its kin, dropped from the bounding set by
+    ``setpriv``).
+    """
+    if os.geteuid() != 0:
+        return list(args)
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to drop the rights with")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *args]

@@ -339,3 +339,36 @@ def rmsnorm(path: Path, width: int = 16, layers: int = 2) -> Path:
         nodes, "rmsnorm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, width])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, width])], inits)
     return _save(graph, path)
+
+
+def contrib_inverse(path: Path, width: int = 16) -> Path:
+    """x f32[W,W] -> MatMul -> Add(4I) -> ai.onnx.contrib::Inverse -> MatMul -> Relu -> y.
+
+    `Inverse` is onnxruntime-extensions' (its library registered with the session); the
+    added 4I keeps the matrix well away from singular on normal inputs.
+    """
+    from routetune.libraries import CONTRIB
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((width, width)) * 0.1).astype(np.float32),
+                                "W1"),
+        numpy_helper.from_array((np.eye(width) * 4).astype(np.float32), "I4"),
+        numpy_helper.from_array((rng.standard_normal((width, width)) * 0.1).astype(np.float32),
+                                "W2"),
+    ]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["a"], name="mm1"),
+             helper.make_node("Add", ["a", "I4"], ["b"], name="shift"),
+             helper.make_node("Inverse", ["b"], ["c"], name="inverse", domain=CONTRIB),
+             helper.make_node("MatMul", ["c", "W2"], ["d"], name="mm2"),
+             helper.make_node("Relu", ["d"], ["y"], name="relu")]
+    graph = helper.make_graph(
+        nodes, "contrib_inverse",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [width, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [width, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(CONTRIB, 1)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)  # no full check: the checker knows no contrib schema
+    onnx.save(model, path)
+    return path

@@ -69,6 +69,7 @@ from routetune.judging.accuracy import (
     measure_accuracy,
 )
 from routetune.judging.strict_fp16 import mentions_float16, strict_fp16_overflows
+from routetune.libraries import use
 from routetune.model.loading import sha256
 from routetune.model.postconditions import cast_faults, check_candidate
 from routetune.model.weights import import_graph
@@ -95,6 +96,9 @@ CONFIRM_BLOCKS = 30
 class Candidate:
     """Builds, checks and times routes of one model on one backend, in this process.
 
+    The process registers the run's custom-op libraries (``inputs.settings.libraries``)
+    with every ONNX Runtime session from its construction on (`routetune.libraries.use`).
+
     Args:
         registry: The installed plugins.
         inputs: The model, inputs, constraint and settings.
@@ -106,6 +110,7 @@ class Candidate:
 
     def __init__(self, registry: Registry, inputs: TrialInputs, backend: Backend | None = None,
                  reference: Backend | None = None) -> None:
+        use(inputs.settings.libraries)  # this process's every session, from now on
         self.registry = registry
         self.inputs = inputs
         self.backend = backend or registry.backend(inputs.backend)(inputs.profile)

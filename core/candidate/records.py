@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from routetune.judging.constraint import Constraint
+from routetune.libraries import Library
 from routetune.records.trial import Status
 from routetune.timing.conditions import BusyPolicy
 from routetune.timing.measure import Latency, MeasureSettings, Speedup
@@ -38,12 +39,16 @@ class TrialSettings:
         busy_machine: The ``--busy-machine`` mode (`routetune.timing.conditions.MODES`).
         min_speedup: ``--min-speedup``: the least speed-up a candidate races against
             (`routetune.timing.race`).
+        libraries: ``--custom-op-library``, as checked: registered with every ONNX
+            Runtime session of a process that does a candidate's work
+            (`routetune.libraries.use`).
     """
 
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     busy_machine: str = BusyPolicy.mode
     min_speedup: float = 1.0
+    libraries: tuple[Library, ...] = ()
 
 
 BUILT: Literal["built"] = "built"

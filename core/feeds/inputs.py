@@ -236,8 +236,12 @@ bad or pickled ``.npy`` member, a header that claims more memory than there is, 
 deflate stream, an encrypted or unknown-compression member."""
 
 
-def _read_npz(path: Path) -> dict[str, np.ndarray | bytes]:
+def read_npz(path: Path, option: str = "inputs") -> dict[str, np.ndarray | bytes]:
     """The members of an ``.npz`` file, each read as an array where it is one.
+
+    Args:
+        path: The file.
+        option: The option that named it (its API keyword), for the messages.
 
     Raises:
         UsageError: The file is not an ``.npz`` (a bare ``.npy`` included), a member
@@ -245,26 +249,26 @@ def _read_npz(path: Path) -> dict[str, np.ndarray | bytes]:
     """
     fix = "save with numpy.savez"
     if not path.is_file():  # a folder named x.npz, a FIFO (reading it never ends)
-        raise OptionError("inputs", f" {path}: not a regular file; {fix}")
+        raise OptionError(option, f" {path}: not a regular file; {fix}")
     try:
         data = np.load(path, allow_pickle=False)
     except _UNREADABLE as e:
-        raise OptionError("inputs", f" {path}: not a readable .npz file ({one_line(e)}); "
+        raise OptionError(option, f" {path}: not a readable .npz file ({one_line(e)}); "
                           f"{fix}") from e
     if not isinstance(data, np.lib.npyio.NpzFile):
-        raise OptionError("inputs", f" {path}: one .npy array, not an .npz file of named "
+        raise OptionError(option, f" {path}: one .npy array, not an .npz file of named "
                           f"inputs; {fix}(path, name=array)")
     with data:
         assert data.zip is not None  # open until the with block ends
         for info in data.zip.infolist():
             if info.file_size > MAX_INPUT_BYTES:
-                raise OptionError("inputs", f" {path}: {info.filename!r} takes "
+                raise OptionError(option, f" {path}: {info.filename!r} takes "
                                   f"{info.file_size / 2**30:.1f} GiB; give inputs of at most "
                                   f"{MAX_INPUT_BYTES // 2**30} GiB each")
         try:
             return {k: data[k] for k in data.files}
         except _UNREADABLE as e:
-            raise OptionError("inputs", f" {path}: not a readable .npz file ({one_line(e)}); "
+            raise OptionError(option, f" {path}: not a readable .npz file ({one_line(e)}); "
                               f"{fix}") from e
 
 
@@ -288,7 +292,7 @@ def fed_names(path: Path) -> set[str]:
 
 def _load_one(path: Path, specs: Sequence[TensorSpec]) -> Feed:
     arrays: dict[str, np.ndarray] = {}
-    for name, value in _read_npz(path).items():
+    for name, value in read_npz(path).items():
         if not isinstance(value, np.ndarray):  # a member that is not .npy: its raw bytes
             raise OptionError("inputs", f" {path}: {name!r} is not a NumPy array (not an .npy "
                               "member); save with numpy.savez")

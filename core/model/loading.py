@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper
 
 from routetune.errors import UsageError, one_line
+from routetune.libraries import ORT_DOMAINS
 from routetune.model import weights, weights_check
 
 Dim = int | str
@@ -415,7 +416,9 @@ def with_intermediates(model: onnx.ModelProto, names: Iterable[str] | None = Non
     Args:
         model: The model; not changed. Top-level tensors only (subgraphs stay closed).
         names: The tensors to add; None for every float tensor whose type shape
-            inference knows, graph inputs included.
+            inference knows, graph inputs included, and every output of a custom
+            operator (`routetune.libraries.ORT_DOMAINS`), whose type shape inference
+            cannot know: added without a type, which ONNX Runtime fills in.
 
     Returns:
         The copy, with the original outputs first (less those of a type ONNX Runtime
@@ -433,6 +436,12 @@ def with_intermediates(model: onnx.ModelProto, names: Iterable[str] | None = Non
             out.type.tensor_type.elem_type = value.type.tensor_type.elem_type
             probe.graph.output.append(out)
             known.add(value.name)
+    if names is None:
+        custom = [t for n in probe.graph.node if (n.domain or "") not in ORT_DOMAINS
+                  for t in n.output if t and t not in known]
+        for name in custom:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+            known.add(name)
     del probe.graph.value_info[:]
     unreadable = [o for o in probe.graph.output if o.type.tensor_type.elem_type in NO_NUMPY]
     for output in unreadable:  # ONNX Runtime cannot hand them to Python

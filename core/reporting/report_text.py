@@ -94,7 +94,9 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
             f" ({given['accuracy']} task constraint)" if "accuracy" in given else ""),
         "optimisation profile": run["profile"] or "none",
         "validation inputs": inputs,
+        "FP32 reference": _reference_text(run.get("reference")),
         "base pipeline": ", ".join(run.get("base_pipeline", [])) or "none",
+        "custom-op libraries": _libraries_text(run.get("libraries")),
         "backend options": ", ".join(f"{k}={v}" for k, v in
                                      backend.get("options", {}).items()) or "defaults",
         "pinned routes": ", ".join(run.get("pinned", [])) or "none",
@@ -115,6 +117,24 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
         "machine conditions": conditions_text(run),
         "started": f"{run['started_at']}, finished {run.get('finished_at', '?')}",
     }
+
+
+def _reference_text(reference: Any) -> str:
+    """Where the FP32 reference came from: a run here, or the user's file with its sha256."""
+    if not isinstance(reference, dict) or reference.get("source") != "file":
+        backend = reference.get("backend") if isinstance(reference, dict) else None
+        return f"run here ({backend or 'onnxruntime'}, CPU, optimisations off)"
+    return (f"from the file {reference.get('path')} ({reference.get('format')}, "
+            f"sha256 {reference.get('sha256')}), not run here")
+
+
+def _libraries_text(libraries: Any) -> str:
+    """Each custom-op library the run registered, with its sha256 (`routetune.libraries`)."""
+    listed = libraries.get("custom_ops") if isinstance(libraries, dict) else None
+    if not isinstance(listed, list) or not listed:
+        return "none"
+    return "; ".join(f"{lib.get('path')} (sha256 {lib.get('sha256')})" for lib in listed
+                     if isinstance(lib, dict))
 
 
 def _memory_text(memory: dict[str, Any] | str | None) -> str:

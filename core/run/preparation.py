@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +38,8 @@ from routetune.judging.accuracy import (
     check_outputs,
     parse_accuracy,
 )
+from routetune.judging.saved_reference import SavedReference, load_reference
+from routetune.libraries import CONTRIB, EXTENSIONS, ORT_DOMAINS, Library, resolve, use
 from routetune.model.loading import PreparedModel, prepare, sha256, with_weights_in
 from routetune.model.weights import import_graph
 from routetune.option_seasoning import check_option_keys
@@ -85,6 +88,10 @@ class Prepared:
     time_budget_s: float | None = None
     """The search's time budget (s): ``--time-budget``, or the example's when none is
     given (`routetune.feeds.examples.Example.time_budget_s`, named in ``source``)."""
+    libraries: tuple[Library, ...] = ()
+    """``--custom-op-library``, checked and hashed (`routetune.libraries.resolve`)."""
+    saved_reference: SavedReference | None = None
+    """``--reference-outputs``, read and checked: the reference instead of a run here."""
 
     @property
     def backend_options(self) -> Mapping[str, Any]:
@@ -120,6 +127,8 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
         raise OptionError("shapes", f" with {opt}: {shapes_} sets min, opt and max at once; "
                           f"give {opt} with {low}/{high} instead")
     check_workers(opts, registry)
+    libraries = resolve(opts.custom_op_libraries, opts.spelled("custom_op_libraries"))
+    use(libraries)  # the reference, the passes' own runs and in-process candidates
     registry.reference_backend()  # what every candidate is checked against, before any work
     backend = available_backend(registry, opts.backend)
     check_option_keys(registry, backend)  # a plugin's misspelled option: now, not mid-search
@@ -163,6 +172,8 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
         else:
             feeds = synthesize(model.inputs, shapes)
         source["shapes"] = ",".join(f"{k}:{'x'.join(map(str, v))}" for k, v in shapes.items())
+    saved = (load_reference(opts.reference_outputs, model.outputs, len(feeds))
+             if opts.reference_outputs is not None else None)
     profile = make_profile(model.inputs, shapes, opts.min_shapes or opts.shapes,
                            opts.max_shapes or opts.shapes,
                            feeds if opts.inputs is not None else ())
@@ -215,13 +226,17 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
         del measure["latency"]  # --latency existed, and a host engine has no copies
     settings_hash = sha256(json.dumps(
         [inputs_hash, measured, measure, str(profile), str(base),
-         sorted(opts.backend_options.items())], default=str).encode())
+         sorted(opts.backend_options.items())] + ([[lib.sha256 for lib in libraries]]
+                                                   if libraries else [])
+        + ([["reference", saved.sha256]] if saved is not None else []),
+        default=str).encode())
     if profile.shapes:
         source["profile"] = str(profile)
     return Prepared(registry, model, backend, feeds, constraint, space, not_applicable,
                     outdir, settings_hash, source, refinements, profile, base=base,
                     pinned=pinned, spec=opts,
-                    strategy_options=strategy_options, time_budget_s=budget_s)
+                    strategy_options=strategy_options, time_budget_s=budget_s,
+                    libraries=libraries, saved_reference=saved)
 
 
 def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:
@@ -232,11 +247,17 @@ def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndar
     ONNX Runtime refuses, when ``--allow-external-data-outside`` let them in.
 
     The reference must give something to judge a route against (`check_judgeable`).
+    With ``--reference-outputs`` it is the file's outputs (`Prepared.saved_reference`),
+    and nothing is run.
 
     Raises:
         UsageError: The reference runtime cannot load or run the model on these inputs,
             or its outputs are empty or not finite.
     """
+    if run.saved_reference is not None:
+        outputs = [dict(o) for o in run.saved_reference.outputs]
+        check_judgeable(outputs, run)
+        return outputs
     source = run.model.source
     if run.model.weights is not None:
         source = save_model(run.outdir, run.model.data)
@@ -248,6 +269,7 @@ def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndar
         conflict = shared_dim_conflict(run.model.inputs, given)
         fix = (f"{conflict}: give them one size in "
                f"{'--shapes' if run.spec.inputs is None else '--inputs'}" if conflict else
+               _unknown_op_fix(str(e), run.spec) or
                "the original model must run in ONNX Runtime on the CPU")
         raise UsageError(
             f"{run.model.source}: the FP32 reference ({backend.name}, optimisations off) "
@@ -255,6 +277,33 @@ def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndar
         ) from e
     check_judgeable(outputs, run)
     return outputs
+
+
+UNREGISTERED = re.compile(r"([\w.]+):(\w+)\(-?\d+\) is not a registered function/op")
+"""ONNX Runtime's error for an operator of a domain it has no kernel for (the domain and
+the operator), as onnxruntime/core/graph/graph.cc words it."""
+
+NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node")
+"""ONNX Runtime's error for an operator it knows the schema of but has no CPU kernel for
+(``EfficientNMS_TRT``, whose schema it keeps for its TensorRT provider), as
+onnxruntime/core/framework/session_state.cc words it."""
+
+
+def _unknown_op_fix(error: str, spec: RunSpec) -> str:
+    """The fix for a reference that lacks a custom operator's library, or ""."""
+    saved = f"or give the reference from a file, {spec.spelled('reference_outputs')} FILE"
+    found = UNREGISTERED.search(error)
+    if found is None or found.group(1) in ORT_DOMAINS:
+        missing = NO_KERNEL.search(error)
+        return (f"{missing.group(1)} has no kernel in ONNX Runtime's CPU provider (an op "
+                f"of a TensorRT plugin, say): {saved}" if missing else "")
+    flag = spec.spelled("custom_op_libraries")
+    which = (f"{flag} {EXTENSIONS} (pip install onnxruntime-extensions)"
+             if found.group(1) == CONTRIB else f"{flag} PATH")
+    given = f" (the {len(spec.custom_op_libraries)} given lack it)" if (
+        spec.custom_op_libraries) else ""
+    return (f"{found.group(1)}:{found.group(2)} is a custom operator{given}: give the "
+            f"library that implements it, {which}, {saved}")
 
 
 def check_judgeable(outputs: Sequence[Mapping[str, np.ndarray]], run: Prepared) -> None:

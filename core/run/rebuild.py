@@ -112,7 +112,7 @@ def rebuild(opts: RunSpec, route: str | None, registry: Registry) -> Rebuilt:
     with locked(run.outdir), tempfile.TemporaryDirectory(prefix="routetune-build-") as tmp, \
             captured(log, f"build {resolved}"):
         inputs = TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (),
-                             {}, run.outdir, run.model.data, run.spec.trial_settings())
+                             {}, run.outdir, run.model.data, run.spec.trial_settings(run.libraries))
         # what the engine is checked against, first: a model that does not run is the
         # user's input to fix (exit 2), whatever a route would do to it
         stored, what = _expected(run.outdir, resolved, run.settings_hash)

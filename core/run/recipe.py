@@ -21,6 +21,9 @@ Schema version 2 (``schema_version = 2``); ``routetune schema`` prints it as JSO
   an expression per output name.
 - ``[measure]``: ``min_runs``, ``min_time_s``, ``latency``, ``min_speedup``,
   ``confirm_repeats``, ``busy_machine``.
+- ``[libraries]``: ``custom_ops``: custom-op libraries (paths relative to the recipe, or
+  ``onnxruntime-extensions``) registered with every ONNX Runtime session
+  (`routetune.libraries`).
 - ``[executor]``: ``name`` (``local`` or ``ray``) and ``ray_address``: where trials run
   (`routetune.plugins.ray.pool`).
 
@@ -47,6 +50,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from routetune.errors import UsageError, one_line
+from routetune.libraries import EXTENSIONS
 from routetune.options import OptionError, OptionInfo, Source, build, option_named, options_of
 from routetune.run.recipe_problems import field_path, plugin_problems, schema_problem
 from routetune.run.run_spec import RunSpec, defaults
@@ -150,6 +154,7 @@ AccuracySpec = _table("accuracy", _AccuracyTable)
 MeasureSpec = _table("measure")
 InputsSpec = _table("inputs")
 ExecutorSpec = _table("executor")
+LibrariesSpec = _table("libraries")
 _TOP: dict[str, Any] = {info.meta.recipe: _field(info) for info in options_of(RunSpec)
         if info.meta.recipe in ("base", "routes", "output", "keep")}
 
@@ -166,6 +171,7 @@ class _Recipe(_Table):
     measure: MeasureSpec = Field(default_factory=MeasureSpec)  # type: ignore[valid-type]
     inputs: InputsSpec = Field(default_factory=InputsSpec)  # type: ignore[valid-type]
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)  # type: ignore[valid-type]
+    libraries: LibrariesSpec = Field(default_factory=LibrariesSpec)  # type: ignore[valid-type]
     result: dict[str, Any] | None = Field(None, description="written by winner recipes")
 
 
@@ -281,6 +287,9 @@ def recipe_values(recipe: Any, path: Path) -> dict[str, Any]:
         elif info.name == "memory" and value not in ("off", "") \
                 and not Path(value).is_absolute():
             value = str(here / value)  # a file, as the recipe's other paths
+        elif info.name == "custom_op_libraries":
+            value = tuple(v if v == EXTENSIONS or Path(v).is_absolute() else str(here / v)
+                          for v in value)
         elif isinstance(value, list):
             value = tuple(value)
         elif isinstance(value, dict):
@@ -319,6 +328,10 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
     measured: dict[str, Any] = {"status": winner.status, "reason": result.winner_reason,
                                 "device": winner.device,
                                 "speedup": round(result.winner_speedup, 4)}
+    if run.libraries:  # what was loaded, to compare with the file before a rebuild
+        measured["custom_op_libraries"] = [lib.record() for lib in run.libraries]
+    if run.saved_reference is not None:  # what the winner was judged against
+        measured["reference_outputs"] = run.saved_reference.record()
     confirmed = result.confirmed
     if confirmed is not None:  # the confirmation's own p50, never the search's
         measured["p50_ms"] = round(confirmed.latency.p50, 4)
@@ -332,13 +345,17 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
         "seasonings": [],
         "routes": [winner.route],
         "search": {"strategy": "exhaustive", "max_depth": 0},
-        "accuracy": {"expr": run.constraint.text},
+        "accuracy": {"expr": run.constraint.text, **(
+            {"reference_outputs": str(run.saved_reference.path)}
+            if run.saved_reference is not None else {})},
         "measure": {"min_runs": opts.measure.min_runs, "min_time_s": opts.measure.min_time_s,
                     "latency": opts.measure.latency,
                     "min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine,
                     "confirm_repeats": opts.confirm_repeats},
         "inputs": inputs,
         "output": os.path.relpath(run.outdir, path.parent),
+        "libraries": {"custom_ops": [lib.named if lib.named == EXTENSIONS else str(lib.path)
+                                     for lib in run.libraries]},
         "result": measured,
     }
     path.write_text(tomli_w.dumps(_drop_empty(doc)))
@@ -347,7 +364,7 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
 
 def _drop_empty(doc: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if v not in ({}, None) and not (
-        k == "base" and v == [])}
+        k == "base" and v == []) and v != {"custom_ops": []}}
 
 
 def merge(given: Mapping[str, Any], entry: Source, registry: Registry) -> RunSpec:

@@ -20,6 +20,7 @@ from routetune.errors import UsageError
 from routetune.execution import DEFAULT_TIMEOUT_S
 from routetune.judging.accuracy import DEFAULT_ACCURACY
 from routetune.judging.verdict import CONFIRM_REPEATS, DEFAULT_MIN_SPEEDUP
+from routetune.libraries import Library
 from routetune.options import (
     OptionError,
     OptionInfo,
@@ -129,6 +130,11 @@ class RunSpec:
     inputs: Path | None = option(
         None, help="Validation inputs: an .npz file or a directory of them.",
         recipe="inputs.path", commands=BOTH, from_keyword=_path)
+    reference_outputs: Path | None = option(
+        None, help="The FP32 reference from a file instead of a run here: an .npz of "
+        "outputs per input set (a file, or a folder in --inputs' order), or Polygraphy's "
+        "saved outputs (polygraphy run --save-outputs FILE.json).",
+        recipe="accuracy.reference_outputs", commands=BOTH, from_keyword=_path)
     shapes: str | None = option(
         None, help="Shapes of dynamic inputs, trtexec style: x:1x3x320x320 (min, opt and "
         "max at once).", recipe="inputs.shapes", commands=BOTH)
@@ -155,6 +161,13 @@ class RunSpec:
     backend_options: Mapping[str, Any] = option(
         default_factory=dict, help="Build options every route starts from (backend "
         "option keys).", flag=None, recipe="backend.options")
+    custom_op_libraries: tuple[str, ...] = option(
+        (), help="A shared library of custom operators to register with every ONNX "
+        "Runtime session (SessionOptions.register_custom_ops_library), repeatable; "
+        "onnxruntime-extensions names that package's library. A library is code: only "
+        "the ones named here are loaded.", flag="--custom-op-library",
+        recipe="libraries.custom_ops", cli_type=list[str] | None,
+        from_cli=lambda v: tuple(v or ()), from_keyword=_route_texts, commands=BOTH)
     model_sha256: str | None = option(
         None, help="The sha256 the model file must have.", flag=None,
         recipe="model.sha256")
@@ -249,10 +262,13 @@ class RunSpec:
         """Where trials run: ``in-process`` with ``--in-process``, else ``--executor``."""
         return "in-process" if self.in_process else self.executor
 
-    def trial_settings(self) -> TrialSettings:
-        """What a candidate's work takes of these options (`TrialInputs.settings`)."""
+    def trial_settings(self, libraries: tuple[Library, ...] = ()) -> TrialSettings:
+        """What a candidate's work takes of these options (`TrialInputs.settings`).
+
+        `libraries`: the custom-op libraries as checked (`routetune.libraries.resolve`).
+        """
         return TrialSettings(self.measure, self.backend_options, self.busy_machine,
-                             self.min_speedup)
+                             self.min_speedup, libraries)
 
     def check(self) -> None:
         """Check every option's value against its declared bounds and choices.

@@ -78,6 +78,10 @@ def start_record(run: Prepared, opts: RunSpec, versions: dict[str, str],
                     "confirm_repeats": opts.confirm_repeats},
         "conditions_at_start": machine_now(),
         "base_pipeline": [p["step"] for p in run.base_passes],
+        "libraries": {"custom_ops": [lib.record() for lib in run.libraries]},
+        "reference": ({"source": "file", **run.saved_reference.record()}
+                      if run.saved_reference is not None else
+                      {"source": "run", "backend": run.registry.reference_backend().name}),
     }
 
 

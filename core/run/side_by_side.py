@@ -205,7 +205,7 @@ def _over_loops(loops: Sequence[Loop], k: int, base: int | None
 
 def _inputs(run: Prepared) -> TrialInputs:
     return TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (), {},
-                       run.outdir, run.model.data, run.spec.trial_settings())
+                       run.outdir, run.model.data, run.spec.trial_settings(run.libraries))
 
 
 def _open(registry: Registry, inputs: TrialInputs, base: tuple[Any, ...], trial: Trial | None

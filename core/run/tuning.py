@@ -19,6 +19,7 @@ from routetune.execution.local_pool import TIMELINE
 from routetune.judging.accuracy import check_accuracy
 from routetune.judging.ranking import ranked
 from routetune.judging.verdict import DEFAULT_MIN_SPEEDUP, confirm_winner
+from routetune.libraries import check_recorded
 from routetune.logs import LOGS, keep, quietly
 from routetune.records import run_record
 from routetune.records.store import FILENAME, TrialStore, disk_full, full_disk
@@ -245,6 +246,14 @@ def tune(
                 raise
 
 
+def _recorded(outdir: Path) -> dict[str, Any]:
+    """The folder's ``run.json``, or {} where it has none or an unreadable one."""
+    try:
+        return run_record.read(outdir)
+    except UsageError:
+        return {}
+
+
 def _tune_locked(
     run: Prepared, opts: RunSpec, on_start: Callable[[Prepared, Plan], None],
     on_trial: Callable[[Trial, bool], None], on_status: Callable[[str], None],
@@ -258,6 +267,9 @@ def _tune_locked(
     executor.warm_up(run.outdir)  # workers load their libraries during the reference run
     loop = None
     try:
+        if not opts.fresh:  # a resume loads what it was given now, and only that
+            check_recorded(_recorded(run.outdir), run.libraries, run.outdir,
+                           opts.spelled("custom_op_libraries"))
         references = reference_outputs(reference, run)
         if opts.fresh:
             move_aside(store_path)
@@ -269,7 +281,7 @@ def _tune_locked(
         raise
     try:
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
-                          run.constraint, store, run.outdir, opts.trial_settings(),
+                          run.constraint, store, run.outdir, opts.trial_settings(run.libraries),
                           run.settings_hash,
                           reference, [r(run.registry) for r in run.refinements],
                           base=run.base, executor=executor, floor=floor)

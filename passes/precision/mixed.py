@@ -142,6 +142,9 @@ class MixedPrecision(Seasoning):
         no_kernel: dict[str, str] = {}
         while True:
             with inferred_types(graph):
+                for name, tensor in graph.tensors().items():  # custom ops' outputs
+                    if tensor.dtype is None and name in ranges.dtypes:
+                        tensor.dtype = ranges.dtypes[name]
                 decisions, counts = self._decide(graph, ranges, no_kernel,
                                                  ctx.backend.operator_schemas())
                 low = {id(n) for n in graph.nodes if decisions[n.name] is None}

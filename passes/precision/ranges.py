@@ -32,10 +32,14 @@ class Ranges:
         partial_sums: Per reduction node name, the largest sum of input magnitudes along
             the reduced axes: the accumulator's magnitude (squared inputs for
             ``ReduceSumSquare`` and ``ReduceL2``).
+        dtypes: Per tensor name, the dtype ONNX Runtime gave it, for each tensor whose
+            type the graph does not declare (a custom operator's output, which ONNX
+            shape inference cannot type).
     """
 
     amax: Mapping[str, float] = field(default_factory=dict)
     partial_sums: Mapping[str, float] = field(default_factory=dict)
+    dtypes: Mapping[str, np.dtype] = field(default_factory=dict)
 
 
 def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
@@ -56,10 +60,14 @@ def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
                   for node in graph.nodes if node.op in REDUCTIONS and node.inputs]
     amax: dict[str, float] = {}
     sums: dict[str, float] = {}
+    untyped = {name for name, t in graph.tensors().items() if t.dtype is None}
+    dtypes: dict[str, np.dtype] = {}
     # one input set's intermediates at a time (`RouteContext.evaluate`)
     for outputs in ctx.evaluate(with_intermediates(gs.export_onnx(copy_graph(graph),
                                                                   do_type_check=False))):
         for name, array in outputs.items():
+            if name in untyped and isinstance(array, np.ndarray):
+                dtypes[name] = array.dtype
             if isinstance(array, np.ndarray) and array.dtype.kind == "f" and array.size:
                 finite = np.abs(array[np.isfinite(array)])
                 peak = float(finite.max()) if finite.size else 0.0
@@ -71,7 +79,7 @@ def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
             mag = np.abs(x.astype(np.float64))
             acc = np.sum(mag * mag if squared else mag, axis=axes)
             sums[node.name] = max(sums.get(node.name, 0.0), float(np.max(acc, initial=0.0)))
-    return Ranges(amax, sums)
+    return Ranges(amax, sums, dtypes)
 
 
 def _axes(node: gs.Node) -> tuple[int, ...] | None:

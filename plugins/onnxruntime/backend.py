@@ -21,6 +21,7 @@ import onnxruntime as ort
 
 from routetune.backend import Backend, Engine, Feed, OptionSpec, Runner
 from routetune.errors import BuildError
+from routetune.libraries import in_use
 from routetune.timing.float_env import FloatEnv, flushing
 
 NS = "onnxruntime."
@@ -311,6 +312,13 @@ def reference_options(weights: Path | None = None) -> ort.SessionOptions:
     so.graph_optimization_level = OPT_LEVELS["disable"]
     if weights is not None:
         so.add_session_config_entry(EXTERNAL_FOLDER, str(weights.resolve()))
+    return with_custom_ops(so)
+
+
+def with_custom_ops(so: ort.SessionOptions) -> ort.SessionOptions:
+    """`so` with this process's custom-op libraries registered (`routetune.libraries`)."""
+    for library in in_use():
+        so.register_custom_ops_library(str(library.path))
     return so
 
 
@@ -326,7 +334,7 @@ def session_options(settings: Mapping[str, Any]) -> ort.SessionOptions:
     so.enable_cpu_mem_arena = settings[NS + "enable_cpu_mem_arena"]
     for key in CONFIG_DEFAULTS:
         so.add_session_config_entry(key, settings[CONFIG + key])
-    return so
+    return with_custom_ops(so)
 
 
 def engine_float_env(settings: Mapping[str, Any]) -> FloatEnv | None:

@@ -28,6 +28,7 @@ from routetune.plugins.onnxruntime.backend import (
     engine_float_env,
     owned,
     session_options,
+    with_custom_ops,
 )
 from routetune.plugins.onnxruntime.cuda_options import FLAG, SEARCHED, flags_beyond_catalog
 from routetune.plugins.onnxruntime.cuda_provider import PROVIDER, provider_defaults
@@ -233,7 +234,8 @@ class CudaRunner(Runner):
 
     def output_shapes(self, feed: Feed) -> dict[str, np.ndarray]:
         """Zero arrays shaped and typed like the outputs on `feed` (one CPU run)."""
-        cpu = ort.InferenceSession(str(self.model_path), providers=["CPUExecutionProvider"])
+        cpu = ort.InferenceSession(str(self.model_path), with_custom_ops(ort.SessionOptions()),
+                                   providers=["CPUExecutionProvider"])
         outs = cpu.run(self.output_names, dict(feed))
         return {n: np.zeros_like(o) for n, o in zip(self.output_names, outs, strict=True)}
 

@@ -49,6 +49,7 @@ from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_d
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from routetune.backend import Backend
+from routetune.libraries import custom_ops
 from routetune.model.loading import name_nodes
 from routetune.passes.graph.casts import tidy_casts
 from routetune.passes.graph.constants import copy_graph, inferred_types, replace_graph
@@ -163,7 +164,10 @@ class _QdqSeasoning(Seasoning):
         raise NotImplementedError
 
     def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
-        """Say why not: a backend other than ONNX Runtime, a quantized model, no op to quantize.
+        """Say why not: another backend, a quantized model, a custom op, no op to quantize.
+
+        A custom operator (`routetune.libraries.custom_ops`) declines the route: ONNX
+        Runtime's calibrator could not run the model.
 
         A model is quantized already when its top level holds any of `QUANTIZED_OPS` or a
         ``QLinear*`` op; there is nothing to quantize when no node has an ``op_types`` type.
@@ -175,6 +179,11 @@ class _QdqSeasoning(Seasoning):
         if found:
             return (f"the model is quantized already ({', '.join(found)}); "
                     "quantizing it again would stack Q/DQ on quantized tensors")
+        custom = custom_ops(graph.nodes)
+        if custom:  # calibrate.py: onnxruntime.SessionOptions() with nothing registered
+            return (f"the model has custom operators ({', '.join(custom)}), and ONNX "
+                    "Runtime's calibrator runs the model in a session of its own that "
+                    "registers no custom-op library")
         op_types = self.params["op_types"]
         if not any(n.op in op_types for n in graph.nodes):
             return f"no {'/'.join(op_types)} node to quantize"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from command import routetune
+from command import routetune, without_root_rights
 from graphs import conv_bn
 from PIL import Image
 from quick import quick_spec
@@ -276,21 +276,6 @@ def test_the_html_fetches_nothing(outdir: Path, tmp_path: Path) -> None:
         "<h1>", '<img src="https://example.com/x.png"><h1>', 1))
     blocked = chromium("--dump-dom", f"file://{probe}")
     assert "violates the following Content Security Policy directive" in blocked.stderr
-
-
-def without_root_rights(*args: str) -> list[str]:
-    """`args` run without root's right to write anywhere when this is root, else as is.
-
-    Root keeps its user id, so it still reads a venv in its own home (as nobody, uid
-    65534, it could not), and loses the capabilities that let it write a read-only
-    folder (``CAP_DAC_OVERRIDE`` and its kin, dropped from the bounding set by
-    ``setpriv``).
-    """
-    if os.geteuid() != 0:
-        return list(args)
-    if shutil.which("setpriv") is None:
-        pytest.skip("root, and no setpriv to drop the rights with")
-    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *args]
 
 
 def test_a_read_only_folder_is_named_as_such(outdir: Path) -> None:

@@ -1,0 +1,214 @@
+"""Libraries a run loads because the user named them: custom-op libraries for ONNX Runtime.
+
+A model whose operators no standard runtime has (``ai.onnx.contrib`` ops from
+onnxruntime-extensions, a vendor's own domain) runs in ONNX Runtime once the shared
+library that implements them is registered with each session
+(``SessionOptions.register_custom_ops_library``). ``--custom-op-library`` names one; it is
+checked here (`resolve`), hashed, recorded in ``run.json``, ``winner.toml`` and the report,
+and registered with every ONNX Runtime session that routetune opens in a process that
+calls `use`: the FP32 reference, each candidate, every worker and every fresh
+confirmation process.
+
+A library is code. It is loaded only when the user names it (the command line, the API,
+or a recipe the user runs); a stored run folder never loads one by itself: ``--resume``
+needs the flag again, and `check_recorded` refuses a file whose sha256 is not the one
+recorded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from routetune.errors import UsageError
+
+CONTRIB = "ai.onnx.contrib"
+"""onnxruntime-extensions' operator domain."""
+
+ORT_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc",
+                         "ai.onnx.preview.training"})
+"""The operator domains ONNX Runtime's own kernels implement (onnxruntime/core/graph/
+constants.h: kOnnxDomain and its alias, kMLDomain, kMSDomain, kMSNchwcDomain,
+kPreviewTrainingDomain). An op of any other domain is a custom operator."""
+
+EXTENSIONS = "onnxruntime-extensions"
+"""The name that stands for onnxruntime-extensions' own library, without a path."""
+
+MAGIC = {b"\x7fELF": "ELF", b"\xfe\xed\xfa\xce": "Mach-O", b"\xfe\xed\xfa\xcf": "Mach-O",
+         b"\xce\xfa\xed\xfe": "Mach-O", b"\xcf\xfa\xed\xfe": "Mach-O",
+         b"\xca\xfe\xba\xbe": "Mach-O", b"MZ": "PE"}
+"""The first bytes of a shared library, by format: ELF (Linux), Mach-O (macOS, the
+universal one included), PE (Windows DLL)."""
+
+
+def custom_ops(nodes: Iterable[Any]) -> list[str]:
+    """The custom operators among `nodes`, sorted, as ``domain:op``.
+
+    Args:
+        nodes: ``onnx.NodeProto`` (``domain``, ``op_type``) or onnx-graphsurgeon nodes
+            (``domain``, ``op``) of one graph level.
+    """
+    found = set()
+    for node in nodes:
+        domain = getattr(node, "domain", "") or ""
+        if domain not in ORT_DOMAINS:
+            found.add(f"{domain}:{getattr(node, 'op_type', None) or node.op}")
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class Library:
+    """A library file the user named, as checked.
+
+    Args:
+        named: As the user named it: a path, or `EXTENSIONS`.
+        path: The file, absolute.
+        sha256: The sha256 of its bytes, hex.
+    """
+
+    named: str
+    path: Path
+    sha256: str
+
+    def record(self) -> dict[str, str]:
+        """What ``run.json``, ``winner.toml`` and the report say of it."""
+        return {"named": self.named, "path": str(self.path), "sha256": self.sha256}
+
+
+def resolve(names: Iterable[str], flag: str) -> tuple[Library, ...]:
+    """Check each named custom-op library and hash it.
+
+    Args:
+        names: Paths, or `EXTENSIONS` for onnxruntime-extensions' library.
+        flag: The option as the user wrote it, for the error.
+
+    Returns:
+        One `Library` per name, in order, each once.
+
+    Raises:
+        UsageError: A file missing, unreadable, not a shared library, or
+            onnxruntime-extensions named but not installed (one line each: the file and
+            the fix).
+    """
+    libraries: dict[Path, Library] = {}
+    for named in names:
+        path = _extensions_path(flag) if named == EXTENSIONS else Path(named).expanduser()
+        problem = _problem(path)
+        if problem:
+            raise UsageError(f"{flag} {named}: {problem}")
+        path = path.resolve()
+        libraries.setdefault(path, Library(named, path, _sha256(path)))
+    return tuple(libraries.values())
+
+
+def _extensions_path(flag: str) -> Path:
+    try:
+        import onnxruntime_extensions
+    except ImportError as e:
+        raise UsageError(f"{flag} {EXTENSIONS}: onnxruntime-extensions is not installed; "
+                         "pip install onnxruntime-extensions, or give its library's path"
+                         ) from e
+    return Path(onnxruntime_extensions.get_library_path())
+
+
+def _problem(path: Path) -> str:
+    """Why `path` cannot be a shared library to load, or ""."""
+    if not path.exists():
+        return "no such file; give the path of the shared library (.so, .dylib or .dll)"
+    if not path.is_file():
+        return "not a file; give the path of the shared library itself"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied); make it readable to this user"
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        return f"cannot be read ({e.strerror}); make it readable to this user"
+    if not any(head.startswith(m) for m in MAGIC):
+        return ("not a shared library (it starts with neither ELF, Mach-O nor PE bytes); "
+                "give the compiled library (.so, .dylib or .dll)")
+    return ""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_recorded(record: Mapping[str, Any], given: Sequence[Library],
+                   where: Path, flag: str) -> None:
+    """Refuse to resume a run with other libraries than it recorded.
+
+    Args:
+        record: The folder's ``run.json``; its ``libraries.custom_ops`` lists each
+            library's ``named``, ``path`` and ``sha256``. Untrusted: entries of another
+            shape are passed over.
+        given: The libraries this run was given.
+        where: The run folder, for the error.
+        flag: The option as the user wrote it.
+
+    Raises:
+        UsageError: A recorded library not given again, or given with another sha256.
+    """
+    libraries = record.get("libraries")
+    recorded = libraries.get("custom_ops") if isinstance(libraries, dict) else None
+    by_path = {str(lib.path): lib for lib in given}
+    for old in recorded if isinstance(recorded, list) else ():
+        if not isinstance(old, dict):
+            continue
+        lib = by_path.get(str(old.get("path")))
+        if lib is None:
+            raise UsageError(f"{where}: its run loaded custom-op library {old.get('path')} "
+                             f"(sha256 {str(old.get('sha256'))[:12]}…); a stored run loads "
+                             f"none by itself: give {flag} {old.get('named')} again, or "
+                             "--fresh")
+        if lib.sha256 != old.get("sha256"):
+            raise UsageError(f"{flag} {lib.named}: sha256 {lib.sha256[:12]}… is not the "
+                             f"{str(old.get('sha256'))[:12]}… that {where}/run.json "
+                             "recorded; the library changed since: tune again with --fresh "
+                             "(or give the recorded file)")
+
+
+_in_use: tuple[Library, ...] = ()
+_pinned: dict[Path, ctypes.CDLL] = {}
+
+
+def use(libraries: Sequence[Library]) -> None:
+    """Register `libraries` with every ONNX Runtime session this process opens from now.
+
+    Each file is hashed again first: one that changed since it was checked is refused.
+    Each is also loaded once here and kept loaded until the process ends: ONNX Runtime
+    unloads a library when the last session that registered it is released
+    (``RegisterCustomOpsLibrary_V2``, onnxruntime PR 14099), and onnxruntime-extensions
+    0.15.2 loaded again after that crashes the process (a segmentation fault, seen here
+    with ONNX Runtime 1.32). The pin keeps the loader's count above zero.
+
+    Raises:
+        UsageError: A library's file changed or went away since `resolve`.
+    """
+    global _in_use
+    for lib in libraries:
+        try:
+            now = _sha256(lib.path)
+        except OSError as e:
+            raise UsageError(f"custom-op library {lib.path}: cannot be read now "
+                             f"({e.strerror}); it was there when the run started") from e
+        if now != lib.sha256:
+            raise UsageError(f"custom-op library {lib.path}: its sha256 changed while the "
+                             "run went on; leave the file alone during a run")
+        if lib.path not in _pinned:
+            _pinned[lib.path] = ctypes.CDLL(str(lib.path))
+    _in_use = tuple(libraries)
+
+
+def in_use() -> tuple[Library, ...]:
+    """The custom-op libraries this process registers with each session (`use`)."""
+    return _in_use
