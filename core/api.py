@@ -53,7 +53,8 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult | Backen
             ``allow_external_data_outside``, ``reference_outputs`` (a saved
             reference: an ``.npz`` file or folder, or Polygraphy's ``.json``),
             ``custom_op_libraries`` (paths, or ``"onnxruntime-extensions"``: registered
-            with every ONNX Runtime session).
+            with every ONNX Runtime session), ``plugin_libraries`` (TensorRT plugin
+            libraries: loaded before every parse and deserialization).
 
     Returns:
         The `TuneResult`: ``winner``, ``trials`` (winner first), ``to_dataframe()``,

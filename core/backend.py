@@ -210,6 +210,21 @@ class Backend:
                 raise BackendError(f"option '{key}': bad value {value!r}; allowed: {allowed}")
         return {**{k: s.default for k, s in specs.items()}, **settings}
 
+    def load_plugin_libraries(self, paths: Sequence[Path]) -> None:
+        """Load plugin libraries (``--plugin-library``) for this process's builds and engines.
+
+        Called in the main process before the search, so that a library the backend
+        refuses is one line there, and again before each build and each engine in every
+        process (`routetune.libraries.in_use`); a library loads once per process.
+        The default: a backend that takes no plugin libraries refuses any.
+
+        Raises:
+            BackendError: This backend takes none, or refused one (its own message).
+        """
+        if paths:
+            raise BackendError(f"the {self.name} backend loads no plugin libraries (they "
+                               "are TensorRT's); drop it, or use --backend tensorrt")
+
     def gpus(self, settings: Mapping[str, Any]) -> tuple[str, ...]:
         """The GPUs that run engines built with `settings`, one measuring worker each.
 

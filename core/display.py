@@ -11,7 +11,7 @@ from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from routetune.libraries import EXTENSIONS
+from routetune.libraries import CUSTOM_OPS, EXTENSIONS
 from routetune.options import options_of
 from routetune.records.trial import Status, Trial
 from routetune.registry import Registry
@@ -53,8 +53,10 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
              f"device   {escape(run.backend.device())}"]
     lines += [f"prepared {escape(change)}" for change in run.model.changes]
     lines += [f"library  {escape(lib.named if lib.named == EXTENSIONS else lib.path.name)} "
-              f"· sha256 {lib.sha256[:16]} · custom ops registered with every ONNX Runtime "
-              "session" for lib in run.libraries]
+              f"· sha256 {lib.sha256[:16]} · " + (
+                  "custom ops registered with every ONNX Runtime session"
+                  if lib.kind == CUSTOM_OPS else "TensorRT plugins, loaded before each parse")
+              for lib in run.libraries]
     saved = run.saved_reference
     if saved is not None:
         lines.append(f"reference {escape(saved.path.name)} · sha256 {saved.sha256[:16]} · "

@@ -1,4 +1,6 @@
-"""Libraries a run loads because the user named them: custom-op libraries for ONNX Runtime.
+"""Libraries a run loads because the user named them: custom ops, TensorRT plugins.
+
+Custom-op libraries are for ONNX Runtime, plugin libraries for TensorRT.
 
 A model whose operators no standard runtime has (``ai.onnx.contrib`` ops from
 onnxruntime-extensions, a vendor's own domain) runs in ONNX Runtime once the shared
@@ -7,7 +9,9 @@ library that implements them is registered with each session
 checked here (`resolve`), hashed, recorded in ``run.json``, ``winner.toml`` and the report,
 and registered with every ONNX Runtime session that routetune opens in a process that
 calls `use`: the FP32 reference, each candidate, every worker and every fresh
-confirmation process.
+confirmation process. ``--plugin-library`` names a TensorRT plugin library, checked and
+recorded the same way, which the ``tensorrt`` backend loads into TensorRT's plugin
+registry before each parse and each engine's deserialization (``in_use(PLUGINS)``).
 
 A library is code. It is loaded only when the user names it (the command line, the API,
 or a recipe the user runs); a stored run folder never loads one by itself: ``--resume``
@@ -30,11 +34,24 @@ from routetune.errors import UsageError
 CONTRIB = "ai.onnx.contrib"
 """onnxruntime-extensions' operator domain."""
 
+EXTENSIONS_DOMAINS = frozenset({CONTRIB, "com.microsoft.extensions"})
+"""The domains of onnxruntime-extensions' operators: its own, and the one its
+pre/post-processing tools write (``DecodeImage``, ``EncodeImage``)."""
+
 ORT_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc",
                          "ai.onnx.preview.training"})
 """The operator domains ONNX Runtime's own kernels implement (onnxruntime/core/graph/
 constants.h: kOnnxDomain and its alias, kMLDomain, kMSDomain, kMSNchwcDomain,
 kPreviewTrainingDomain). An op of any other domain is a custom operator."""
+
+CUSTOM_OPS = "custom_ops"
+"""The kind of an ONNX Runtime custom-op library (``--custom-op-library``)."""
+
+PLUGINS = "plugins"
+"""The kind of a TensorRT plugin library (``--plugin-library``)."""
+
+KINDS = {CUSTOM_OPS: "custom-op library", PLUGINS: "plugin library"}
+"""Each kind, as the records key it, and in words."""
 
 EXTENSIONS = "onnxruntime-extensions"
 """The name that stands for onnxruntime-extensions' own library, without a path."""
@@ -69,23 +86,32 @@ class Library:
         named: As the user named it: a path, or `EXTENSIONS`.
         path: The file, absolute.
         sha256: The sha256 of its bytes, hex.
+        kind: `CUSTOM_OPS` or `PLUGINS`.
     """
 
     named: str
     path: Path
     sha256: str
+    kind: str = CUSTOM_OPS
 
     def record(self) -> dict[str, str]:
         """What ``run.json``, ``winner.toml`` and the report say of it."""
         return {"named": self.named, "path": str(self.path), "sha256": self.sha256}
 
 
-def resolve(names: Iterable[str], flag: str) -> tuple[Library, ...]:
-    """Check each named custom-op library and hash it.
+def records(libraries: Iterable[Library]) -> dict[str, list[dict[str, str]]]:
+    """What ``run.json`` and ``winner.toml`` say of `libraries`, by kind (empty kinds too)."""
+    return {kind: [lib.record() for lib in libraries if lib.kind == kind] for kind in KINDS}
+
+
+def resolve(names: Iterable[str], flag: str, kind: str = CUSTOM_OPS) -> tuple[Library, ...]:
+    """Check each named library and hash it.
 
     Args:
-        names: Paths, or `EXTENSIONS` for onnxruntime-extensions' library.
+        names: Paths; for `CUSTOM_OPS`, `EXTENSIONS` too, for onnxruntime-extensions'
+            library.
         flag: The option as the user wrote it, for the error.
+        kind: `CUSTOM_OPS` or `PLUGINS`.
 
     Returns:
         One `Library` per name, in order, each once.
@@ -97,12 +123,13 @@ def resolve(names: Iterable[str], flag: str) -> tuple[Library, ...]:
     """
     libraries: dict[Path, Library] = {}
     for named in names:
-        path = _extensions_path(flag) if named == EXTENSIONS else Path(named).expanduser()
+        path = (_extensions_path(flag) if named == EXTENSIONS and kind == CUSTOM_OPS
+                else Path(named).expanduser())
         problem = _problem(path)
         if problem:
             raise UsageError(f"{flag} {named}: {problem}")
         path = path.resolve()
-        libraries.setdefault(path, Library(named, path, _sha256(path)))
+        libraries.setdefault(path, Library(named, path, _sha256(path), kind))
     return tuple(libraries.values())
 
 
@@ -144,37 +171,38 @@ def _sha256(path: Path) -> str:
 
 
 def check_recorded(record: Mapping[str, Any], given: Sequence[Library],
-                   where: Path, flag: str) -> None:
+                   where: Path, flags: Mapping[str, str]) -> None:
     """Refuse to resume a run with other libraries than it recorded.
 
     Args:
-        record: The folder's ``run.json``; its ``libraries.custom_ops`` lists each
-            library's ``named``, ``path`` and ``sha256``. Untrusted: entries of another
-            shape are passed over.
+        record: The folder's ``run.json``; its ``libraries`` lists, per kind
+            (`CUSTOM_OPS`, `PLUGINS`), each library's ``named``, ``path`` and
+            ``sha256``. Untrusted: entries of another shape are passed over.
         given: The libraries this run was given.
         where: The run folder, for the error.
-        flag: The option as the user wrote it.
+        flags: Per kind, the option as the user wrote it.
 
     Raises:
         UsageError: A recorded library not given again, or given with another sha256.
     """
     libraries = record.get("libraries")
-    recorded = libraries.get("custom_ops") if isinstance(libraries, dict) else None
-    by_path = {str(lib.path): lib for lib in given}
-    for old in recorded if isinstance(recorded, list) else ():
-        if not isinstance(old, dict):
-            continue
-        lib = by_path.get(str(old.get("path")))
-        if lib is None:
-            raise UsageError(f"{where}: its run loaded custom-op library {old.get('path')} "
-                             f"(sha256 {str(old.get('sha256'))[:12]}…); a stored run loads "
-                             f"none by itself: give {flag} {old.get('named')} again, or "
-                             "--fresh")
-        if lib.sha256 != old.get("sha256"):
-            raise UsageError(f"{flag} {lib.named}: sha256 {lib.sha256[:12]}… is not the "
-                             f"{str(old.get('sha256'))[:12]}… that {where}/run.json "
-                             "recorded; the library changed since: tune again with --fresh "
-                             "(or give the recorded file)")
+    by_path = {(lib.kind, str(lib.path)): lib for lib in given}
+    for kind, words in KINDS.items():
+        recorded = libraries.get(kind) if isinstance(libraries, dict) else None
+        for old in recorded if isinstance(recorded, list) else ():
+            if not isinstance(old, dict):
+                continue
+            lib = by_path.get((kind, str(old.get("path"))))
+            if lib is None:
+                raise UsageError(f"{where}: its run loaded {words} {old.get('path')} "
+                                 f"(sha256 {str(old.get('sha256'))[:12]}…); a stored run "
+                                 f"loads none by itself: give {flags[kind]} "
+                                 f"{old.get('named')} again, or --fresh")
+            if lib.sha256 != old.get("sha256"):
+                raise UsageError(f"{flags[kind]} {lib.named}: sha256 {lib.sha256[:12]}… is "
+                                 f"not the {str(old.get('sha256'))[:12]}… that "
+                                 f"{where}/run.json recorded; the library changed since: "
+                                 "tune again with --fresh (or give the recorded file)")
 
 
 _in_use: tuple[Library, ...] = ()
@@ -182,10 +210,11 @@ _pinned: dict[Path, ctypes.CDLL] = {}
 
 
 def use(libraries: Sequence[Library]) -> None:
-    """Register `libraries` with every ONNX Runtime session this process opens from now.
+    """Use `libraries` in every session, build and engine this process makes from now.
 
     Each file is hashed again first: one that changed since it was checked is refused.
-    Each is also loaded once here and kept loaded until the process ends: ONNX Runtime
+    Each custom-op library is also loaded once here and kept loaded until the process
+    ends: ONNX Runtime
     unloads a library when the last session that registered it is released
     (``RegisterCustomOpsLibrary_V2``, onnxruntime PR 14099), and onnxruntime-extensions
     0.15.2 loaded again after that crashes the process (a segmentation fault, seen here
@@ -199,16 +228,20 @@ def use(libraries: Sequence[Library]) -> None:
         try:
             now = _sha256(lib.path)
         except OSError as e:
-            raise UsageError(f"custom-op library {lib.path}: cannot be read now "
+            raise UsageError(f"{KINDS[lib.kind]} {lib.path}: cannot be read now "
                              f"({e.strerror}); it was there when the run started") from e
         if now != lib.sha256:
-            raise UsageError(f"custom-op library {lib.path}: its sha256 changed while the "
+            raise UsageError(f"{KINDS[lib.kind]} {lib.path}: its sha256 changed while the "
                              "run went on; leave the file alone during a run")
-        if lib.path not in _pinned:
+        if lib.kind == CUSTOM_OPS and lib.path not in _pinned:
             _pinned[lib.path] = ctypes.CDLL(str(lib.path))
     _in_use = tuple(libraries)
 
 
-def in_use() -> tuple[Library, ...]:
-    """The custom-op libraries this process registers with each session (`use`)."""
-    return _in_use
+def in_use(kind: str = CUSTOM_OPS) -> tuple[Library, ...]:
+    """The libraries of `kind` this process uses (`use`).
+
+    The custom-op libraries registered with each ONNX Runtime session, or TensorRT's
+    plugin libraries.
+    """
+    return tuple(lib for lib in _in_use if lib.kind == kind)

@@ -96,7 +96,8 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
         "validation inputs": inputs,
         "FP32 reference": _reference_text(run.get("reference")),
         "base pipeline": ", ".join(run.get("base_pipeline", [])) or "none",
-        "custom-op libraries": _libraries_text(run.get("libraries")),
+        "custom-op libraries": _libraries_text(run.get("libraries"), "custom_ops"),
+        "plugin libraries": _libraries_text(run.get("libraries"), "plugins"),
         "backend options": ", ".join(f"{k}={v}" for k, v in
                                      backend.get("options", {}).items()) or "defaults",
         "pinned routes": ", ".join(run.get("pinned", [])) or "none",
@@ -128,9 +129,9 @@ def _reference_text(reference: Any) -> str:
             f"sha256 {reference.get('sha256')}), not run here")
 
 
-def _libraries_text(libraries: Any) -> str:
-    """Each custom-op library the run registered, with its sha256 (`routetune.libraries`)."""
-    listed = libraries.get("custom_ops") if isinstance(libraries, dict) else None
+def _libraries_text(libraries: Any, kind: str) -> str:
+    """Each library of `kind` the run loaded, with its sha256 (`routetune.libraries`)."""
+    listed = libraries.get(kind) if isinstance(libraries, dict) else None
     if not isinstance(listed, list) or not listed:
         return "none"
     return "; ".join(f"{lib.get('path')} (sha256 {lib.get('sha256')})" for lib in listed

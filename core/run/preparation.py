@@ -39,7 +39,15 @@ from routetune.judging.accuracy import (
     parse_accuracy,
 )
 from routetune.judging.saved_reference import SavedReference, load_reference
-from routetune.libraries import CONTRIB, EXTENSIONS, ORT_DOMAINS, Library, resolve, use
+from routetune.libraries import (
+    EXTENSIONS,
+    EXTENSIONS_DOMAINS,
+    ORT_DOMAINS,
+    PLUGINS,
+    Library,
+    resolve,
+    use,
+)
 from routetune.model.loading import PreparedModel, prepare, sha256, with_weights_in
 from routetune.model.weights import import_graph
 from routetune.option_seasoning import check_option_keys
@@ -89,7 +97,8 @@ class Prepared:
     """The search's time budget (s): ``--time-budget``, or the example's when none is
     given (`routetune.feeds.examples.Example.time_budget_s`, named in ``source``)."""
     libraries: tuple[Library, ...] = ()
-    """``--custom-op-library``, checked and hashed (`routetune.libraries.resolve`)."""
+    """``--custom-op-library`` and ``--plugin-library``, checked and hashed
+    (`routetune.libraries.resolve`)."""
     saved_reference: SavedReference | None = None
     """``--reference-outputs``, read and checked: the reference instead of a run here."""
 
@@ -127,10 +136,15 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
         raise OptionError("shapes", f" with {opt}: {shapes_} sets min, opt and max at once; "
                           f"give {opt} with {low}/{high} instead")
     check_workers(opts, registry)
-    libraries = resolve(opts.custom_op_libraries, opts.spelled("custom_op_libraries"))
+    libraries = (resolve(opts.custom_op_libraries, opts.spelled("custom_op_libraries"))
+                 + resolve(opts.plugin_libraries, opts.spelled("plugin_libraries"), PLUGINS))
     use(libraries)  # the reference, the passes' own runs and in-process candidates
     registry.reference_backend()  # what every candidate is checked against, before any work
     backend = available_backend(registry, opts.backend)
+    try:
+        backend.load_plugin_libraries([lib.path for lib in libraries if lib.kind == PLUGINS])
+    except BackendError as e:
+        raise OptionError("plugin_libraries", f": {e}") from e
     check_option_keys(registry, backend)  # a plugin's misspelled option: now, not mid-search
     strategy_options = configure(registry.strategy(opts.search), opts.search_options,  # before
                                  opts.beam_width, opts.spelled)  # any work
@@ -299,7 +313,7 @@ def _unknown_op_fix(error: str, spec: RunSpec) -> str:
                 f"of a TensorRT plugin, say): {saved}" if missing else "")
     flag = spec.spelled("custom_op_libraries")
     which = (f"{flag} {EXTENSIONS} (pip install onnxruntime-extensions)"
-             if found.group(1) == CONTRIB else f"{flag} PATH")
+             if found.group(1) in EXTENSIONS_DOMAINS else f"{flag} PATH")
     given = f" (the {len(spec.custom_op_libraries)} given lack it)" if (
         spec.custom_op_libraries) else ""
     return (f"{found.group(1)}:{found.group(2)} is a custom operator{given}: give the "

@@ -22,8 +22,8 @@ Schema version 2 (``schema_version = 2``); ``routetune schema`` prints it as JSO
 - ``[measure]``: ``min_runs``, ``min_time_s``, ``latency``, ``min_speedup``,
   ``confirm_repeats``, ``busy_machine``.
 - ``[libraries]``: ``custom_ops``: custom-op libraries (paths relative to the recipe, or
-  ``onnxruntime-extensions``) registered with every ONNX Runtime session
-  (`routetune.libraries`).
+  ``onnxruntime-extensions``) registered with every ONNX Runtime session; ``plugins``:
+  TensorRT plugin libraries (`routetune.libraries`).
 - ``[executor]``: ``name`` (``local`` or ``ray``) and ``ray_address``: where trials run
   (`routetune.plugins.ray.pool`).
 
@@ -50,7 +50,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from routetune.errors import UsageError, one_line
-from routetune.libraries import EXTENSIONS
+from routetune.libraries import CUSTOM_OPS, EXTENSIONS, KINDS, PLUGINS, records
 from routetune.options import OptionError, OptionInfo, Source, build, option_named, options_of
 from routetune.run.recipe_problems import field_path, plugin_problems, schema_problem
 from routetune.run.run_spec import RunSpec, defaults
@@ -287,7 +287,7 @@ def recipe_values(recipe: Any, path: Path) -> dict[str, Any]:
         elif info.name == "memory" and value not in ("off", "") \
                 and not Path(value).is_absolute():
             value = str(here / value)  # a file, as the recipe's other paths
-        elif info.name == "custom_op_libraries":
+        elif info.name in ("custom_op_libraries", "plugin_libraries"):
             value = tuple(v if v == EXTENSIONS or Path(v).is_absolute() else str(here / v)
                           for v in value)
         elif isinstance(value, list):
@@ -328,8 +328,10 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
     measured: dict[str, Any] = {"status": winner.status, "reason": result.winner_reason,
                                 "device": winner.device,
                                 "speedup": round(result.winner_speedup, 4)}
-    if run.libraries:  # what was loaded, to compare with the file before a rebuild
-        measured["custom_op_libraries"] = [lib.record() for lib in run.libraries]
+    for kind, listed in records(run.libraries).items():  # what was loaded, with hashes
+        if listed:
+            measured[{CUSTOM_OPS: "custom_op_libraries", PLUGINS: "plugin_libraries"}[kind]] = (
+                listed)
     if run.saved_reference is not None:  # what the winner was judged against
         measured["reference_outputs"] = run.saved_reference.record()
     confirmed = result.confirmed
@@ -354,8 +356,8 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
                     "confirm_repeats": opts.confirm_repeats},
         "inputs": inputs,
         "output": os.path.relpath(run.outdir, path.parent),
-        "libraries": {"custom_ops": [lib.named if lib.named == EXTENSIONS else str(lib.path)
-                                     for lib in run.libraries]},
+        "libraries": {kind: [lib.named if lib.named == EXTENSIONS else str(lib.path)
+                             for lib in run.libraries if lib.kind == kind] for kind in KINDS},
         "result": measured,
     }
     path.write_text(tomli_w.dumps(_drop_empty(doc)))
@@ -364,7 +366,7 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
 
 def _drop_empty(doc: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if v not in ({}, None) and not (
-        k == "base" and v == []) and v != {"custom_ops": []}}
+        k == "base" and v == []) and not (k == "libraries" and not any(v.values()))}
 
 
 def merge(given: Mapping[str, Any], entry: Source, registry: Registry) -> RunSpec:

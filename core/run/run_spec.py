@@ -168,6 +168,13 @@ class RunSpec:
         "the ones named here are loaded.", flag="--custom-op-library",
         recipe="libraries.custom_ops", cli_type=list[str] | None,
         from_cli=lambda v: tuple(v or ()), from_keyword=_route_texts, commands=BOTH)
+    plugin_libraries: tuple[str, ...] = option(
+        (), help="A TensorRT plugin library to load into TensorRT's plugin registry "
+        "before every parse and every engine's deserialization (trtexec's "
+        "--dynamicPlugins), repeatable; tensorrt backend only. A library is code: only "
+        "the ones named here are loaded.", flag="--plugin-library",
+        recipe="libraries.plugins", cli_type=list[str] | None,
+        from_cli=lambda v: tuple(v or ()), from_keyword=_route_texts, commands=BOTH)
     model_sha256: str | None = option(
         None, help="The sha256 the model file must have.", flag=None,
         recipe="model.sha256")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import routetune
+from routetune.libraries import records
 from routetune.options import values_of
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def start_record(run: Prepared, opts: RunSpec, versions: dict[str, str],
                     "confirm_repeats": opts.confirm_repeats},
         "conditions_at_start": machine_now(),
         "base_pipeline": [p["step"] for p in run.base_passes],
-        "libraries": {"custom_ops": [lib.record() for lib in run.libraries]},
+        "libraries": records(run.libraries),
         "reference": ({"source": "file", **run.saved_reference.record()}
                       if run.saved_reference is not None else
                       {"source": "run", "backend": run.registry.reference_backend().name}),

@@ -19,7 +19,7 @@ from routetune.execution.local_pool import TIMELINE
 from routetune.judging.accuracy import check_accuracy
 from routetune.judging.ranking import ranked
 from routetune.judging.verdict import DEFAULT_MIN_SPEEDUP, confirm_winner
-from routetune.libraries import check_recorded
+from routetune.libraries import CUSTOM_OPS, PLUGINS, check_recorded
 from routetune.logs import LOGS, keep, quietly
 from routetune.records import run_record
 from routetune.records.store import FILENAME, TrialStore, disk_full, full_disk
@@ -269,7 +269,8 @@ def _tune_locked(
     try:
         if not opts.fresh:  # a resume loads what it was given now, and only that
             check_recorded(_recorded(run.outdir), run.libraries, run.outdir,
-                           opts.spelled("custom_op_libraries"))
+                           {CUSTOM_OPS: opts.spelled("custom_op_libraries"),
+                            PLUGINS: opts.spelled("plugin_libraries")})
         references = reference_outputs(reference, run)
         if opts.fresh:
             move_aside(store_path)

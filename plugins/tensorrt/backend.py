@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from routetune.backend import Backend, Engine, OptionSpec, Runner
-from routetune.errors import EngineNotRunnable
+from routetune.errors import BackendError, BuildError, EngineNotRunnable
 from routetune.feeds.profile import ShapeProfile
+from routetune.libraries import PLUGINS, in_use
 from routetune.plugins.cuda import cuda_versions
 from routetune.plugins.tensorrt.loaders import (
     NS,
@@ -34,6 +35,7 @@ from routetune.plugins.tensorrt.loaders import (
     PlanCache,
     PlanFromNetwork,
     TimingCacheFile,
+    load_plugins,
 )
 from routetune.plugins.tensorrt.logger import make_logger
 from routetune.plugins.tensorrt.module import TensorRtModule, find_tensorrt
@@ -60,6 +62,25 @@ class TensorRtBackend(Backend):
         from routetune.plugins.cuda import device_memory_used
 
         return device_memory_used() if _gpu() else None
+
+    def load_plugin_libraries(self, paths: Sequence[Path]) -> None:
+        """Load plugin libraries into TensorRT's registry in this process (`load_plugins`).
+
+        Raises:
+            BackendError: No TensorRT here, or TensorRT refused a library (its message).
+        """
+        if not paths:
+            return
+        trt = self.trt.module
+        if trt is None:
+            raise BackendError(f"no TensorRT here to load {paths[0]} into: {self.trt.reason}")
+        logger = make_logger(trt)
+        builder = trt.Builder(logger)
+        try:
+            load_plugins(builder.get_plugin_registry(), paths, logger, str(self.trt))
+        except BuildError as e:
+            raise BackendError(f"{e}; give a TensorRT plugin library built for {self.trt}"
+                               ) from e
 
     def gpus(self, settings: Mapping[str, Any]) -> tuple[str, ...]:
         """Every visible GPU (`routetune.plugins.cuda.visible_gpus`)."""
@@ -128,7 +149,7 @@ class TensorRtBackend(Backend):
                           sha256=hashlib.sha256(data).hexdigest(), reused=True)
         trt = self.trt.module
         cache = TimingCacheFile(workdir / "engines" / TIMING_CACHE, str(self.trt), bool(_gpu()))
-        data = PlanFromNetwork(NetworkFromOnnx(trt, model_path),
+        data = PlanFromNetwork(NetworkFromOnnx(trt, model_path, _plugins()),
                                ConfigFromSettings(trt, settings), cache)()
         if plans is not None:
             plans.put(data)
@@ -150,6 +171,10 @@ class TensorRtBackend(Backend):
         trt = self.trt.module
         logger = make_logger(trt)
         runtime = make_runtime(trt, logger)
+        try:
+            load_plugins(runtime.get_plugin_registry(), _plugins(), logger, str(self.trt))
+        except BuildError as e:
+            raise EngineNotRunnable(str(e)) from e
         data = engine.handle if engine.handle is not None else engine.path.read_bytes()
         cuda_engine = runtime.deserialize_cuda_engine(data)
         if cuda_engine is None:
@@ -158,6 +183,11 @@ class TensorRtBackend(Backend):
         profile = ShapeProfile.parse(engine.settings.get(NS + "profile", ""))
         return TensorRtRunner(trt, runtime, cuda_engine, profile,
                               bool(engine.settings.get(NS + "cuda_graph")))
+
+
+def _plugins() -> tuple[Path, ...]:
+    """This process's ``--plugin-library`` files (`routetune.libraries.in_use`)."""
+    return tuple(lib.path for lib in in_use(PLUGINS))
 
 
 def make_runtime(trt: Any, logger: Any) -> Any:

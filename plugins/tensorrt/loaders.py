@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,38 @@ class Network:
     logger: Any
 
 
+_LOADED: dict[str, Any] = {}
+"""The plugin libraries loaded into this process's plugin registry, by path: their
+handles, kept for the life of the process (`load_plugins`)."""
+
+
+def load_plugins(registry: Any, paths: Sequence[Path], logger: Any, name: str) -> None:
+    """Load each plugin library into `registry` once per process.
+
+    As trtexec's ``--dynamicPlugins`` does (``IPluginRegistry.load_library``).
+    TensorRT's registry is the process's: a library loaded once serves every builder
+    and runtime after it, and loading it again would register its creators twice.
+
+    Args:
+        registry: ``builder.get_plugin_registry()`` or ``runtime.get_plugin_registry()``.
+        paths: The libraries, absolute.
+        logger: The capturing logger of the builder or runtime (`make_logger`).
+        name: The TensorRT build's name, for the message.
+
+    Raises:
+        BuildError: TensorRT refused a library (its own message: a missing
+            ``getCreators`` or ``getPluginCreators`` entry point, no creator returned).
+    """
+    for path in paths:
+        if str(path) in _LOADED:
+            continue
+        handle = registry.load_library(str(path))
+        if handle is None:
+            raise BuildError(f"{name} refused the plugin library {path}: "
+                             f"{logger.errors()}")
+        _LOADED[str(path)] = handle
+
+
 @dataclass(frozen=True)
 class NetworkFromOnnx:
     """A strongly typed network parsed from an ONNX file (``trt.OnnxParser``).
@@ -55,20 +87,26 @@ class NetworkFromOnnx:
     Args:
         trt: The TensorRT (or TensorRT-RTX) Python module.
         path: The ONNX file; external data is read from beside it.
+        plugins: Plugin libraries loaded before the parse (`load_plugins`), so that the
+            parser finds their creators for the ONNX ops they implement.
     """
 
     trt: Any
     path: Path
+    plugins: tuple[Path, ...] = ()
 
     def __call__(self) -> Network:
         """Parse the model.
 
         Raises:
-            BuildError: The parser refused it (`parse_failure`).
+            BuildError: TensorRT refused a plugin library, or the parser refused the
+                model (`parse_failure`).
         """
         trt = self.trt
         logger = make_logger(trt)
         builder = trt.Builder(logger)
+        load_plugins(builder.get_plugin_registry(), self.plugins, logger,
+                     getattr(trt, "__name__", "TensorRT"))
         network = builder.create_network(0)  # TensorRT 11: always strongly typed
         parser = trt.OnnxParser(network, logger)
         if not parser.parse_from_file(str(self.path)):

@@ -102,7 +102,8 @@ def test_every_tensorrt_name_the_backend_uses_is_in_tensorrt_11_4() -> None:
     api = (attributes & rtx_api()) | (attributes & TENSORRT_ONLY)
     assert len(api) > 40  # the scan sees the backend: builder, config, engine, context
     assert {"execute_async_v3", "set_tensor_address", "build_serialized_network",
-            "create_execution_context", "INPUT", "all_build_routes"} <= api
+            "create_execution_context", "INPUT", "all_build_routes",
+            "get_plugin_registry", "load_library"} <= api  # --plugin-library
     missing = sorted(name for name in api if not bound(name))
     assert not missing, f"not in TensorRT 11.4's bindings: {missing}"
 
