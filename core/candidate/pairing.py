@@ -26,7 +26,13 @@ from routetune.backend import Backend, Runner
 from routetune.candidate.artifacts import build_engine, open_engine, save_model
 from routetune.candidate.records import Timing, TrialInputs
 from routetune.routes.route import Route
-from routetune.timing.conditions import WINDOW_S, BusyPolicy, measure_watched, pace_note
+from routetune.timing.conditions import (
+    WINDOW_S,
+    BusyPolicy,
+    Steady,
+    measure_watched,
+    pace_note,
+)
 from routetune.timing.measure import (
     Block,
     MeasureSettings,
@@ -98,6 +104,7 @@ class PairedTiming:
         self._gpu: str | None = None  # see policy
         self._warm_base: frozenset[int] = frozenset()  # {1} once the base engine ran here
         self._pace_ms: float | None = None  # the base route's fastest p50 in this process
+        self._steady = Steady()  # load that lasted through a whole wait (STEADY_LOOK_S)
 
     def watched(self, timed: Callable[[], T], settled: Callable[[T], bool] | None = None,
                 base_ms: Callable[[T], float | None] | None = None,
@@ -149,7 +156,7 @@ class PairedTiming:
 
         result, conditions = measure_watched(policy, self.status(), timed, settled,
                                              slower if paced else None,
-                                             look if paced else None, through)
+                                             look if paced else None, through, self._steady)
         ms = base_ms(result) if base_ms is not None else None
         if ms is not None and pace is None and not conditions["busy"]:
             self._pace_ms = ms

@@ -400,11 +400,28 @@ class Watch:
             tmp.replace(self.status)
 
 
+STEADY_LOOK_S = 10.0
+"""After a wait that found no quiet in all of `BusyPolicy.max_wait_s`, how long (s) the
+same process's later waits look for quiet: load that lasted through a whole wait is
+taken as steady, and waiting the whole time again for each measurement would spend the
+search's budget on waiting alone (2026-12-04: 181 s of a 300 s budget, 4 of 120 trials
+measured, docs/benchmarks.md). `QUIET_S` of quiet within the look still counts, and
+ends the steady state. Five times `QUIET_S` in all."""
+
+
+@dataclass
+class Steady:
+    """Why load lasted through a whole wait in this process, or "" (`STEADY_LOOK_S`)."""
+
+    busy: str = ""
+
+
 def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], Any],
                     settled: Callable[[Any], bool] | None = None,
                     slower: Callable[[Any], str] | None = None,
                     look: Callable[[], str] | None = None,
                     through: Callable[[], Any] | None = None,
+                    steady: Steady | None = None,
                     ) -> tuple[Any, dict[str, Any]]:
     """Run a measurement under `policy`: wait for quiet and measure again as it says.
 
@@ -420,7 +437,9 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
     settle it after all (load that slows both engines alike cancels out of a paired
     figure; what is left widens the interval, and more blocks narrow it). Only one
     still unsettled waits for quiet and is measured again. So a busy machine costs
-    waiting only for the routes that could win.
+    waiting only for the routes that could win. Once a wait has found no quiet in all
+    of ``policy.max_wait_s`` (`steady`), later waits look for quiet for `STEADY_LOOK_S`
+    only, until one finds it: the measurement then stands, marked noisy.
 
     Args:
         policy: The busy-machine policy.
@@ -434,16 +453,31 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
             route's pace now, `pace_note`).
         through: The longer measurement tried once, at once, on a busy attempt that
             is not `settled`, before any wait; None: wait at once.
+        steady: This process's steady-load state, kept across measurements; None:
+            every wait may take ``policy.max_wait_s``.
 
     Returns:
         `run`'s result and the conditions of the attempt that stands, with
         ``waited_s`` (seconds waited in all), ``attempts``, ``through`` (whether a
-        busy attempt was measured through, `through`) and ``mode``.
+        busy attempt was measured through, `through`), ``steady`` (the steady load a
+        shortened wait took as lasting, or "") and ``mode``.
     """
     watch = Watch(policy, status)
-    waited, attempts = 0.0, 0
+    waited, attempts, shortened = 0.0, 0, ""
+
+    def wait(budget_s: float, why: str, look: Callable[[], str] | None = None) -> float:
+        nonlocal shortened
+        if steady is not None and steady.busy:
+            shortened, budget_s = steady.busy, min(budget_s, STEADY_LOOK_S)
+        spent = watch.wait_quiet(budget_s, why, look)
+        if steady is not None and spent < budget_s:  # it found quiet
+            steady.busy = ""
+        elif steady is not None and budget_s >= policy.max_wait_s:  # a whole wait, no quiet
+            steady.busy = why
+        return spent
+
     if policy.mode == "wait" and settled is None and (why := watch.quick_busy()):
-        waited += watch.wait_quiet(policy.max_wait_s, why)
+        waited += wait(policy.max_wait_s, why)
     now, measured_through = run, False
     while True:
         attempts += 1
@@ -460,9 +494,9 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
             now, measured_through = through, True
             continue
         now = run
-        waited += watch.wait_quiet(left, conditions["busy"], look)
+        waited += wait(left, conditions["busy"], look)
     conditions.update(waited_s=round(waited, 2), attempts=attempts,
-                      through=measured_through, mode=policy.mode)
+                      through=measured_through, steady=shortened, mode=policy.mode)
     return result, conditions
 
 

@@ -18,6 +18,7 @@ from routetune.records.store import TrialStore
 from routetune.timing.conditions import (
     SLACK_CORES,
     BusyPolicy,
+    Steady,
     Watch,
     measure_watched,
     read_statuses,
@@ -153,6 +154,28 @@ def test_wait_measures_through_the_noise_once_before_it_waits(tmp_path: Path) ->
             through=lambda: time.sleep(0.3) or calls.append("through") or "close")
     assert calls == ["run", "through", "run"] and result == "close"
     assert c["through"] and c["waited_s"] >= 2.0
+
+
+def test_load_that_lasts_through_a_whole_wait_is_waited_on_briefly_after(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import routetune.timing.conditions as conditions
+
+    monkeypatch.setattr(conditions, "STEADY_LOOK_S", 0.5)
+    steady = Steady()
+    policy = BusyPolicy("wait", max_wait_s=2.0)
+    with foreign_load(cores=1):
+        _, first = measure_watched(policy, None, lambda: time.sleep(0.2), lambda r: False,
+                                   steady=steady)
+        assert first["waited_s"] >= 2.0 and not first["steady"]  # a whole wait, no quiet
+        assert steady.busy.startswith("other processes used")
+        _, second = measure_watched(policy, None, lambda: time.sleep(0.2), lambda r: False,
+                                    steady=steady)
+    assert 0.5 <= second["waited_s"] < 1.5 and second["steady"] == steady.busy
+    assert second["busy"]  # it stands, marked noisy
+    # quiet again: the next wait finds it, and the steady state ends
+    _, third = measure_watched(policy, None, lambda: time.sleep(0.2), lambda r: False,
+                               steady=Steady(steady.busy))
+    assert not third["busy"] and third["waited_s"] == 0
 
 
 def routetune(*args: str) -> subprocess.CompletedProcess[str]:
