@@ -439,7 +439,8 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
     still unsettled waits for quiet and is measured again. So a busy machine costs
     waiting only for the routes that could win. Once a wait has found no quiet in all
     of ``policy.max_wait_s`` (`steady`), later waits look for quiet for `STEADY_LOOK_S`
-    only, until one finds it: the measurement then stands, marked noisy.
+    only, until one finds it: where a look finds none, the attempt before it stands,
+    marked noisy, with no further attempt.
 
     Args:
         policy: The busy-machine policy.
@@ -465,19 +466,22 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
     watch = Watch(policy, status)
     waited, attempts, shortened = 0.0, 0, ""
 
-    def wait(budget_s: float, why: str, look: Callable[[], str] | None = None) -> float:
-        nonlocal shortened
+    def wait(budget_s: float, why: str, look: Callable[[], str] | None = None) -> bool:
+        """Wait for quiet; whether the wait was a short look that found none."""
+        nonlocal waited, shortened
+        short = steady is not None and bool(steady.busy)
         if steady is not None and steady.busy:
             shortened, budget_s = steady.busy, min(budget_s, STEADY_LOOK_S)
         spent = watch.wait_quiet(budget_s, why, look)
+        waited += spent
         if steady is not None and spent < budget_s:  # it found quiet
             steady.busy = ""
         elif steady is not None and budget_s >= policy.max_wait_s:  # a whole wait, no quiet
             steady.busy = why
-        return spent
+        return short and spent >= budget_s
 
     if policy.mode == "wait" and settled is None and (why := watch.quick_busy()):
-        waited += wait(policy.max_wait_s, why)
+        wait(policy.max_wait_s, why)
     now, measured_through = run, False
     while True:
         attempts += 1
@@ -493,8 +497,9 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
         if through is not None and not measured_through:
             now, measured_through = through, True
             continue
+        if wait(left, conditions["busy"], look):
+            break  # steady load, still there: this attempt stands, marked noisy
         now = run
-        waited += wait(left, conditions["busy"], look)
     conditions.update(waited_s=round(waited, 2), attempts=attempts,
                       through=measured_through, steady=shortened, mode=policy.mode)
     return result, conditions

@@ -171,7 +171,7 @@ def test_load_that_lasts_through_a_whole_wait_is_waited_on_briefly_after(
         _, second = measure_watched(policy, None, lambda: time.sleep(0.2), lambda r: False,
                                     steady=steady)
     assert 0.5 <= second["waited_s"] < 1.5 and second["steady"] == steady.busy
-    assert second["busy"]  # it stands, marked noisy
+    assert second["busy"] and second["attempts"] == 1  # it stands, marked noisy
     # quiet again: the next wait finds it, and the steady state ends
     _, third = measure_watched(policy, None, lambda: time.sleep(0.2), lambda r: False,
                                steady=Steady(steady.busy))
