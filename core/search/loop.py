@@ -205,13 +205,14 @@ class SearchLoop:
 
         running = [0]  # trials admitted and not yet done
         admitted: list[float] = []  # when each trial running was admitted, in order
-        longest = [0.0]  # the longest candidate so far, admission to result (s)
+        longest = [0.0]  # the longest candidate so far, admission to result, less waiting (s)
 
         def admit() -> bool:
             """Whether one more trial may start now; says why not in `stopped`.
 
             Under a time budget, a candidate starts only if the time left is at least
-            what the longest candidate of this search took so far: one started later
+            what the longest candidate of this search took so far, less the time it
+            waited for a quiet machine (`--busy-machine wait`): one started later
             would most likely be built past the deadline and dropped unmeasured, its
             build wasted (a transformer optimizer's build of a BERT takes about 45 s on
             the H200's host).
@@ -225,7 +226,7 @@ class SearchLoop:
             elif left is not None and trials and left < longest[0]:
                 self.stopped = (f"--time-budget {budget.time_s:g} s nearly reached: {left:.0f} "
                                 f"s left, less than the longest trial took ({longest[0]:.0f} "
-                                "s), so none more started")
+                                "s, any wait for quiet left out), so none more started")
             else:
                 running[0] += 1
                 admitted.append(now)
@@ -237,8 +238,11 @@ class SearchLoop:
             running[0] -= 1
             if admitted:
                 took = time.monotonic() - admitted.pop(0)
+                waited = trial.conditions.get("waited_s") if trial.conditions else None
                 if not trial.steps.is_base:  # the base route's time holds worker start-up
-                    longest[0] = max(longest[0], took)
+                    # its own work: a wait for quiet says nothing of the next one's cost
+                    longest[0] = max(longest[0], took - (
+                        waited if isinstance(waited, (int, float)) else 0.0))
             if trial.fingerprint not in seen:  # a pinned route the strategy asks again
                 seen.add(trial.fingerprint)
                 trials.append(trial)
