@@ -87,7 +87,7 @@ def save_reference(model: Path, inputs: Path, folder: Path) -> None:
     names = [o.name for o in session.get_outputs()]
     folder.mkdir(parents=True, exist_ok=True)
     for f in sorted(inputs.glob("*.npz")):
-        outputs = session.run(None, dict(np.load(f)))
+        outputs = session.run(None, dict(np.load(f, allow_pickle=False)))
         np.savez(folder / f.name, **dict(zip(names, outputs, strict=True)))
 
 
