@@ -104,7 +104,7 @@ class PairedTiming:
         self._gpu: str | None = None  # see policy
         self._warm_base: frozenset[int] = frozenset()  # {1} once the base engine ran here
         self._pace_ms: float | None = None  # the base route's fastest p50 in this process
-        self._steady = Steady()  # load that lasted through a whole wait (STEADY_LOOK_S)
+        self._steady = Steady()  # steady load in this worker (STEADY_AFTER_S)
 
     def watched(self, timed: Callable[[], T], settled: Callable[[T], bool] | None = None,
                 base_ms: Callable[[T], float | None] | None = None,
@@ -121,9 +121,10 @@ class PairedTiming:
         cores); where that is slower too, or the paired figure itself is over
         `PAIRED_SLOWER` times the pace, the machine is slower than it was (`pace_note`)
         and the attempt counts as busy. ``wait`` then waits by timing the
-        base route's engine alone until it is back to its pace. A wait that runs out
-        with the base route still slower takes its figure as the pace from then on: the
-        machine changed for good.
+        base route's engine alone until it is back to its pace. A wait that runs out,
+        or steady load (`routetune.timing.conditions.STEADY_AFTER_S`), with the base
+        route still slower takes its figure as the pace from then on: the machine
+        changed for good.
 
         Args:
             timed: The measurement.
@@ -161,7 +162,7 @@ class PairedTiming:
         if ms is not None and pace is None and not conditions["busy"]:
             self._pace_ms = ms
         elif (paced and alone and conditions["busy"] == pace_note(alone[-1], pace)
-              and conditions["waited_s"] >= policy.max_wait_s):
+              and (conditions["steady"] or conditions["waited_s"] >= policy.max_wait_s)):
             logger.warning("the base route stays at %.3g ms alone after %.0f s of waiting: "
                            "its pace from now on", alone[-1], conditions["waited_s"])
             self._pace_ms = alone[-1]

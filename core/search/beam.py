@@ -4,6 +4,7 @@ Depth 0 is the base route. At depth d every route of the beam is extended by one
 seasoning (every parameter choice, every ordering that can matter); the ``beam_width``
 fastest of the routes of depth d that are accurate, still in the race and shown faster
 than the base route (`routetune.judging.ranking.shown_faster`: beyond their 95% interval)
+on a measurement that may decide a winner (`routetune.search.strategy.Result.trusted`)
 form the next beam. A route out of the race (`routetune.timing.race`: it cannot reach
 ``--min-speedup``, or the leader) or one the paired blocks cannot tell from the base
 route is not built on: forward selection adds a step only when its test is significant.
@@ -48,7 +49,8 @@ class Beam(Strategy):
         """The next depth's routes: every extension of the current beam not yet tried."""
         if self._started:
             accurate = [(r, t) for r, t in self._depth_results
-                        if t.status == Status.OK and not t.out_of_race and shown_faster(t)]
+                        if t.status == Status.OK and t.trusted and not t.out_of_race
+                        and shown_faster(t)]
             accurate.sort(key=lambda rt: rank_key(rt[1]))
             self._beam = [r for r, _ in accurate[: self.options.beam_width]]
         self._started = True

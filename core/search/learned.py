@@ -165,7 +165,7 @@ class Learned(Strategy):
                 rows.append(self._x[i])
                 ys.append(y)
                 weights.append(1.0 / (sd ** 2 + NOISE_FLOOR ** 2))
-                if result.status == Status.OK:
+                if result.status == Status.OK and result.trusted:
                     best = max(best, y)
             if result.status == Status.OK:
                 ok_steps += self._x[i]

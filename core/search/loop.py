@@ -152,6 +152,7 @@ class SearchLoop:
         self._engines = {self._engine_key(t.engine_sha256, t.settings): t.route
                          for t in ours if t.engine_sha256}
         self.leader = Leader(settings.min_speedup, settings.busy_machine, floor)
+        self.busy_machine = settings.busy_machine
         self.pace_ms: float | None = None  # the base route's p50 alone in this search
         self.same_engine = SameEngine(lambda name: registry.seasoning(name).info.stage,
                                       len(self.base_passes))
@@ -269,7 +270,7 @@ class SearchLoop:
                     break
                 ordered.append(finished[route])
                 if tell:
-                    strategy.tell(route, Result.of(finished[route]))
+                    strategy.tell(route, Result.of(finished[route], self.busy_machine))
             return ordered
 
         try:

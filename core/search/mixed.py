@@ -34,8 +34,11 @@ from routetune.seasoning import ParamValue, SeasoningInfo
 
 
 def beats_base(result: Result) -> bool:
-    """Whether a route is accurate and faster than the base route beyond noise."""
-    return result.status == Status.OK and shown_faster(result)
+    """Whether a route is accurate and faster than the base route beyond noise.
+
+    Only on a measurement that may decide a winner (`Result.trusted`).
+    """
+    return result.status == Status.OK and result.trusted and shown_faster(result)
 
 
 def positive_space(space: RouteSpace, positive: list[Route]) -> RouteSpace:

@@ -33,6 +33,10 @@ class Result:
             base measurement.
         out_of_race: Whether its timing stopped because it cannot reach the speed-up it
             raced against (`routetune.timing.race`): a route not worth building on.
+        trusted: Whether its measurement may decide a winner: False for one timed on a
+            busy machine (``noisy``) under ``--busy-machine wait`` or ``warn``, where no
+            noisy trial wins. A strategy builds on trusted results only: a route faster
+            only while the machine was busy leads nowhere that could win.
     """
 
     route: Route
@@ -40,6 +44,7 @@ class Result:
     latency: Latency | None = None
     relative: Latency | None = None
     out_of_race: bool = False
+    trusted: bool = True
 
     @property
     def steps(self) -> Route:
@@ -47,10 +52,10 @@ class Result:
         return self.route
 
     @classmethod
-    def of(cls, trial: Trial) -> Result:
-        """The result of a stored trial."""
+    def of(cls, trial: Trial, busy_machine: str = "wait") -> Result:
+        """The result of a stored trial, under the ``--busy-machine`` mode it ran with."""
         return cls(trial.steps, Status(trial.status), trial.latency, trial.relative,
-                   trial.raced is not None)
+                   trial.raced is not None, not trial.noisy or busy_machine == "ignore")
 
 
 @dataclass(frozen=True)

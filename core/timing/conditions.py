@@ -400,18 +400,19 @@ class Watch:
             tmp.replace(self.status)
 
 
-STEADY_LOOK_S = 10.0
-"""After a wait that found no quiet in all of `BusyPolicy.max_wait_s`, how long (s) the
-same process's later waits look for quiet: load that lasted through a whole wait is
-taken as steady, and waiting the whole time again for each measurement would spend the
-search's budget on waiting alone (2026-12-04: 181 s of a 300 s budget, 4 of 120 trials
-measured, docs/benchmarks.md). `QUIET_S` of quiet within the look still counts, and
-ends the steady state. Five times `QUIET_S` in all."""
+STEADY_AFTER_S = 30.0
+"""A wait that finds no quiet in this long (s) takes the load as steady, and the attempt
+before it stands, marked noisy: from then on the same process waits no more, and each
+attempt is its own look (one whose window is quiet ends the steady state). Waiting the
+whole `BusyPolicy.max_wait_s` again and again spent a search's budget on waiting
+(2026-12-04: 181 s of a 300 s budget, 4 of 120 trials measured), and so did a 10 s look
+after every unsettled trial (2026-12-06: 111 s of 300, 40%; docs/benchmarks.md). Fifteen
+times `QUIET_S`: bursty load with a quiet gap in that time is waited on as before."""
 
 
 @dataclass
 class Steady:
-    """Why load lasted through a whole wait in this process, or "" (`STEADY_LOOK_S`)."""
+    """Why load lasted through a wait of `STEADY_AFTER_S` in this process, or ""."""
 
     busy: str = ""
 
@@ -437,10 +438,10 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
     settle it after all (load that slows both engines alike cancels out of a paired
     figure; what is left widens the interval, and more blocks narrow it). Only one
     still unsettled waits for quiet and is measured again. So a busy machine costs
-    waiting only for the routes that could win. Once a wait has found no quiet in all
-    of ``policy.max_wait_s`` (`steady`), later waits look for quiet for `STEADY_LOOK_S`
-    only, until one finds it: where a look finds none, the attempt before it stands,
-    marked noisy, with no further attempt.
+    waiting only for the routes that could win. With `steady`, a wait that finds no
+    quiet in `STEADY_AFTER_S` ends there, and the attempt before it stands, marked
+    noisy; later measurements in the process then wait no more (each attempt's own
+    window is the look) until an attempt or a wait finds the machine quiet.
 
     Args:
         policy: The busy-machine policy.
@@ -455,30 +456,31 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
         through: The longer measurement tried once, at once, on a busy attempt that
             is not `settled`, before any wait; None: wait at once.
         steady: This process's steady-load state, kept across measurements; None:
-            every wait may take ``policy.max_wait_s``.
+            every wait may take ``policy.max_wait_s``, and none ends early.
 
     Returns:
         `run`'s result and the conditions of the attempt that stands, with
         ``waited_s`` (seconds waited in all), ``attempts``, ``through`` (whether a
-        busy attempt was measured through, `through`), ``steady`` (the steady load a
-        shortened wait took as lasting, or "") and ``mode``.
+        busy attempt was measured through, `through`), ``steady`` (the steady load that
+        let the attempt stand without a quiet one, or "") and ``mode``.
     """
     watch = Watch(policy, status)
     waited, attempts, shortened = 0.0, 0, ""
 
     def wait(budget_s: float, why: str, look: Callable[[], str] | None = None) -> bool:
-        """Wait for quiet; whether the wait was a short look that found none."""
+        """Wait for quiet; whether the load is steady, so that the attempt stands."""
         nonlocal waited, shortened
-        short = steady is not None and bool(steady.busy)
-        if steady is not None and steady.busy:
-            shortened, budget_s = steady.busy, min(budget_s, STEADY_LOOK_S)
+        if steady is not None and not steady.busy:
+            budget_s = min(budget_s, STEADY_AFTER_S)
+        elif steady is not None:  # steady already: no wait, the attempt was the look
+            shortened = steady.busy
+            return True
         spent = watch.wait_quiet(budget_s, why, look)
         waited += spent
-        if steady is not None and spent < budget_s:  # it found quiet
-            steady.busy = ""
-        elif steady is not None and budget_s >= policy.max_wait_s:  # a whole wait, no quiet
-            steady.busy = why
-        return short and spent >= budget_s
+        if steady is not None and spent >= budget_s:  # no quiet found
+            steady.busy = shortened = why
+            return True
+        return False
 
     if policy.mode == "wait" and settled is None and (why := watch.quick_busy()):
         wait(policy.max_wait_s, why)
@@ -490,6 +492,8 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
         conditions = watch.stop()
         if not conditions["busy"] and slower is not None:
             conditions["busy"] = slower(result)
+        if steady is not None and not conditions["busy"]:
+            steady.busy = ""  # a quiet attempt: the steady load is over
         left = policy.max_wait_s - waited
         if (policy.mode != "wait" or not conditions["busy"] or left <= 0
                 or (settled is not None and settled(result))):
@@ -498,7 +502,7 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
             now, measured_through = through, True
             continue
         if wait(left, conditions["busy"], look):
-            break  # steady load, still there: this attempt stands, marked noisy
+            break  # steady load: this attempt stands, marked noisy
         now = run
     conditions.update(waited_s=round(waited, 2), attempts=attempts,
                       through=measured_through, steady=shortened, mode=policy.mode)

@@ -205,3 +205,28 @@ def test_beam_builds_only_on_routes_shown_faster_than_the_base_route() -> None:
             assert second == []
         else:
             assert second and all("c{k=3}" in str(r) and len(r) == 2 for r in second)
+
+
+def test_a_route_faster_only_on_a_busy_machine_is_built_on_only_under_ignore() -> None:
+    """c{k=3} is shown faster (10%), but timed while the machine was busy: under
+    --busy-machine wait or warn no noisy trial can win, so neither beam nor mixed builds
+    on it and the search ends after depth 1; under ignore it is built on."""
+    def result(route: Route, mode: str) -> Result:
+        ms = 9.0 if str(route) == "c{k=3}" else 10.0
+        lat = Latency(10, ms, ms, ms, ms, ms * 0.99, ms * 1.01)
+        trial = Trial("f" + str(route), "m", str(route), "be", "dev", "s", "ok", latency=lat,
+                      base_latency=BASE, noisy="other processes used 0.7 of 2 CPU cores"
+                      if str(route) == "c{k=3}" else "")
+        return Result.of(trial, mode)
+
+    for mode in ("wait", "warn", "ignore"):
+        for strategy in (Beam(space(), BeamOptions(beam_width=3)), Mixed(space())):
+            strategy.tell(Route(), result(Route(), mode))
+            asked: list[Route] = []
+            while batch := strategy.ask():
+                asked += batch
+                for r in batch:
+                    strategy.tell(r, result(r, mode))
+            deeper = [r for r in asked if len(r) > 1]
+            assert (mode == "ignore") == bool(deeper), (mode, type(strategy).__name__)
+            assert all("c{k=3}" in str(r) for r in deeper)
