@@ -402,12 +402,13 @@ class Watch:
 
 STEADY_AFTER_S = 30.0
 """A wait that finds no quiet in this long (s) takes the load as steady, and the attempt
-before it stands, marked noisy: from then on the same process waits no more, and each
-attempt is its own look (one whose window is quiet ends the steady state). Waiting the
-whole `BusyPolicy.max_wait_s` again and again spent a search's budget on waiting
-(2026-12-04: 181 s of a 300 s budget, 4 of 120 trials measured), and so did a 10 s look
-after every unsettled trial (2026-12-06: 111 s of 300, 40%; docs/benchmarks.md). Fifteen
-times `QUIET_S`: bursty load with a quiet gap in that time is waited on as before."""
+before it stands, marked noisy: from then on the same process neither waits nor
+measures through (`measure_watched`), and each attempt is its own look (one whose
+window is quiet ends the steady state). Waiting the whole `BusyPolicy.max_wait_s` again
+and again spent a search's budget on waiting (2026-12-04: 181 s of a 300 s budget, 4 of
+120 trials measured), and so did a 10 s look after every unsettled trial (2026-12-06:
+111 s of 300, 40%; docs/benchmarks.md). Fifteen times `QUIET_S`: bursty load with a
+quiet gap in that time is waited on as before."""
 
 
 @dataclass
@@ -440,8 +441,10 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
     still unsettled waits for quiet and is measured again. So a busy machine costs
     waiting only for the routes that could win. With `steady`, a wait that finds no
     quiet in `STEADY_AFTER_S` ends there, and the attempt before it stands, marked
-    noisy; later measurements in the process then wait no more (each attempt's own
-    window is the look) until an attempt or a wait finds the machine quiet.
+    noisy; later measurements in the process then neither wait nor measure through
+    (each attempt's own window is the look; a longer measurement only avoids a wait,
+    and a noisy figure neither wins nor is built on) until an attempt finds the
+    machine quiet.
 
     Args:
         policy: The busy-machine policy.
@@ -498,7 +501,7 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
         if (policy.mode != "wait" or not conditions["busy"] or left <= 0
                 or (settled is not None and settled(result))):
             break
-        if through is not None and not measured_through:
+        if through is not None and not measured_through and not (steady and steady.busy):
             now, measured_through = through, True
             continue
         if wait(left, conditions["busy"], look):

@@ -171,9 +171,9 @@ def test_load_that_lasts_through_a_wait_is_steady_and_waited_on_no_more(
         assert 1.0 <= first["waited_s"] < 2.5 and first["attempts"] == 1 and first["busy"]
         assert steady.busy.startswith("other processes used") and first["steady"] == steady.busy
         _, second = measure_watched(policy, None, lambda: time.sleep(0.2), lambda r: False,
-                                    steady=steady)
-    # steady: no wait at all, the attempt was the look; it stands, marked noisy
-    assert second["waited_s"] == 0 and second["attempts"] == 1
+                                    through=lambda: calls.append("through"), steady=steady)
+    # steady: no wait and no measurement through, the attempt was the look; it stands
+    assert second["waited_s"] == 0 and second["attempts"] == 1 and "through" not in calls
     assert second["busy"] and second["steady"] == steady.busy
     # quiet again: the next attempt sees it, and the steady state ends
     _, third = measure_watched(policy, None, lambda: time.sleep(0.2), lambda r: False,
