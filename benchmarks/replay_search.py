@@ -419,6 +419,8 @@ def leave_one_out(folder: Path, out: Path | None, tpe_seeds: int, random_seeds: 
             reached = [r for _, r in runs]
             rows[name] = {"curve": [sum(c[i] for c, _ in runs) / seeds
                                     for i in range(max(BUDGETS))],
+                          "standard_error": [_standard_error([c[i] for c, _ in runs])
+                                             for i in range(max(BUDGETS))],
                           "builds_to_best": sorted(r if r is not None else 10**6
                                                    for r in reached)[seeds // 2],
                           "seeds": seeds}
@@ -430,10 +432,18 @@ def leave_one_out(folder: Path, out: Path | None, tpe_seeds: int, random_seeds: 
             rows["tpe"]["curve"][b - 1], rows["random"]["curve"][b - 1]) - noise]
         rows["noise"] = noise
         rows["budgets_behind_tpe_or_random"] = worse
+        # the same, also allowing for the baselines' own uncertainty: their mean over
+        # seeds is an estimate, with a standard error; behind only beyond twice it
+        beyond = [b for b in worse if any(
+            rows["learned"]["curve"][b - 1] < rows[n]["curve"][b - 1] - noise
+            - 2 * rows[n]["standard_error"][b - 1] for n in ("tpe", "random"))]
+        rows["budgets_behind_beyond_two_standard_errors"] = beyond
         print(f"{key:32s} exhaustive {exhaustive:3d} builds | builds to its best: "
               + " ".join(f"{n} {_frac(rows[n]['builds_to_best'], exhaustive)}"
                          for n in ("learned", "mixed", "tpe", "random"))
-              + f" | learned behind at budgets {worse or 'none'} | prior: {prior.describe()}")
+              + f" | learned behind at budgets {worse or 'none'}"
+              + f" (beyond 2 standard errors of the baselines' means: {beyond or 'none'})"
+              + f" | prior: {prior.describe()}")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "replay_memory.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -445,6 +455,15 @@ def _noise(table: dict[str, Any]) -> float:
     ok = [row for row in table["trials"].values() if row["status"] == "ok" and row["speedup"]]
     best = max(ok, key=lambda row: row["speedup"])
     return best["speedup"] - (best["ci"] or [best["speedup"]])[0]
+
+
+def _standard_error(values: list[float]) -> float:
+    """The standard error of the mean of `values` (sample sd / sqrt(n)); 0 for one."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
 
 
 def _frac(builds: int | None, exhaustive: int) -> str:
