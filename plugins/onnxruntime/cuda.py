@@ -113,8 +113,15 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
               key: str = "") -> Engine:
         """Create a CUDA-provider session on a fresh CuPy stream.
 
+        ONNX Runtime's Python session falls back to other providers when the CUDA
+        provider fails, at creation or at a run (printing "Falling back to …"): the
+        engine would then not be the route's. The fallback is turned off
+        (``enable_fallback=0``, and `disable_fallback` where that keyword is not read),
+        so such a failure is the trial's.
+
         Raises:
-            BuildError: ONNX Runtime refused the model or the provider options.
+            BuildError: ONNX Runtime refused the model or the provider options, or the
+                session it made does not run on the CUDA provider.
         """
         import cupy
 
@@ -124,10 +131,14 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
         options["user_compute_stream"] = str(stream.ptr)
         try:
             session = ort.InferenceSession(str(model_path), session_options(settings),
-                                           providers=[(PROVIDER, options)])
+                                           providers=[(PROVIDER, options)], enable_fallback=0)
+            session.disable_fallback()
         except Exception as e:  # ORT raises its own exception types per failure
             raise BuildError(f"ONNX Runtime (CUDA) refused the model: "
                              f"{' '.join(str(e).split())[:400]}") from e
+        if session.get_providers()[:1] != [PROVIDER]:
+            raise BuildError(f"ONNX Runtime made a session on {session.get_providers()}, "
+                             f"not on {PROVIDER}: the CUDA provider refused the model")
         size = model_path.stat().st_size
         return Engine(model_path, dict(settings), model_path, size, handle=(session, stream),
                       float_env=engine_float_env(settings))

@@ -261,3 +261,43 @@ def test_option_seasonings_for_some_operators_say_which_are_missing(tmp_path: Pa
     assert CudaSdpaKernel().applicable(conv, CUDA) == (
         "no Attention or GroupQueryAttention or MultiHeadAttention or PackedAttention or "
         "PackedMultiHeadAttention in the model")
+
+
+def fp16_stem(path: Path) -> Path:
+    """ResNet-50's stem in FP16: x f16[32,3,224,224] -> Conv(64, 7×7, stride 2, bias) -> y."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((64, 3, 7, 7)) * 0.1)
+                                     .astype(np.float16), "W"),
+             numpy_helper.from_array(rng.standard_normal(64).astype(np.float16), "B")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W", "B"], ["y"], strides=[2, 2], pads=[3, 3, 3, 3])],
+        "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [32, 3, 224, 224])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [32, 64, 112, 112])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_provider_failure_at_a_run_is_the_trials_not_a_move_to_the_cpu(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """cuDNN's frontend found no plan for ResNet-50's FP16 stem convolution with its bias
+    fused in NCHW (HEURISTIC_QUERY_FAILED, H100, onnxruntime-gpu 1.31.1, 2026-12-06), and
+    ONNX Runtime's Python session then moved itself to the CPU provider and ran there:
+    a figure of another engine. Whether this cuDNN fails here or not, the run either
+    raises or runs on the CUDA provider; it never falls back."""
+    path = fp16_stem(tmp_path / "stem.onnx")
+    settings = CUDA.full_settings({CUDA_NS + "fuse_conv_bias": "1", CUDA_NS + "prefer_nhwc": "0"})
+    feed = {"x": np.ones((32, 3, 224, 224), np.float32)}
+    with CUDA.open(CUDA.build(path, settings, tmp_path)) as runner:
+        capfd.readouterr()
+        try:
+            runner.infer(feed)
+        except Exception as e:  # noqa: BLE001 - a provider failure is the trial's to record
+            assert "CUDNN" in str(e) or "EP" in str(e), e
+        assert runner.session.get_providers()[0] == "CUDAExecutionProvider"
+    assert "Falling back" not in capfd.readouterr().out

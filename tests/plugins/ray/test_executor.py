@@ -165,7 +165,7 @@ def cluster() -> Iterator[Cluster]:
 def tune_flags(model: Path, out: Path, *flags: str) -> list[str]:
     return ["tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(out),
             "--seasonings", SEASONINGS, "--search", "exhaustive", "--max-depth", "1",
-            "--min-runs", "3", "--min-time", "0.05", "--busy-machine", "ignore",
+            "--min-runs", "3", "--min-time", "0.05", "--busy-machine", "warn",
             "--keep", "all", "--min-speedup", "1.5", *flags]
 
 
@@ -203,7 +203,9 @@ def test_ray_and_the_local_pool_find_the_same_trials_and_winner(
     # Both "nodes" share this machine's two cores, so a build on one disturbs a
     # measurement on the other, as two machines would not: speed-ups of a few percent
     # (ort-threads) come and go between runs. --min-speedup 1.5 (tune_flags) asks a
-    # margin no route of this model has, so the verdict is a declared tie in both runs.
+    # margin no route of this model has on a quiet machine, and --busy-machine warn
+    # keeps a route faster only while the suite's other tests load the cores (one
+    # thread of two, 2026-12-06) from winning: the verdict is a declared tie in both.
     done = routetune(*tune_flags(model, tmp_path / "ray", "--executor", "ray",
                                  "--ray-address", cluster.address), timeout=240, **RAY_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
