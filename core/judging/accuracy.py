@@ -21,7 +21,7 @@ values, only), and `judge` applies the bounds to a stored measurement. So anothe
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from routetune.judging.constraint import (
     check_outputs,
     parse_accuracy,
 )
-from routetune.judging.metrics import TaskMetric, split_nonfinite
+from routetune.judging.metrics import TaskMetric, finite_pair
 from routetune.registry import Registry
 
 __all__ = [
@@ -244,7 +244,8 @@ def measure_accuracy(
                 faults.append(f"{name}: {differ} of {ref.size} values differ from the "
                               "reference's (compared exactly: not numbers)")
             continue
-        finite, mismatches = split_nonfinite(out.astype(np.float64), ref.astype(np.float64))
+        out, ref = out.astype(np.float64, copy=False), ref.astype(np.float64, copy=False)
+        _, kept, mismatches = finite_pair(out, ref)  # every metric reads these float64 copies
         if mismatches:
             faults.append(f"{name}: {mismatches} NaN/Inf value(s) that differ from the "
                           "reference's (the same infinity, or NaN where it is NaN, match)")
@@ -256,10 +257,8 @@ def measure_accuracy(
         if len(references) > 1:
             per_set[name] = tuple(
                 {**tensor, **each} if tensor else {}
-                for tensor, each in zip((_set_metrics(registry, o, r, atol, rtol)
-                                         for o, r in zip(outs, refs, strict=True)),
+                for tensor, each in zip(_set_metrics(registry, out, ref, outs, refs, atol, rtol),
                                         task_sets, strict=True))
-        kept = ref.astype(np.float64)[finite]
         span = float(np.ptp(kept)) if kept.size else 0.0
         if span <= atol:
             notes.append(
@@ -271,17 +270,35 @@ def measure_accuracy(
                                 for n in references[0]}, per_set)
 
 
-def _set_metrics(registry: Registry, out: Any, ref: Any, atol: float, rtol: float
-                 ) -> dict[str, float]:
-    """Every tensor metric of one input set's output, computed as `measure_accuracy` does.
+def _set_metrics(registry: Registry, out: np.ndarray, ref: np.ndarray, outs: Sequence[Any],
+                 refs: Sequence[Any], atol: float, rtol: float) -> Iterator[dict[str, float]]:
+    """Every tensor metric of each input set's output, computed as `measure_accuracy` does.
 
-    Empty when its size differs from the reference's (the pooled sizes may agree).
+    Args:
+        registry: For the tensor metrics.
+        out: The candidate's output over every set, flat (`_flat` of `outs`), float64.
+        ref: The reference's, the same way.
+        outs: The candidate's output per set, whose sizes cut `out` into sets.
+        refs: The reference's.
+        atol: The absolute tolerance of the metrics that take one.
+        rtol: The relative tolerance.
+
+    Yields:
+        One dict per set; empty when its size differs from the reference's (the pooled
+        sizes may agree).
     """
-    o, r = _flat([out]), _flat([ref])
-    if o.shape != r.shape:
-        return {}
-    return {m: e.item(o, r, atol, rtol) for m, e in registry.metrics.items()
-            if not isinstance(e.item, TaskMetric)}
+    tensor_metrics = [(m, e.item) for m, e in registry.metrics.items()
+                      if not isinstance(e.item, TaskMetric)]
+    o_end = r_end = 0
+    for o_set, r_set in zip(outs, refs, strict=True):
+        o_start, r_start = o_end, r_end
+        o_end += sum(t.size for t in _tensors([o_set]))
+        r_end += sum(t.size for t in _tensors([r_set]))
+        if o_end - o_start != r_end - r_start:
+            yield {}
+            continue
+        o, r = out[o_start:o_end], ref[r_start:r_end]
+        yield {m: metric(o, r, atol, rtol) for m, metric in tensor_metrics}
 
 
 def check_accuracy(

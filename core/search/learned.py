@@ -14,8 +14,11 @@ optimization of expensive black-box functions", J. Global Optimization 13, 1998)
 times the chance that each of their steps builds and meets the accuracy constraint
 (a beta-binomial estimate per step, from the memory and from this run's failures). A
 step the memory knows little of has a wide prior, and so a large expected improvement:
-the search explores where the memory is uncertain. It ends when no untried route is
-expected to improve on the best by `LearnedOptions.stop_gain`.
+the search explores where the memory is uncertain. The incumbent, the route to improve
+on, is the best route so far, or an engine outside this search where that is faster
+(`aim`: in a search over several backends, the faster backend's base route, which no
+route of this one can win without beating). It ends when no untried route is expected
+to improve on the incumbent by `LearnedOptions.stop_gain`.
 
 One ordering of each set of steps is tried (the composer's first). With a memory that
 knows no step of the space (an empty one, or ``--memory off``) it is `mixed`, exactly.
@@ -77,6 +80,11 @@ class Learned(Strategy):
         self._features: list[str] = []
         self._pairs: list[str] = []
         self._x = np.zeros((0, 0))
+        self._incumbent = 1.0
+
+    def aim(self, incumbent: float) -> None:
+        """Take an engine faster than the base route from outside: improvement is over it."""
+        self._incumbent = incumbent
 
     def learn(self, prior: Prior) -> None:
         """Take the memory's prior (`routetune.records.prior.prior_of`)."""
@@ -140,7 +148,11 @@ class Learned(Strategy):
         return 0.0, PRIOR_SD, 0.1, False
 
     def _acquisition(self) -> np.ndarray:
-        """Per candidate route: its chance to succeed times its expected improvement (log)."""
+        """Per candidate route: its chance to succeed times its expected improvement (log).
+
+        The improvement is over the incumbent: the best route so far, or the engine
+        outside this search where that is faster (`aim`). Tried routes get -1.
+        """
         routes = self._candidates()
         steps = {str(s): s for r in routes for s in r}
         priors = [self._step_prior(steps[f]) for f in self._features]
@@ -184,17 +196,23 @@ class Learned(Strategy):
         mean = cov @ b
         m = self._x @ mean
         sd = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", self._x, cov, self._x), 1e-12))
-        z = (m - best) / sd
-        cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
-        improvement = sd * np.exp(-0.5 * z ** 2) / math.sqrt(2 * math.pi) + (m - best) * cdf
         held = np.where(fail0 > 0, (FAIL_PSEUDO * (1 - fail0) + ok_steps)
                         / (FAIL_PSEUDO + ok_steps + failed), 1.0)
         chance = np.exp(self._x @ np.log(held))
-        gain: np.ndarray = chance * improvement
+        gain = chance * _improvement(m, sd, max(best, math.log(self._incumbent)))
         for route in self._told:
             if route in index:
                 gain[index[route]] = -1.0
         return gain
+
+
+def _improvement(mean: np.ndarray, sd: np.ndarray, target: float) -> np.ndarray:
+    """Expected improvement over `target` of normal beliefs (Jones et al. 1998, eq. 15)."""
+    z = (mean - target) / sd
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+    improvement: np.ndarray = (sd * np.exp(-0.5 * z ** 2) / math.sqrt(2 * math.pi)
+                               + (mean - target) * cdf)
+    return improvement
 
 
 def _pairs(route: Route) -> list[str]:

@@ -301,6 +301,8 @@ class SearchLoop:
         extra = [route for route in pinned if not route.is_base]
         if len(visit(extra)) < len(extra):
             return
+        if self.leader.floor is not None:
+            strategy.aim(self.leader.floor.speedup)
         while batch := strategy.ask():
             done = list(zip(batch, visit(batch), strict=False))
             if len(done) < len(batch):

@@ -93,6 +93,16 @@ class Strategy:
     def tell(self, route: Route, result: Result) -> None:
         """Report how the trial of a route that `ask` returned (or the base route) went."""
 
+    def aim(self, incumbent: float) -> None:
+        """Take the speed-up over the base route of an engine outside this search.
+
+        In a search over several backends (`routetune.run.backends`), another backend's
+        base route may be faster than this one's (the lower end of its side-by-side
+        speed-up, the race's floor): no route of this search wins without beating it.
+        The loop calls it once, before the first `ask`, where there is such a floor. The
+        default ignores it.
+        """
+
     def learn(self, prior: Prior) -> None:
         """Take what the route memory expects of each step, before the first `ask`.
 

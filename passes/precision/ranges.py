@@ -13,10 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
+from routetune.judging.metrics import all_finite
 from routetune.model.loading import with_intermediates
 from routetune.passes.graph.constants import constant_value, copy_graph
+from routetune.passes.precision.memo import ProcessMemo
 from routetune.seasoning import RouteContext
 
 REDUCTIONS = {"ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2"}
@@ -42,8 +45,16 @@ class Ranges:
     dtypes: Mapping[str, np.dtype] = field(default_factory=dict)
 
 
+_kept: ProcessMemo[Ranges] = ProcessMemo(4)
+"""Ranges a worker process keeps (`tensor_ranges`): every rung of a precision repair, and
+each low-precision route of one graph, converts the same FP32 graph."""
+
+
 def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
     """Run the FP32 graph with every float tensor as an output and record magnitudes.
+
+    Once per graph and validation inputs in a worker process (`_kept`): the FP32
+    runtime (``ctx.evaluate``) is the reference's, whatever the backend.
 
     Args:
         graph: The model to analyse; not changed.
@@ -56,6 +67,13 @@ def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
     """
     if ctx.evaluate is None or not ctx.feeds:
         return Ranges()
+    model = gs.export_onnx(copy_graph(graph), do_type_check=False)
+    return _kept.get([model], ctx, lambda: _measured(graph, model, ctx))
+
+
+def _measured(graph: gs.Graph, model: onnx.ModelProto, ctx: RouteContext) -> Ranges:
+    """`tensor_ranges` itself: `model` (`graph` exported) run with its intermediates."""
+    assert ctx.evaluate is not None
     reductions = [(node, _axes(node), node.op in ("ReduceSumSquare", "ReduceL2"))
                   for node in graph.nodes if node.op in REDUCTIONS and node.inputs]
     amax: dict[str, float] = {}
@@ -63,15 +81,12 @@ def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
     untyped = {name for name, t in graph.tensors().items() if t.dtype is None}
     dtypes: dict[str, np.dtype] = {}
     # one input set's intermediates at a time (`RouteContext.evaluate`)
-    for outputs in ctx.evaluate(with_intermediates(gs.export_onnx(copy_graph(graph),
-                                                                  do_type_check=False))):
+    for outputs in ctx.evaluate(with_intermediates(model)):
         for name, array in outputs.items():
             if name in untyped and isinstance(array, np.ndarray):
                 dtypes[name] = array.dtype
             if isinstance(array, np.ndarray) and array.dtype.kind == "f" and array.size:
-                finite = np.abs(array[np.isfinite(array)])
-                peak = float(finite.max()) if finite.size else 0.0
-                amax[name] = max(amax.get(name, 0.0), peak)
+                amax[name] = max(amax.get(name, 0.0), _peak(array))
         for node, axes, squared in reductions:
             x = outputs.get(node.inputs[0].name)
             if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
@@ -80,6 +95,14 @@ def tensor_ranges(graph: gs.Graph, ctx: RouteContext) -> Ranges:
             acc = np.sum(mag * mag if squared else mag, axis=axes)
             sums[node.name] = max(sums.get(node.name, 0.0), float(np.max(acc, initial=0.0)))
     return Ranges(amax, sums, dtypes)
+
+
+def _peak(array: np.ndarray) -> float:
+    """The largest finite magnitude of a float array (0 when none is finite)."""
+    if all_finite(array):  # no mask, no copy
+        return float(max(-array.min(), array.max()))
+    finite = np.abs(array[np.isfinite(array)])
+    return float(finite.max()) if finite.size else 0.0
 
 
 def _axes(node: gs.Node) -> tuple[int, ...] | None:

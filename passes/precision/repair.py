@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from routetune.errors import one_line
 from routetune.judging.strict_fp16 import mentions_float16, strict_fp16_overflows
-from routetune.model.loading import sha256
 from routetune.passes.graph.constants import copy_graph, replace_graph
 from routetune.passes.precision.bisection import RepairRefinement
 from routetune.passes.precision.lowering import LOWERED
+from routetune.passes.precision.memo import ProcessMemo
 from routetune.passes.precision.sensitivity import Sensitivity, rank_nodes
 from routetune.seasoning import (
     Param,
@@ -99,28 +98,20 @@ class PrecisionRepair(Seasoning):
         return PassResult(bool(chosen), stats, note)
 
 
-RANKINGS = 4
+_rankings: ProcessMemo[tuple[list[Sensitivity], str]] = ProcessMemo(4)
 """Rankings a worker process keeps (`_rank`): each rung of one repair ranks the same pair of
 models, so only the first pays for the two runs with every tensor as an output."""
-
-_rankings: dict[str, tuple[list[Sensitivity], str]] = {}
 
 
 def _rank(fp32: onnx.ModelProto, low: onnx.ModelProto, ctx: RouteContext
           ) -> tuple[list[Sensitivity], str]:
-    """The ranking of this pair of models, once per worker process (`RANKINGS` kept).
+    """The ranking of this pair of models, once per worker process (`_rankings`).
 
     Keyed by the two models' bytes, the validation inputs' and the backend's name (the
     device a model may run on when the reference cannot).
     """
-    parts = [fp32.SerializeToString(), low.SerializeToString(), ctx.backend.name.encode()]
-    parts += [np.ascontiguousarray(v).tobytes() for feed in ctx.feeds for v in feed.values()]
-    key = sha256(b"\0".join(parts))
-    if key not in _rankings:
-        while len(_rankings) >= RANKINGS:
-            del _rankings[next(iter(_rankings))]
-        _rankings[key] = _ranked(fp32, low, ctx)
-    return _rankings[key]
+    return _rankings.get([fp32, low], ctx, lambda: _ranked(fp32, low, ctx),
+                         ctx.backend.name.encode())
 
 
 def _ranked(fp32: onnx.ModelProto, low: onnx.ModelProto, ctx: RouteContext

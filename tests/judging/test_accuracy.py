@@ -190,3 +190,38 @@ def test_the_metrics_of_each_input_set_say_which_set_an_error_comes_from(
     assert store.get("f").accuracy_per_set == stored.accuracy_per_set == measured.per_set
     assert measurement(store.get("f")).per_set == measured.per_set
     store.close()
+
+
+def test_finite_values_whose_sum_overflows_are_still_compared_as_finite(
+        registry: Registry) -> None:
+    # the quick check (a finite sum) answers False here: the exact rule must then hold
+    from routetune.judging.metrics import all_finite, finite_pair
+
+    ref = np.array([1e308, 1e308, -1.0], np.float64)
+    out = np.array([1e308, 1e308, -1.5], np.float64)
+    assert not all_finite(ref) and all_finite(np.array([1.0, -2.0]))
+    a, b, mismatches = finite_pair(out, ref)
+    assert mismatches == 0 and a.tolist() == out.tolist() and b.tolist() == ref.tolist()
+    assert registry.metric("linf")(out, ref, 0.0, 0.0) == 0.5
+    assert registry.metric("l0")(out, ref, 0.1, 0.0) == pytest.approx(1 / 3)
+    nan_out = np.array([np.nan, 1e308, -1.0])
+    assert finite_pair(nan_out, ref)[2] == 1  # NaN where the reference is finite
+
+
+def test_each_set_of_a_sequence_output_is_measured_on_its_own_tensors(
+        registry: Registry) -> None:
+    # a sequence output: each set a list of tensors of different shapes
+    refs = [{"y": [np.zeros(3, np.float32), np.ones((2, 2), np.float32)]},
+            {"y": [np.full(5, 2.0, np.float32)]}]
+    outs = [{"y": [np.zeros(3, np.float32), np.ones((2, 2), np.float32)]},
+            {"y": [np.array([2, 2, 2, 2, 3.5], np.float32)]}]
+    measured = measure_accuracy(registry, outs, refs, {"y": (1e-3, 1e-3)})
+    first, second = measured.per_set["y"]
+    assert first["linf"] == 0.0 and first["l1"] == 0.0
+    assert second["linf"] == 1.5 and second["l1"] == pytest.approx(0.3)
+    assert measured.metrics["y"]["l1"] == pytest.approx(1.5 / 12)
+    short = [outs[0], {"y": [np.full(4, 2.0, np.float32)]}]  # set 2 one value short …
+    longer = [{"y": [np.zeros(3, np.float32), np.ones((2, 2), np.float32), np.zeros(1)]},
+              short[1]]  # … and set 1 one value long: the pooled sizes agree
+    uneven = measure_accuracy(registry, longer, refs, {"y": (1e-3, 1e-3)})
+    assert uneven.per_set["y"] == ({}, {})

@@ -185,3 +185,27 @@ def test_a_floor_from_outside_the_search_is_every_candidates_bar(registry: Regis
     record = json.loads((tmp_path / "out" / "run.json").read_text())
     assert record["search"]["floor"] == {"speedup": 100.0,
                                          "source": "a floor no route reaches"}
+
+
+def test_the_learned_search_asks_for_no_route_the_memory_expects_below_the_floor(
+        registry: Registry, tmp_path: Path) -> None:
+    """With a memory of this model, the learned search leaves out routes that cannot win.
+
+    A first run (beam) teaches the memory what each step does here; a learned search over
+    the same space with a floor no route reaches (another backend's base route, say)
+    measures the base route alone, while without the floor it asks for routes.
+    """
+    from graphs import matmul_chain
+
+    from routetune.timing.race import Bar
+
+    model = matmul_chain(tmp_path / "m.onnx", depth=2, width=64, batch=8)
+    memory = str(tmp_path / "memory.sqlite")
+    space = {"seasonings": ("ort-threads", "ort-no-spinning"), "memory": memory}
+    tune(quick_spec(model=model, output=tmp_path / "first", search="beam", **space), registry)
+    floored = tune(quick_spec(model=model, output=tmp_path / "floored", search="learned",
+                              **space), registry, floor=Bar(100.0, "a floor no route reaches"))
+    assert [t.route for t in floored.trials] == ["base"]
+    free = tune(quick_spec(model=model, output=tmp_path / "free", search="learned", **space),
+                registry)
+    assert len(free.trials) > 1

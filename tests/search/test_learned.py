@@ -106,3 +106,26 @@ def test_its_batch_option_bounds_each_ask(registry: Registry, batch: int) -> Non
     learned.learn(_prior(**{"fuse-bn-into-conv": 0.2}))
     learned.tell(Route(), _result(Route(), 1.0))
     assert 1 <= len(learned.ask()) <= batch
+
+
+def test_it_stops_sooner_when_no_route_is_expected_to_reach_the_bar(registry: Registry) -> None:
+    # another backend's base route is 2.4x faster: a route of this one must reach that
+    truth = {"fuse-bn-into-conv": 1.15, "ort-no-spinning": 1.05}
+    space = _space(registry)
+    priors = {"fuse-bn-into-conv": 0.14, "ort-no-spinning": 0.05, "eliminate-noops": 0.0,
+              "fold-constants": 0.0, "ort-threads{intra_op=1}": -0.1,
+              "ort-threads{intra_op=2}": 0.0}
+    free, floored = Learned(space), Learned(space)
+    free.learn(_prior(**priors))
+    floored.learn(_prior(**priors))
+    floored.aim(2.4)
+    asked_free = _drive(free, truth)
+    asked_floored = _drive(floored, truth)
+    assert "fuse-bn-into-conv,ort-no-spinning" in asked_free  # it pays over the base …
+    # … but no route is expected anywhere near 2.4x: at most the most uncertain one is
+    # tried (the one whose interactions the memory has never seen), where 15 were
+    assert len(asked_floored) <= 1 and len(asked_free) >= 10
+    reachable = Learned(space)  # a bar the memory expects one route to clear
+    reachable.learn(_prior(**priors))
+    reachable.aim(1.1)
+    assert "fuse-bn-into-conv" in _drive(reachable, truth)[0]
