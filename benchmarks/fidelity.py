@@ -157,7 +157,7 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
             procs = start_load(seed=1000 * i + len(mode))
             try:
                 got = tune(["--example", "ppocr-det", "--search", "one-at-a-time",
-                            "--seasonings", SPACE, "--busy-machine", mode], out)
+                            "--seasonings", args.space, "--busy-machine", mode], out)
             finally:
                 for p in procs:
                     p.kill()
@@ -208,6 +208,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--examples", default="ppocr-cls,ppocr-det")
     parser.add_argument("--modes", default="wait,warn,ignore")
+    parser.add_argument("--space", default=SPACE,
+                        help="load: the seasonings searched (one at a time)")
     parser.add_argument("--quiet-runs", type=int, default=None,
                         help="gpu: quiet runs (default: --runs)")
     args = parser.parse_args()

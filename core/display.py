@@ -428,6 +428,8 @@ def backends_lines(result: BackendsResult) -> list[Any]:
         table.add_row(c.backend, escape(short_route(c.trial.route, 50)) + mark,
                       f"{c.latency.p50:.3f}" if c.latency else "-", figure)
     lines.append(table)
+    if result.decided_note:
+        lines.append(f"[dim]{escape(result.decided_note)}[/]")
     lines.append(f"winner: {escape(result.winner.name)}: {escape(result.reason)}")
     lines.append(f"wrote {', '.join(result.files)} to {result.outdir}")
     return lines

@@ -24,7 +24,7 @@ from routetune.errors import UsageError
 
 app = typer.Typer(help="Show, export, merge or clear the route memory (what earlier "
                   "searches learned).", no_args_is_help=True)
-console = Console()
+console = Console(soft_wrap=True)  # a line with file paths is never broken inside one
 
 MemoryPath = Annotated[Path | None, typer.Option(
     "--memory", help="The memory file (default: $ROUTETUNE_MEMORY, else memory.sqlite in "

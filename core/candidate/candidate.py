@@ -84,7 +84,13 @@ from routetune.timing.measure import (
     measure_blocks,
     paired_speedup,
 )
-from routetune.timing.race import FAILED_ACCURACY, Bar, cannot_reach, out_of_race
+from routetune.timing.race import (
+    FAILED_ACCURACY,
+    Bar,
+    cannot_reach,
+    clears_early,
+    out_of_race,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -256,7 +262,9 @@ class Candidate:
         pace in the search (`StoredEngine.pace_ms`) included (`PairedTiming.watched`). Racing
         (`MeasureSettings.race`), the timing stops once the paired blocks show the
         route cannot clear ``--min-speedup`` (`routetune.timing.race.out_of_race`): it
-        would not hold; ``conditions["raced"]`` then gives that bar.
+        would not hold; ``conditions["raced"]`` then gives that bar. It stops too once
+        its first 10 paired blocks all clear it (`routetune.timing.race.clears_early`):
+        it holds in this process; ``conditions["cleared"]`` then gives that bar.
 
         Raises:
             BuildError: An engine could not be rebuilt.
@@ -275,17 +283,20 @@ class Candidate:
                                              (base_path, base_settings, "", "")):
                 runners.append(open_engine(self.backend, self.engine(model, options, key, sha)))
 
-            floor = self.inputs.settings.min_speedup
-            bar = Bar(floor, f"--min-speedup {floor:g}") if m.race else None
+            bar = Bar.min_speedup(self.inputs.settings.min_speedup) if m.race else None
             raced: list[float] = []
+            cleared: list[float] = []
 
             def give_up(blocks: list[Block]) -> bool:
                 if bar is not None and out_of_race(blocks, bar) is not None:
                     raced.append(bar.speedup)
-                return bool(raced)
+                elif bar is not None and clears_early(blocks, bar) is not None:
+                    cleared.append(bar.speedup)
+                return bool(raced or cleared)
 
             def timed() -> tuple[list[Latency], Speedup]:
                 raced.clear()
+                cleared.clear()
                 latencies, blocks = measure_blocks(runners, self.inputs.feeds, settings_,
                                                    give_up)
                 return latencies, paired_speedup(blocks, 0, 1)
@@ -298,6 +309,8 @@ class Candidate:
                 runner.close()
         if raced:
             conditions = {**conditions, "raced": raced[0]}
+        if cleared:
+            conditions = {**conditions, "cleared": cleared[0]}
         return Confirmation(route, latencies[0], latencies[1], paired, conditions)
 
     def outputs(self, stored: StoredEngine) -> list[dict[str, np.ndarray]] | None:

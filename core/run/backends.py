@@ -41,7 +41,7 @@ from routetune.run.run_spec import RunSpec
 from routetune.run.side_by_side import Contender, base_floors, side_by_side
 from routetune.run.tuning import Plan, TuneResult, tune
 from routetune.run.winner import WINNER_OUTPUTS, save_outputs, write_winner
-from routetune.timing.race import Bar
+from routetune.timing.race import CLEAR_PAIRS, Bar
 
 SUMMARY = "backends.json"
 """The side-by-side figures and the verdict of a multi-backend run."""
@@ -89,6 +89,16 @@ class BackendsResult:
     files: dict[str, Path] = field(default_factory=dict)
     conditions: dict[str, Any] = field(default_factory=dict)
     screen: tuple[str, ...] = ()
+
+    @property
+    def decided_note(self) -> str:
+        """How many side-by-side loops ended early, and why, in one line ("" for none)."""
+        early = int(self.conditions.get("decided_loops", 0))
+        if not early:
+            return ""
+        loops = int(self.conditions.get("loops", 1))
+        return (f"{early} of {loops} loops ended once every contender was decided: cleared "
+                f"--min-speedup in its first {CLEAR_PAIRS} paired blocks, or left the race")
 
     @property
     def winner_speedup(self) -> float:
@@ -254,6 +264,7 @@ def _record(c: Contender) -> dict[str, Any]:
     return {"backend": c.backend, "route": c.trial.route, "failed": c.failed,
             "p50_ms": c.latency.p50 if c.latency else None,  # the first loop's
             "speedup": c.paired.value if c.paired else None,
+            "pairs": c.paired.pairs if c.paired else None,  # over the loops
             "ci": [c.paired.ci_low, c.paired.ci_high] if c.paired else None}
 
 
@@ -265,7 +276,8 @@ def report_md(result: BackendsResult) -> str:
              f"Winner: **{result.winner.name}**: {result.reason}.", "",
              f"Every speed-up is over {base.name}, timed in the same loops of paired "
              f"blocks ({loops}, in fresh processes; the speed-up combines them, the p50s "
-             "are the first loop's).", "",
+             "are the first loop's)" + (f"; {result.decided_note}" if result.decided_note
+                                        else "") + ".", "",
              *([("Before the searches, the base routes side by side (one loop, in "
                  "process): " + "; ".join(result.screen) + "."), ""] if result.screen else []),
              "| backend | route | p50 (ms), loop 1 | speed-up [95% interval] |",

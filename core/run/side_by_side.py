@@ -38,7 +38,7 @@ from routetune.timing.measure import (
     measure_blocks,
     paired_speedup,
 )
-from routetune.timing.race import Bar
+from routetune.timing.race import Bar, decided
 
 if TYPE_CHECKING:
     from routetune.run.tuning import TuneResult
@@ -83,13 +83,16 @@ def side_by_side(prepared: Sequence[Prepared], runs: Sequence[TuneResult],
     The first backend's base route comes first: every paired speed-up is over it. Each
     loop runs in a fresh process (spawned; in this one with `in_process`), which builds
     the engines anew and times them in `CONFIRM_BLOCKS` blocks at least and three times
-    the search's time. The loops' speed-ups are combined
+    the search's time, or, racing, until every contender has cleared ``--min-speedup``
+    at the early look or left the race against it (`routetune.timing.race.decided`:
+    more blocks would not change which clear). The loops' speed-ups are combined
     (`routetune.timing.measure.across_repeats`): how much faster one engine is than another
     moves from one process to the next and over seconds, beyond one loop's interval.
 
     Returns:
         The contenders, in order, and the machine's conditions meanwhile (the first
-        busy one seen, the waits summed).
+        busy one seen, the waits summed, ``decided_loops``: the loops that ended once
+        every contender was decided).
     """
     entries: list[tuple[str, Trial, Prepared]] = []
     for run, result in zip(prepared, runs, strict=True):
@@ -99,16 +102,17 @@ def side_by_side(prepared: Sequence[Prepared], runs: Sequence[TuneResult],
     m = prepared[0].spec.measure
     settings = dataclasses.replace(m, min_blocks=max(CONFIRM_BLOCKS, m.min_blocks),
                                    min_time_s=3 * m.min_time_s, max_time_s=3 * m.max_time_s)
-    jobs = [(_inputs(run), tuple(run.base), trial) for _, trial, run in entries]
+    bar = Bar.min_speedup(prepared[0].spec.min_speedup) if m.race else None
+    jobs = [(loop_inputs(run), tuple(run.base), trial) for _, trial, run in entries]
     loops: list[Loop] = []
     for k in range(repeats):
         if in_process:
-            loops.append(timed_loop(jobs, settings, outputs=k == 0))
+            loops.append(timed_loop(jobs, settings, outputs=k == 0, bar=bar))
             continue
         with spawning_quietly():
             pool = _SPAWN.Pool(1)
         with pool:  # leaving it terminates the process, on Ctrl-C too
-            loops.append(pool.apply(timed_loop, (jobs, settings, k == 0)))
+            loops.append(pool.apply(timed_loop, (jobs, settings, k == 0, None, bar)))
         if not loops[-1].timed:
             break  # nothing could be built: no loop will do better
     first = loops[0]
@@ -124,7 +128,8 @@ def side_by_side(prepared: Sequence[Prepared], runs: Sequence[TuneResult],
         contenders.append(Contender(name, trial, latency, paired, outputs=outputs))
     busy = next((lp.conditions["busy"] for lp in loops if lp.conditions.get("busy")), "")
     conditions = {**first.conditions, "busy": busy, "loops": len(loops), "waited_s": sum(
-        float(lp.conditions.get("waited_s", 0.0)) for lp in loops)}
+        float(lp.conditions.get("waited_s", 0.0)) for lp in loops),
+        "decided_loops": sum("decided" in lp.conditions for lp in loops)}
     return contenders, conditions
 
 
@@ -150,14 +155,16 @@ class Loop:
 
 
 def timed_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial | None]],
-               settings: MeasureSettings, outputs: bool, registry: Registry | None = None
-               ) -> Loop:
+               settings: MeasureSettings, outputs: bool, registry: Registry | None = None,
+               bar: Bar | None = None) -> Loop:
     """Open every job's engine and time them all in one loop of paired blocks.
 
     Runs in a fresh process (`side_by_side`): the registry is loaded here unless given.
     A job's trial is None for its backend's base route. A job whose engine cannot be
     rebuilt is left out, with its reason. The loop is watched as a trial's measurement
-    is (`routetune.candidate.pairing.PairedTiming`), on the first job's inputs.
+    is (`routetune.candidate.pairing.PairedTiming`), on the first job's inputs. With a
+    `bar`, the loop ends once every other engine is decided against the first job's
+    (`routetune.timing.race.decided`); ``conditions["decided"]`` then gives that bar.
     """
     registry = registry or load_registry()
     runners: list[Any] = []
@@ -176,12 +183,19 @@ def timed_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial | None]]
         watch = PairedTiming(registry.backend(first.backend)(first.profile), first)
         quiet = logging.getLogger("routetune.timing.conditions")
         quiet.disabled = True  # a wait is recorded in `conditions`, not logged line by line
+        racing = bar if timed[0] == 0 else None  # against the first job's engine
+
+        def stop(blocks: list[Block]) -> bool:
+            return racing is not None and decided(blocks, racing, base=0)
+
         try:
             (latencies, blocks), conditions = watch.watched(
-                lambda: measure_blocks(runners, first.feeds, settings))
+                lambda: measure_blocks(runners, first.feeds, settings, stop))
         finally:
             quiet.disabled = False
         out = [[r.infer(feed) for feed in first.feeds] for r in runners] if outputs else None
+        if racing is not None and stop(blocks):
+            conditions = {**conditions, "decided": racing.speedup}
         return Loop(timed, failed, latencies, blocks, dict(conditions), out)
     finally:
         for runner in runners:
@@ -203,7 +217,8 @@ def _over_loops(loops: Sequence[Loop], k: int, base: int | None
     return loops[0].latencies[k], across_repeats(each)
 
 
-def _inputs(run: Prepared) -> TrialInputs:
+def loop_inputs(run: Prepared) -> TrialInputs:
+    """What a side-by-side loop needs of a prepared run to open its engines."""
     return TrialInputs(run.model, run.backend.name, run.profile, tuple(run.feeds), (), {},
                        run.outdir, run.model.data, run.spec.trial_settings(run.libraries))
 
@@ -249,7 +264,7 @@ def base_floors(prepared: Sequence[Prepared], registry: Registry
         measured, and the machine's conditions meanwhile.
     """
     names = [run.backend.name for run in prepared]
-    jobs = [(_inputs(run), tuple(run.base), None) for run in prepared]
+    jobs = [(loop_inputs(run), tuple(run.base), None) for run in prepared]
     loop = timed_loop(jobs, prepared[0].spec.measure, False, registry)
     busy = loop.conditions.get("busy") and prepared[0].spec.busy_machine != "ignore"
     if loop.failed or busy:

@@ -48,7 +48,7 @@ class Leader:
 
         The highest of the leader's lower end, the floor and ``--min-speedup``.
         """
-        bars = [Bar(self.min_speedup, f"--min-speedup {self.min_speedup:g}")]
+        bars = [Bar.min_speedup(self.min_speedup)]
         if self.floor is not None:
             bars.append(self.floor)
         leader = self.trial

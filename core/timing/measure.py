@@ -58,7 +58,8 @@ class MeasureSettings:
             `Runner.timed`: CUDA events on a GPU); ``end-to-end``, host to host with
             the copies (`Runner.prepare_end_to_end`, wall clock). The same on a CPU.
         race: Whether a candidate's timing stops once its paired blocks show it cannot
-            clear its bar (`routetune.timing.race`); else only below 0.5x.
+            clear its bar, and a confirmation's once they show it clears
+            (`routetune.timing.race`); else only below 0.5x.
     """
 
     warmup: int = 3
@@ -75,8 +76,9 @@ class MeasureSettings:
         recipe="measure.latency", choices=("device", "end-to-end"))
     race: bool = option(
         True, help="Stop timing a candidate once its first 6 paired blocks are all below "
-        "the speed-up it must reach (--min-speedup, or the leading route's); --no-race "
-        "times each in full (stopping only below 0.5x).", recipe="measure.race",
+        "the speed-up it must reach (--min-speedup, or the leading route's), and a "
+        "confirmation once its first 10 all clear --min-speedup; --no-race times each in "
+        "full (stopping only below 0.5x).", recipe="measure.race",
         flag="--race/--no-race")
 
     @property

@@ -16,6 +16,15 @@ a candidate out of the race is still a measurement: it is stored and reported wi
 its interval, and it may still be confirmed later like any other route. Before racing,
 routetune stopped only candidates below 0.5x ("hopeless"): that is this rule with a bar
 of 0.5 (`HOPELESS`), which still applies when racing is off (``--no-race``).
+
+The same test, the other way, ends a confirmation early (`clears_early`): a route whose
+first `CLEAR_PAIRS` paired blocks all lie above ``--min-speedup`` holds at that look,
+without the rest of its 30 blocks. This is a two-look group-sequential design (Pocock,
+"Group sequential methods in the design and analysis of clinical trials", Biometrika
+64, 1977), its error split by Bonferroni's inequality: a route whose true speed-up is at
+the bar or below passes the early look with probability at most 2^-10 (`CLEAR_ERROR`,
+0.1%), and the full timing's 95% interval with at most 2.5% (its lower end, one-sided),
+so a confirmation clears by mistake with probability at most 2.6% instead of 2.5%.
 """
 
 from __future__ import annotations
@@ -34,6 +43,14 @@ RACE_ERROR = 2.0 ** -RACE_PAIRS
 """The chance that a candidate at its bar or above leaves the race (1/64, 1.6%)."""
 
 
+CLEAR_PAIRS = 10
+"""Paired blocks the early look of a confirmation is judged on: all above the bar has
+probability at most 2^-10 for a route at the bar or below (the sign test's tail)."""
+
+CLEAR_ERROR = 2.0 ** -CLEAR_PAIRS
+"""The chance that a route at its bar or below clears at the early look (1/1024, 0.1%)."""
+
+
 @dataclass(frozen=True)
 class Bar:
     """The paired speed-up over the base route a candidate must be able to reach.
@@ -46,6 +63,11 @@ class Bar:
 
     speedup: float
     source: str
+
+    @classmethod
+    def min_speedup(cls, value: float) -> Bar:
+        """The bar of ``--min-speedup`` `value`: what a route must clear to win."""
+        return cls(value, f"--min-speedup {value:g}")
 
 
 HOPELESS = Bar(0.5, "half the base route's speed")
@@ -74,13 +96,54 @@ def out_of_race(blocks: Sequence[Block], bar: Bar, candidate: int = 0,
         candidate: The candidate engine's index.
         base: The base engine's index.
     """
+    ratios = _final_ratios(blocks, candidate, base)
+    if len(ratios) < RACE_PAIRS or max(ratios[:RACE_PAIRS]) >= bar.speedup:
+        return None
+    return paired_speedup(blocks, candidate, base)
+
+
+def _final_ratios(blocks: Sequence[Block], candidate: int, base: int) -> list[float]:
+    """The candidate's paired ratios whose base block after it has run, in time order."""
     ratios = paired_ratios(blocks, candidate, base)
     ours = [b for b in blocks if b.runner in (candidate, base)]
     if ours and ours[-1].runner == candidate:  # its ratio waits for the next base block
         ratios = ratios[:-1]
-    if len(ratios) < RACE_PAIRS or max(ratios[:RACE_PAIRS]) >= bar.speedup:
+    return ratios
+
+
+def clears_early(blocks: Sequence[Block], bar: Bar, candidate: int = 0,
+                 base: int = 1) -> Speedup | None:
+    """The candidate's paired speed-up if it clears the bar at the early look, else None.
+
+    Clears: `CLEAR_PAIRS` final paired ratios or more, the first `CLEAR_PAIRS` of them all
+    above ``bar.speedup``, and the figure of every block so far clearing it as a full
+    timing's must (`routetune.timing.measure.Speedup.clears`: its interval above the bar,
+    the base route's drift below the effect). The test rests on the first `CLEAR_PAIRS`
+    final ratios only, so it is one look however often it is asked.
+
+    Args:
+        blocks: Blocks of both engines in the order they ran (`measure_blocks`).
+        bar: What the candidate must clear (``--min-speedup``).
+        candidate: The candidate engine's index.
+        base: The base engine's index.
+    """
+    ratios = _final_ratios(blocks, candidate, base)
+    if len(ratios) < CLEAR_PAIRS or min(ratios[:CLEAR_PAIRS]) <= bar.speedup:
         return None
-    return paired_speedup(blocks, candidate, base)
+    paired = paired_speedup(blocks, candidate, base)
+    return paired if paired.clears(bar.speedup) is None else None
+
+
+def decided(blocks: Sequence[Block], bar: Bar, base: int = 0) -> bool:
+    """Whether every engine but `base` has left the race or cleared at the early look.
+
+    For a side-by-side loop of several engines, each against the same base engine:
+    once each is decided, more blocks cannot change which of them clears the bar.
+    """
+    others = sorted({b.runner for b in blocks} - {base})
+    return bool(others) and all(
+        out_of_race(blocks, bar, k, base) is not None
+        or clears_early(blocks, bar, k, base) is not None for k in others)
 
 
 def cannot_reach(paired: Speedup | None, bar: Bar) -> bool:

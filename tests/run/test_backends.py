@@ -28,9 +28,10 @@ from routetune.run.backends import (
 from routetune.run.preparation import Prepared, prepare_run
 from routetune.run.recipe import merge
 from routetune.run.run_spec import RunSpec
-from routetune.run.side_by_side import base_floors, side_by_side
+from routetune.run.side_by_side import base_floors, loop_inputs, side_by_side, timed_loop
 from routetune.run.winner import WINNER_OUTPUTS, load_outputs
 from routetune.timing.measure import Latency, Speedup
+from routetune.timing.race import CLEAR_PAIRS, Bar
 
 LAT = Latency(40, 1.0, 1.1, 1.2, 1.0, 0.95, 1.05)
 
@@ -197,3 +198,24 @@ def test_a_backend_whose_base_route_is_slower_races_against_the_faster_one(
     assert slow is not None and slow.speedup > 3, lines  # sixteen layers against one
     assert slow.source.startswith("the lower end of onnxruntime's base route")
     assert f"race against {slow.speedup:.2f}x at least" in lines[1]
+
+
+def test_a_side_by_side_loop_ends_once_every_contender_is_decided(tmp_path: Path) -> None:
+    """A loop of a base route and one sixteen times lighter, at a confirmation's length
+    (30 blocks, 3 s): racing against --min-speedup, it ends once the lighter one has
+    cleared in its first ten paired blocks; without a bar it runs its full length."""
+    registry = load_registry()
+    runs = [prepare_run(quick_spec(model=matmul_chain(tmp_path / f"d{depth}.onnx",
+                                                      depth=depth, width=128, batch=16),
+                                   output=tmp_path / f"out{depth}"), registry)
+            for depth in (16, 1)]
+    jobs = [(loop_inputs(run), tuple(run.base), None) for run in runs]
+    settings = dataclasses.replace(runs[0].spec.measure, min_blocks=30, min_time_s=3.0,
+                                   max_time_s=30.0)
+    bar = Bar.min_speedup(1.03)
+    early = timed_loop(jobs, settings, False, registry, bar)
+    assert early.conditions["decided"] == 1.03
+    rounds = len(early.blocks) // 2
+    assert CLEAR_PAIRS <= rounds <= CLEAR_PAIRS + 1, rounds
+    full = timed_loop(jobs, settings, False, registry)
+    assert "decided" not in full.conditions and len(full.blocks) // 2 >= 30

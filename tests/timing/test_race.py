@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from routetune.timing.measure import Block, paired_speedup
-from routetune.timing.race import HOPELESS, RACE_ERROR, RACE_PAIRS, Bar, out_of_race
+from routetune.timing.race import (
+    CLEAR_ERROR,
+    CLEAR_PAIRS,
+    HOPELESS,
+    RACE_ERROR,
+    RACE_PAIRS,
+    Bar,
+    clears_early,
+    decided,
+    out_of_race,
+)
 
 BAR = Bar(1.03, "--min-speedup 1.03")
 NOISE = 0.03
@@ -116,3 +126,88 @@ def test_a_real_gain_survives_its_replication_and_the_note_gives_both_figures() 
     assert both.ci_low > 1.0 and both.pairs == 2 * first.pairs
     assert note.startswith(f"shown faster than the base route, so timed again for as many "
                            f"blocks: {first.figure}, then ") and "; both show it," in note
+
+
+CONFIRM = 30
+"""Candidate blocks of a full confirmation (`routetune.candidate.candidate.CONFIRM_BLOCKS`)."""
+
+
+def cleared(blocks: list[Block], bar: Bar = BAR) -> int | None:
+    """Ask `clears_early` after every round as a confirmation does: the pairs at the stop
+    (None: timed in full)."""
+    for end in range(2, len(blocks) + 1, 2):
+        paired = clears_early(blocks[:end], bar)
+        if paired is not None:
+            return paired.pairs
+    return None
+
+
+def test_a_clear_win_holds_at_the_early_look() -> None:
+    rng = np.random.default_rng(8)
+    stops = {cleared(stream(1.20, rng, CONFIRM)) for _ in range(500)}
+    assert stops == {CLEAR_PAIRS + 1}  # the tenth ratio is final with the next base block
+
+
+def test_a_tie_never_clears_at_the_early_look() -> None:
+    rng = np.random.default_rng(9)
+    assert all(cleared(stream(1.0, rng, CONFIRM)) is None for _ in range(2000))
+
+
+def test_a_route_at_the_bar_clears_early_no_more_often_than_the_stated_error() -> None:
+    rng = np.random.default_rng(10)
+    n = 20_000
+    early = sum(cleared(stream(BAR.speedup, rng, CLEAR_PAIRS + 1)) is not None
+                for _ in range(n))
+    assert early / n <= CLEAR_ERROR * 2  # 1/1024, and sampling error (sd 0.02%)
+
+
+def test_the_early_look_rests_on_the_first_ten_final_ratios() -> None:
+    slow_start = stream(0.95, np.random.default_rng(11), 1) + stream(
+        1.3, np.random.default_rng(12), CONFIRM)
+    assert cleared(slow_start) is None  # one of the first ten below the bar: timed in full
+    fast = stream(1.3, np.random.default_rng(13), CLEAR_PAIRS + 1)
+    assert clears_early(fast[:2 * CLEAR_PAIRS], BAR) is None  # the tenth ratio waits
+    assert clears_early(fast[:2 * CLEAR_PAIRS + 1], BAR) is not None  # for its base block
+
+
+def test_a_drifting_base_route_does_not_clear_early() -> None:
+    """All ten ratios above the bar, but the base route's own speed moved by more than the
+    effect: the full timing's drift rule holds at the early look too."""
+    blocks = []
+    for k in range(CLEAR_PAIRS + 1):
+        base_ms = 1.0 + 0.2 * k  # the machine slows down steadily, 3x over the loop
+        pair = [Block(0, base_ms / 1.2, 3), Block(1, base_ms, 3)]  # a true 1.2x
+        blocks += pair if k % 2 == 0 else pair[::-1]
+    assert min(paired_ratios_of(blocks)) > BAR.speedup
+    assert clears_early(blocks, BAR) is None
+
+
+def paired_ratios_of(blocks: list[Block]) -> list[float]:
+    from routetune.timing.measure import paired_ratios
+
+    return paired_ratios(blocks)
+
+
+def side_by_side_stream(trues: list[float], rng: np.random.Generator, n: int
+                        ) -> list[Block]:
+    """A base engine (0) and one engine per entry of `trues`, in the alternating order
+    `measure_blocks` runs several engines in (0 1 2, 2 1 0, …)."""
+    out = []
+    for k in range(n):
+        row = [Block(0, 1.0, 3)] + [Block(i + 1, 1.0 / (t * np.exp(rng.normal(0, NOISE))), 3)
+                                    for i, t in enumerate(trues)]
+        out += row if k % 2 == 0 else row[::-1]
+    return out
+
+
+def test_a_side_by_side_loop_is_decided_once_every_engine_cleared_or_left() -> None:
+    rng = np.random.default_rng(15)
+    blocks = side_by_side_stream([3.0, 0.8], rng, CONFIRM)
+    rounds = next(k for k in range(1, CONFIRM + 1)
+                  if decided(blocks[:3 * k], BAR, base=0))
+    # the fast one clears at its early look (its tenth ratio final in the tenth round or
+    # the next), the slow one has left the race after six pairs by then
+    assert CLEAR_PAIRS <= rounds <= CLEAR_PAIRS + 1
+    tie = side_by_side_stream([3.0, 1.0], np.random.default_rng(16), CONFIRM)
+    assert not any(decided(tie[:3 * k], BAR, base=0) for k in range(1, CONFIRM + 1)
+                   if out_of_race(tie[:3 * k], BAR, 2, 0) is None)
