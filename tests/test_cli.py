@@ -85,6 +85,9 @@ def _npz(path: Path, **arrays: np.ndarray) -> Path:
 
 BAD = {
     "missing file": (lambda d, m: ["tune", str(d / "nope.onnx")], "nope.onnx: no such file"),
+    "a flag's value read as the model": (  # --race takes no value: 'maybe' is MODEL.onnx
+        lambda d, m: ["tune", "--example", "ppocr-cls", "--race", "maybe"],
+        "give either MODEL.onnx ('maybe' was read as one) or --example NAME ('ppocr-cls')"),
     "too many build workers": (lambda d, m: ["tune", str(m), "--build-workers", "100000"],
                                "--build-workers 100000: give 1 to"),
     "timeout nan": (lambda d, m: ["tune", str(m), "--trial-timeout", "nan"],

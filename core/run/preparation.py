@@ -152,7 +152,8 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     shapes_flag = opts.spelled("opt_shapes" if opts.opt_shapes else "shapes")
     given_shapes = parse_shapes(opts.opt_shapes or opts.shapes, shapes_flag)
     if opts.example and opts.model is not None:
-        raise UsageError("give either MODEL.onnx or --example NAME, not both")
+        raise UsageError(f"give either MODEL.onnx ('{opts.model}' was read as one) or "
+                         f"--example NAME ('{opts.example}'), not both")
     example = examples.get_example(opts.example) if opts.example else None
     budget_s = opts.time_budget_s
     if example is not None:

@@ -271,7 +271,7 @@ def base_floors(prepared: Sequence[Prepared], registry: Registry
         why = (f"the machine was busy ({loop.conditions['busy']})" if not loop.failed
                else f"{names[min(loop.failed)]}'s base route was not timed: "
                f"{next(iter(loop.failed.values()))}")
-        return [None] * len(prepared), [f"base routes side by side: {why}; no floor"], \
+        return [None] * len(prepared), [f"{why}; no floor"], \
             loop.conditions
     floors: list[Bar | None] = []
     lines = []
