@@ -74,6 +74,23 @@ class Engine:
     float_env: Any = field(default=None, compare=False, repr=False)
 
 
+@dataclass
+class PreparedCalls:
+    """One prepared call per input set (`Runner.prepared`), in the order of `feeds`.
+
+    Attributes:
+        feeds: The input sets (the very sequence they were prepared from).
+        calls: A call per input set (`Runner.prepare`).
+        ran: Whether a timing has run every call (its warm-up): a later timing of the
+            same calls needs a few runs to wake the engine, not one per input set
+            (`routetune.timing.measure.measure_blocks`).
+    """
+
+    feeds: Sequence[Feed]
+    calls: list[Callable[[], None]]
+    ran: bool = False
+
+
 class Runner:
     """An opened engine. A context manager; `infer` and `prepare` run it.
 
@@ -116,6 +133,21 @@ class Runner:
         The default is `prepare`: a host device has no copies.
         """
         return self.prepare(feed)
+
+    def prepared(self, feeds: Sequence[Feed], end_to_end: bool = False) -> PreparedCalls:
+        """The calls of `feeds` (`prepare`, or `prepare_end_to_end`), made once and kept.
+
+        A runner timed again on the same input sets (the base route's engine, open from
+        one candidate to the next) reuses its calls: no new request, binding or device
+        copy per timing, and the calls' own state (an OpenVINO request's output tensors)
+        is already warm (`PreparedCalls.ran`). The calls live as long as the runner.
+        """
+        kept: dict[bool, PreparedCalls] = vars(self).setdefault("_prepared_calls", {})
+        calls = kept.get(end_to_end)
+        if calls is None or calls.feeds is not feeds:
+            prepare = self.prepare_end_to_end if end_to_end else self.prepare
+            calls = kept[end_to_end] = PreparedCalls(feeds, [prepare(f) for f in feeds])
+        return calls
 
     def timed(self, call: Callable[[], None]) -> float:
         """Run a prepared call once and return its duration in ms.

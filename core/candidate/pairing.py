@@ -102,7 +102,6 @@ class PairedTiming:
         self.inputs = inputs
         self._base: Runner | Literal[False] | None = None  # False: cannot be built
         self._gpu: str | None = None  # see policy
-        self._warm_base: frozenset[int] = frozenset()  # {1} once the base engine ran here
         self._pace_ms: float | None = None  # the base route's fastest p50 in this process
         self._steady = Steady()  # steady load in this worker (STEADY_AFTER_S)
 
@@ -221,10 +220,8 @@ class PairedTiming:
                 stopped.extend(s for s in [out_of_race(blocks, racing)] if s is not None)
                 return bool(stopped)
 
-            warm = frozenset({0}) | self._warm_base
             (latency, base_latency), blocks = measure_blocks([runner, base], feeds, settings,
-                                                              give_up, warm)
-            self._warm_base = frozenset({1})  # the base engine stays open, and warm
+                                                              give_up, frozenset({0}))
             timed["latency"], timed["base_latency"] = latency, base_latency
             paired = timed["paired"] = paired_speedup(blocks, 0, 1)
             if stopped:
@@ -286,4 +283,3 @@ class PairedTiming:
         if self._base:
             self._base.close()
         self._base = None
-        self._warm_base = frozenset()

@@ -377,24 +377,28 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: M
     compute, or host to host with the copies. `give_up`, asked after every round with
     the blocks so far, ends the timing early when it answers True
     (`routetune.timing.race.out_of_race`). Warm-up is `MeasureSettings.warmup` runs per
-    input set; a runner whose index is in `warm` has already run every input set (the
-    base route's engine, kept open in a worker from one candidate to the next, or a
-    candidate after its accuracy pass) and runs each once more, `MeasureSettings.warmup`
-    runs in all at least.
+    input set; a runner whose index is in `warm` has already run every input set (a
+    candidate after its accuracy pass) and runs each prepared call once, and
+    `MeasureSettings.warmup` runs in all at least. A runner timed before on the same
+    input sets (the base route's engine, kept open in a worker from one candidate to
+    the next) reuses its calls, which have all run (`Runner.prepared`): it runs
+    `MeasureSettings.warmup` of them, to wake its threads, not one per input set.
 
     Returns:
         One `Latency` per runner, in order (ms), and every block in time order.
     """
     end_to_end = settings.latency == "end-to-end"
-    calls = [[(runner.prepare_end_to_end if end_to_end else runner.prepare)(feed)
-              for feed in feeds] for runner in runners]
+    kept = [runner.prepared(feeds, end_to_end) for runner in runners]
+    calls = [k.calls for k in kept]
     timers = [runner.wall_timed if end_to_end else runner.timed for runner in runners]
-    for i, (runner, prepared) in enumerate(zip(runners, calls, strict=True)):
-        runs = (max(len(prepared), settings.warmup) if i in warm
-                else len(prepared) * settings.warmup)
+    for i, (runner, prepared) in enumerate(zip(runners, kept, strict=True)):
+        n = len(prepared.calls)
+        runs = (settings.warmup if prepared.ran
+                else max(n, settings.warmup) if i in warm else n * settings.warmup)
         for k in range(runs):
-            prepared[k % len(prepared)]()
+            prepared.calls[k % n]()
         runner.synchronize()
+        prepared.ran = True
     samples: list[list[float]] = [[] for _ in runners]
     blocks: list[Block] = []
     spent = [0.0] * len(runners)

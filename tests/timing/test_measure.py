@@ -72,6 +72,34 @@ def test_an_engine_that_ran_every_input_set_warms_up_once_per_set() -> None:
     assert len(one_set.calls) == 3 + lat.n
 
 
+class CountingRunner(SleepRunner):
+    """Counts its `prepare` calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepares = 0
+
+    def prepare(self, feed):  # noqa: ANN001, ANN201
+        self.prepares += 1
+        return super().prepare(feed)
+
+
+def test_a_runner_timed_again_on_the_same_input_sets_reuses_its_warm_calls() -> None:
+    settings = MeasureSettings(warmup=3, min_runs=6, min_time_s=0.02, min_blocks=6)
+    base, first, second = CountingRunner(), SleepRunner(), SleepRunner()
+    sets = [{"k": k} for k in "abcd"]
+    measure_blocks([first, base], sets, settings)
+    assert base.prepares == 4 and base.calls[:12] == list("abcd" * 3)
+    timed_once = len(base.calls)
+    measure_blocks([second, base], sets, settings)
+    # the same calls again, already run: `warmup` runs to wake it, not 3 per input set
+    assert base.prepares == 4
+    assert base.calls[timed_once:timed_once + 5] == ["a", "b", "c", "a", "b"]
+    other_sets = [{"k": k} for k in "xy"]  # other input sets: calls of their own
+    measure_blocks([SleepRunner(), base], other_sets, settings)
+    assert base.prepares == 6
+
+
 class CopyingRunner(SleepRunner):
     """Device compute takes 2 ms by its own clock; host to host, 2 ms more of copies."""
 
