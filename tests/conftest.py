@@ -21,8 +21,10 @@ cannot starve it.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -39,9 +41,12 @@ from routetune.plugin_manager import load_registry
 from routetune.registry import Registry
 
 # Every run of the suite, in this process and in the ones it starts, learns into a route
-# memory of its own (`routetune.run.route_memory`), never into the user's.
-os.environ.setdefault("ROUTETUNE_MEMORY", os.path.join(
-    tempfile.mkdtemp(prefix="routetune-memory-"), "memory.sqlite"))
+# memory of its own (`routetune.run.route_memory`), never into the user's; the process
+# that made it (pytest's, before its workers inherit the variable) removes it at exit.
+if "ROUTETUNE_MEMORY" not in os.environ:
+    _memory_dir = tempfile.mkdtemp(prefix="routetune-memory-")
+    atexit.register(shutil.rmtree, _memory_dir, ignore_errors=True)
+    os.environ["ROUTETUNE_MEMORY"] = os.path.join(_memory_dir, "memory.sqlite")
 
 
 @pytest.fixture
