@@ -22,8 +22,9 @@ For each model, in one process:
    torch eager FP32 and FP16 and ``torch.compile(mode="max-autotune-no-cudagraphs")``
    FP16, with its compile time.
 
-Models: ``resnet50`` (torchvision, random weights, batch 32, 3×224×224, channels_last
-for torch), ``bert`` (a BERT-base-sized encoder: 12 layers, hidden 768, 12 heads, FFN
+Models: ``resnet50``, ``mobilenetv3`` (Large), ``convnext`` (Tiny) and ``efficientnet``
+(B0) (torchvision, random weights, batch 32, 3×224×224, channels_last for torch),
+``bert`` (a BERT-base-sized encoder: 12 layers, hidden 768, 12 heads, FFN
 3072, vocabulary 30522; random weights; batch 8, sequence 128), ``hf-bert`` (a Hugging
 Face ``BertModel``, BERT-base config, random weights, batch 8 × 128 with an attention mask
 that pads the last 28 tokens; TorchScript exporter), and the PP-OCR examples
@@ -42,7 +43,13 @@ from typing import Any
 
 import numpy as np
 
+from routetune.backend import Runner
+
 ACCURACY = "cos>=0.9999,rel_l2<=0.01"
+
+CNNS = {"resnet50": "resnet50", "mobilenetv3": "mobilenet_v3_large",
+        "convnext": "convnext_tiny", "efficientnet": "efficientnet_b0"}
+"""The torchvision CNNs by benchmark name (random weights, seeded; batch 32, 3x224x224)."""
 
 
 def main() -> None:
@@ -123,12 +130,10 @@ def build_model(name: str, out: Path) -> tuple[Any, Path | None, Path | None]:
     if name.startswith("ppocr"):
         return None, None, None
     torch.manual_seed(0)
-    if name in ("resnet50", "mobilenetv3"):
+    if name in CNNS:
         import torchvision
 
-        build = (torchvision.models.resnet50 if name == "resnet50"
-                 else torchvision.models.mobilenet_v3_large)
-        module = build(weights=None).eval()
+        module = getattr(torchvision.models, CNNS[name])(weights=None).eval()
         sets = [{"x": np.random.default_rng(i).standard_normal((32, 3, 224, 224))
                  .astype(np.float32)} for i in range(4)]
     elif name == "bert":
@@ -236,7 +241,6 @@ def Encoder(width: int = 768, heads: int = 12, layers: int = 12, ffn: int = 3072
 def time_all(result: Any, torch_model: Any, feeds: list[dict[str, np.ndarray]],
              settings: Any) -> dict[str, Any]:
     """Every engine of the model in one interleaved loop; p50s in ms and ratios."""
-    from routetune.backend import Runner
     from routetune.plugin_manager import load_registry
     from routetune.timing.measure import measure_side_by_side
 
@@ -276,8 +280,6 @@ def _feeds(name: str, inputs: Path | None) -> list[dict[str, np.ndarray]]:
 
 def _end_to_end(runner: Any) -> Any:
     """The runner's host-to-host calls (copies included), timed by the wall clock."""
-    from routetune.backend import Runner
-
     class EndToEnd(Runner):
         def prepare(self, feed: Any) -> Any:
             return runner.prepare_end_to_end(feed)
@@ -285,7 +287,7 @@ def _end_to_end(runner: Any) -> Any:
     return EndToEnd()
 
 
-class _TorchRunner:
+class _TorchRunner(Runner):
     """A torch module on CUDA: inputs on the device, timed by CUDA events."""
 
     def __init__(self, fn: Any) -> None:

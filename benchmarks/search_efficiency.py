@@ -38,6 +38,10 @@ SPACES = {
                  "ort-cuda-conv-algo", "fuse-bn-into-conv"),
     "mobilenetv3": ("fp16", "ort-cuda-graph", "ort-cuda-nhwc", "ort-cuda-fuse-conv-bias",
                     "ort-cuda-conv-algo", "fuse-bn-into-conv"),
+    "convnext": ("fp16", "ort-cuda-graph", "ort-cuda-nhwc", "ort-cuda-fuse-conv-bias",
+                 "ort-cuda-conv-algo", "fuse-bn-into-conv"),
+    "efficientnet": ("fp16", "ort-cuda-graph", "ort-cuda-nhwc", "ort-cuda-fuse-conv-bias",
+                     "ort-cuda-conv-algo", "fuse-bn-into-conv"),
     "bert": ("fuse-attention", "ort-transformer-fusion", "fp16", "ort-cuda-graph",
              "ort-cuda-sdpa-kernel"),
 }
