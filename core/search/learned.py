@@ -48,8 +48,16 @@ INTERACTION_SD = 0.15
 their own: about 0.86x to 1.16x. Such effects are real (a convolution's bias fusion
 helps ResNet-50 on the H200 only with FP16 and NHWC, docs/benchmarks.md), so a route
 of steps never tried together keeps some uncertainty, and so some expected improvement."""
-FAIL_PSEUDO = 2.0
-"""Pseudo-trials behind the prior chance that a step fails (the beta prior's a + b)."""
+RESCUED = 0.2
+"""Chance that a route holds although one of its steps breaks this model: another step
+undoes it (on the H200, ResNet-50's convolution bias fusion fails accuracy in NCHW and
+holds in NHWC, docs/benchmarks.md)."""
+BROKEN_TOGETHER = 0.1
+"""Chance that a route fails although none of its steps breaks this model alone: two
+steps that fail together (FP16 with EfficientNet's fused convolution bias crashed)."""
+MAX_SUSPECTS = 14
+"""Steps whose breaking is modelled jointly (2**14 states); beyond them, the steps the
+memory expects to fail least are taken to hold."""
 
 
 @dataclass(frozen=True)
@@ -163,8 +171,7 @@ class Learned(Strategy):
         fail0 = np.clip([p[2] for p in priors] + [0.0] * pairs, 0.0, 0.99)
         index = {route: i for i, route in enumerate(routes)}
         rows, ys, weights = [], [], []
-        ok_steps = np.zeros(self._x.shape[1])
-        failed = np.zeros(self._x.shape[1])
+        held: list[tuple[int, bool]] = []  # (route row, met the constraint)
         best = 0.0  # the base route
         for route, result in self._told.items():
             i = index.get(route)
@@ -180,12 +187,9 @@ class Learned(Strategy):
                 if result.status == Status.OK and result.trusted:
                     best = max(best, y)
             if result.status == Status.OK:
-                ok_steps += self._x[i]
+                held.append((i, True))
             elif result.status.failed or result.status == Status.ACCURACY_FAILED:
-                suspects = self._x[i] * (ok_steps == 0) * (fail0 > 0)  # steps, not pairs
-                if not suspects.any():  # each step held elsewhere: blame them all alike
-                    suspects = self._x[i] * (fail0 > 0)
-                failed += suspects / suspects.sum()
+                held.append((i, False))
         a = np.diag(precision0)
         b = precision0 * mean0
         if rows:
@@ -196,14 +200,42 @@ class Learned(Strategy):
         mean = cov @ b
         m = self._x @ mean
         sd = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", self._x, cov, self._x), 1e-12))
-        held = np.where(fail0 > 0, (FAIL_PSEUDO * (1 - fail0) + ok_steps)
-                        / (FAIL_PSEUDO + ok_steps + failed), 1.0)
-        chance = np.exp(self._x @ np.log(held))
+        chance = _chance_to_hold(self._x[:, :len(self._features)], fail0[:len(self._features)],
+                                 held)
         gain = chance * _improvement(m, sd, max(best, math.log(self._incumbent)))
         for route in self._told:
             if route in index:
                 gain[index[route]] = -1.0
         return gain
+
+
+def _chance_to_hold(x: np.ndarray, fail: np.ndarray,
+                    held: list[tuple[int, bool]]) -> np.ndarray:
+    """Per route (row of `x`, one column per step): the chance it builds and holds.
+
+    Each step either breaks this model or not, a property of the model (FP16 that fails
+    accuracy on one route fails it on the next): the prior chance that it does is its
+    `fail` (the memory's share of failures, per step). A route fails when one of its
+    steps breaks the model, but for `RESCUED` and `BROKEN_TOGETHER`. `held` lists this
+    run's routes that met the constraint (True) or failed (False), by row; the posterior
+    over which steps break the model is exact, by enumerating each set of suspects.
+    """
+    suspects = [int(j) for j in np.argsort(-fail, kind="stable")[:MAX_SUSPECTS] if fail[j] > 0]
+    if not suspects:
+        return np.ones(len(x))
+    bits = 1 << np.arange(len(suspects))
+    masks = (x[:, suspects] > 0).astype(np.int64) @ bits  # each route's suspects, as bits
+    states = np.arange(1 << len(suspects))
+    in_state = (states[:, None] & bits[None, :]) > 0  # states x suspects: which break
+    p = np.clip(fail[suspects], 1e-6, 1 - 1e-6)
+    log_post = in_state @ np.log(p) + (~in_state) @ np.log(1 - p)
+    broken = (masks[:, None] & states[None, :]) > 0  # routes x states
+    hold = np.where(broken, RESCUED, 1 - BROKEN_TOGETHER)
+    for row, ok in held:
+        log_post = log_post + np.log(hold[row] if ok else 1 - hold[row])
+    post = np.exp(log_post - log_post.max())
+    chance: np.ndarray = hold @ (post / post.sum())
+    return chance
 
 
 def _improvement(mean: np.ndarray, sd: np.ndarray, target: float) -> np.ndarray:

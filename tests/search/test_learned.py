@@ -129,3 +129,27 @@ def test_it_stops_sooner_when_no_route_is_expected_to_reach_the_bar(registry: Re
     reachable.learn(_prior(**priors))
     reachable.aim(1.1)
     assert "fuse-bn-into-conv" in _drive(reachable, truth)[0]
+
+
+def test_a_step_that_broke_this_model_is_taken_to_break_each_route_it_is_in() -> None:
+    import numpy as np
+
+    from routetune.search.learned import BROKEN_TOGETHER, RESCUED, _chance_to_hold
+
+    # steps: fp16 (the memory: fails on 30% of models), graph and nhwc (5%)
+    x = np.array([[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 1, 1], [0, 1, 0]], dtype=float)
+    fail = np.array([0.3, 0.05, 0.05])
+    before = _chance_to_hold(x, fail, [])
+    assert before[1] == pytest.approx(0.3 * RESCUED + 0.7 * (1 - BROKEN_TOGETHER))
+    # fp16 alone failed: each route with fp16 is far less likely to hold
+    after = _chance_to_hold(x, fail, [(1, False)])
+    assert after[0] < 0.6 * before[0] and after[2] < 0.6 * before[2]
+    twice = _chance_to_hold(x, fail, [(1, False), (2, False)])
+    assert twice[0] < 0.3  # twice: about as likely as a rescue
+    assert after[3] == pytest.approx(before[3], abs=1e-9)  # no fp16: unchanged
+    # graph,nhwc held, and fp16,graph,nhwc failed: fp16 takes the blame, not them
+    blamed = _chance_to_hold(x, fail, [(3, True), (0, False)])
+    assert blamed[1] < 0.6 * before[1] and blamed[4] > before[4]
+    # a failure is blamed in proportion to each step's prior: fp16 more than nhwc
+    one = _chance_to_hold(x, fail, [(0, False)])
+    assert one[1] < one[3]
