@@ -77,11 +77,17 @@ def main() -> None:
     parser.add_argument("--like", type=Path,
                         help="with --efficiency: a table of the same machine (its backend, "
                              "version and device are taken)")
+    parser.add_argument("--sweep-failure-model", action="store_true",
+                        help="with --tables: the learned search's builds to each GPU "
+                             "table's best over a grid of its failure model's constants")
     parser.add_argument("--tpe-seeds", type=int, default=5)
     parser.add_argument("--random-seeds", type=int, default=20)
     args = parser.parse_args()
     if args.tables is not None and args.write_memory is not None:
         write_memory(args.tables, args.write_memory, args.families)
+        return
+    if args.tables is not None and args.sweep_failure_model:
+        sweep_failure_model(args.tables)
         return
     if args.tables is not None:
         leave_one_out(args.tables, args.out, args.tpe_seeds, args.random_seeds)
@@ -448,6 +454,27 @@ def leave_one_out(folder: Path, out: Path | None, tpe_seeds: int, random_seeds: 
         out.mkdir(parents=True, exist_ok=True)
         (out / "replay_memory.json").write_text(json.dumps(results, indent=1) + "\n")
         plot(results, out / "replay_memory.png")
+
+
+def sweep_failure_model(folder: Path) -> None:
+    """Builds to the best, per GPU table (leave one family out), for each pair of the
+    failure model's constants (`routetune.search.learned.RESCUED`, `BROKEN_TOGETHER`)."""
+    import itertools
+
+    from routetune.search import learned
+
+    tables = [t for t in (json.loads(p.read_text()) for p in sorted(folder.glob("*.json")))
+              if "cuda" in t["backend"]]
+    priors = {t["family"]: prior_from([o for o in tables if o["family"] != t["family"]], t)
+              for t in tables}
+    for rescued, broken in itertools.product([0.02, 0.05, 0.1, 0.2, 0.3], [0.02, 0.05, 0.1, 0.2]):
+        learned.RESCUED, learned.BROKEN_TOGETHER = rescued, broken
+        reached = []
+        for t in tables:
+            strategy = learned.Learned(table_space(t))
+            strategy.learn(priors[t["family"]])
+            reached.append(f"{t['family']} {curve(strategy, t)[1] or 'never'}")
+        print(f"RESCUED {rescued} BROKEN_TOGETHER {broken}: " + ", ".join(reached))
 
 
 def _noise(table: dict[str, Any]) -> float:

@@ -17,7 +17,7 @@ from routetune.records.trial import Status, Trial
 from routetune.registry import Registry
 from routetune.reporting.report import ERROR_METRIC, worst_error
 from routetune.reporting.report_text import ROUTE_WIDTH, short_route, speedup_figure, wrap_route
-from routetune.timing.race import RACE_PAIRS
+from routetune.timing.race import EARLY_PAIRS, RACE_PAIRS
 
 if TYPE_CHECKING:
     from routetune.run.backends import BackendsResult
@@ -392,7 +392,8 @@ def racing_line(result: TuneResult) -> str:
     out = sum(t.raced is not None for t in ours)
     figure = sum(any(n.startswith("timed for") for n in t.notes) for t in ours)
     same = sum(t.reason.startswith("same engine as") for t in ours)
-    parts = [f"{out} out of the race (timed {RACE_PAIRS + 1} paired blocks, not built on)"
+    parts = [f"{out} out of the race (timed {EARLY_PAIRS} or {RACE_PAIRS + 1} paired "
+             "blocks, not built on)"
              if out else "",
              f"{figure} that failed accuracy timed for a figure only" if figure else "",
              f"{same} the same engine as a shorter route (not timed)" if same else ""]

@@ -2,20 +2,36 @@
 
 A candidate races against a bar: the speed-up over the base route it must reach to
 matter, ``--min-speedup`` or the lower end of the leading route's interval, whichever
-is higher (`Bar`). After `RACE_PAIRS` paired blocks (`routetune.timing.measure.paired_ratios`),
-it is out of the race when every one of them is below the bar: its timing ends there,
-with the figure those blocks give, and the rest of the search's time goes to the
-candidates still in the race.
+is higher (`Bar`). It is out of the race at one of two looks at its final paired ratios
+(`routetune.timing.measure.paired_ratios`), and its timing ends there, with the figure
+its blocks give; the rest of the search's time goes to the candidates still in the race.
 
-The rule is a one-sided sign test (Dixon and Mood, "The statistical sign test", JASA
-41, 1946) with one look. A candidate whose true paired speed-up is at the bar or above
-puts each block's ratio at or above the bar with probability 1/2 or more, so all
-`RACE_PAIRS` below it happens with probability at most 2^-6 = 1/64 (`RACE_ERROR`, 1.6%),
-for blocks as independent as the paired interval assumes (`median_ci`). The figure of
-a candidate out of the race is still a measurement: it is stored and reported with
-its interval, and it may still be confirmed later like any other route. Before racing,
-routetune stopped only candidates below 0.5x ("hopeless"): that is this rule with a bar
-of 0.5 (`HOPELESS`), which still applies when racing is off (``--no-race``).
+- **Far below the bar, after `EARLY_PAIRS` (3).** Its first 3 ratios all below the bar,
+  and a one-sided t-test on their logarithms (Student, "The probable error of a mean",
+  Biometrika 6, 1908) rejects a median at the bar at level 2^-7 (`EARLY_ERROR`, 0.8%),
+  with their standard deviation taken as at least `EARLY_SD` (2%, below the block-to-
+  block spread of paired ratios on a quiet 2-core VM, docs/benchmarks.md): on a quiet
+  machine a gap of about 9% or more. For the log-ratios of blocks as independent and
+  normal as the paired interval assumes; whatever their distribution, the three signs
+  alone bound it at 1/8. This is the look that ends candidates a faster backend or
+  leader has left far behind (ONNX Runtime's routes against OpenVINO's base route at
+  3.7x on PP-OCR's detector).
+- **Below the bar, after `RACE_PAIRS` (6).** Every one of its first 6 ratios below the
+  bar: a one-sided sign test (Dixon and Mood, "The statistical sign test", JASA 41,
+  1946). A candidate whose true paired speed-up is at the bar or above puts each ratio
+  at or above it with probability 1/2 or more, so all 6 below happens with probability
+  at most 2^-6 = 1/64 (1.6%), for blocks as independent as the paired interval assumes
+  (`median_ci`), whatever their distribution.
+
+Each look rests on the first 3 or 6 final ratios only, so each is one test however
+often it is asked, and a candidate at its bar or above leaves the race by mistake with
+probability at most 2^-7 + 2^-6 (`RACE_ERROR`, 2.3%; two looks, Bonferroni's
+inequality). The figure of a candidate out of the race is still a measurement: it is
+stored and reported with its interval, and it may still be confirmed later like any
+other route. Before racing, routetune stopped only candidates below 0.5x ("hopeless"):
+that is this rule with a bar of 0.5 (`HOPELESS`), which still applies when racing is
+off (``--no-race``). A candidate that failed the accuracy constraint is timed for the
+sign test's 6 ratios (`FAILED_ACCURACY`), for a figure with an interval.
 
 The same test, the other way, ends a confirmation early (`clears_early`): a route whose
 first `CLEAR_PAIRS` paired blocks all lie above ``--min-speedup`` holds at that look,
@@ -33,14 +49,31 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from routetune.timing.measure import Block, Speedup, paired_ratios, paired_speedup
 
 RACE_PAIRS = 6
-"""Paired blocks a race is judged on: the fewest for which all below the bar has
-probability at most 1/64 under the bar (the sign test's exact tail, 2^-6)."""
+"""Paired ratios the sign test's look is judged on: the fewest for which all below the
+bar has probability at most 1/64 under the bar (the sign test's exact tail, 2^-6)."""
 
-RACE_ERROR = 2.0 ** -RACE_PAIRS
-"""The chance that a candidate at its bar or above leaves the race (1/64, 1.6%)."""
+EARLY_PAIRS = 3
+"""Paired ratios the early look is judged on (the t-test's, with 2 degrees of freedom)."""
+
+EARLY_ERROR = 2.0 ** -7
+"""The early look's level: the chance that a candidate at its bar leaves there (0.8%)."""
+
+EARLY_T = math.sqrt(2 * (1 - 2 * EARLY_ERROR) ** 2 / (1 - (1 - 2 * EARLY_ERROR) ** 2))
+"""Student's t with 2 degrees of freedom exceeded with probability `EARLY_ERROR` (7.91):
+the closed form of its distribution, P(T > t) = 1/2 - t / (2 sqrt(2 + t^2))."""
+
+EARLY_SD = 0.02
+"""The least standard deviation the early look takes for the log-ratios (2%): three
+ratios that happen to agree closely do not make a small gap look certain."""
+
+RACE_ERROR = EARLY_ERROR + 2.0 ** -RACE_PAIRS
+"""The chance that a candidate at its bar or above leaves the race at either look
+(2^-7 + 2^-6, 2.3%; Bonferroni's inequality)."""
 
 
 CLEAR_PAIRS = 10
@@ -77,18 +110,20 @@ speed cannot win whatever the others do."""
 
 FAILED_ACCURACY = Bar(math.inf, "it failed the accuracy constraint")
 """The bar of a candidate that failed the accuracy constraint: it cannot win whatever its
-speed, so it is timed for `RACE_PAIRS` paired blocks, enough for a figure with an
-interval (what a precision repair and the report read), and no more."""
+speed, so it is timed for `RACE_PAIRS` paired blocks (the sign test's look only), enough
+for a figure with an interval (what a precision repair and the report read), and no
+more."""
 
 
 def out_of_race(blocks: Sequence[Block], bar: Bar, candidate: int = 0,
                 base: int = 1) -> Speedup | None:
     """The candidate's paired speed-up if it is out of the race, else None.
 
-    Out: `RACE_PAIRS` final paired ratios or more, and the first `RACE_PAIRS` of them
-    all below ``bar.speedup``. A ratio is final once the base block after its candidate
-    block has run. The decision rests on the first `RACE_PAIRS` final ratios only, so it
-    is one test however often it is asked.
+    Out: `far_below` at its first `EARLY_PAIRS` final paired ratios (not for a candidate
+    that failed accuracy: it is timed for a figure), or its first `RACE_PAIRS` all below
+    ``bar.speedup``. A ratio is final once the base block after its candidate block has
+    run. Each look rests on its first ratios only, so it is one test however often it
+    is asked.
 
     Args:
         blocks: Blocks of both engines in the order they ran (`measure_blocks`).
@@ -97,9 +132,23 @@ def out_of_race(blocks: Sequence[Block], bar: Bar, candidate: int = 0,
         base: The base engine's index.
     """
     ratios = _final_ratios(blocks, candidate, base)
-    if len(ratios) < RACE_PAIRS or max(ratios[:RACE_PAIRS]) >= bar.speedup:
-        return None
-    return paired_speedup(blocks, candidate, base)
+    early = (len(ratios) >= EARLY_PAIRS and not math.isinf(bar.speedup)
+             and far_below(ratios[:EARLY_PAIRS], bar.speedup))
+    signs = len(ratios) >= RACE_PAIRS and max(ratios[:RACE_PAIRS]) < bar.speedup
+    return paired_speedup(blocks, candidate, base) if early or signs else None
+
+
+def far_below(ratios: Sequence[float], bar: float) -> bool:
+    """Whether paired ratios lie far enough below `bar` for the early look.
+
+    Every ratio below the bar, and the one-sided t statistic of their logarithms against
+    the bar's, (log bar - mean) / (max(sd, `EARLY_SD`) / sqrt(n)), at least `EARLY_T`.
+    """
+    if not ratios or max(ratios) >= bar or min(ratios) <= 0:
+        return False
+    logs = np.log(np.asarray(ratios, dtype=float))
+    sd = max(float(logs.std(ddof=1)) if len(logs) > 1 else 0.0, EARLY_SD)
+    return (math.log(bar) - float(logs.mean())) / (sd / math.sqrt(len(logs))) >= EARLY_T
 
 
 def _final_ratios(blocks: Sequence[Block], candidate: int, base: int) -> list[float]:
@@ -164,8 +213,11 @@ def race_note(speedup: Speedup, bar: Bar) -> str:
         return (f"timed for {speedup.pairs} paired blocks only: {speedup.value:.3f}x "
                 f"[{speedup.ci_low:.3f}, {speedup.ci_high:.3f}] over the base route; "
                 f"{bar.source}, so it cannot win")
+    look = (f"its first {EARLY_PAIRS} far below {bar.speedup:.3g}x ({bar.source}), so it "
+            f"cannot win (t-test: a route at that bar or above stops at this look with "
+            f"probability {EARLY_ERROR:.1%} at most)" if speedup.pairs < RACE_PAIRS else
+            f"its first {RACE_PAIRS} all below {bar.speedup:.3g}x ({bar.source}), so it "
+            f"cannot win (sign test: a route at that bar or above leaves the race with "
+            f"probability {RACE_ERROR:.1%} at most)")
     return (f"out of the race after {speedup.pairs} paired blocks: {speedup.value:.3f}x "
-            f"[{speedup.ci_low:.3f}, {speedup.ci_high:.3f}] over the base route; its first "
-            f"{RACE_PAIRS} all below {bar.speedup:.3g}x ({bar.source}), so it cannot win "
-            f"(sign test: a route at that bar or above stops with probability "
-            f"{RACE_ERROR:.1%} at most)")
+            f"[{speedup.ci_low:.3f}, {speedup.ci_high:.3f}] over the base route; {look}")

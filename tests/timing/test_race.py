@@ -8,6 +8,9 @@ from routetune.timing.measure import Block, paired_speedup
 from routetune.timing.race import (
     CLEAR_ERROR,
     CLEAR_PAIRS,
+    EARLY_ERROR,
+    EARLY_PAIRS,
+    FAILED_ACCURACY,
     HOPELESS,
     RACE_ERROR,
     RACE_PAIRS,
@@ -45,15 +48,24 @@ def raced(blocks: list[Block], bar: Bar = BAR) -> tuple[int | None, list[Block]]
 
 
 STOP = RACE_PAIRS + 1
-"""Candidate blocks timed when one leaves the race: in ABBA order the sixth candidate
-block ends its round, and its ratio is final once the next round's base block ran."""
+"""Candidate blocks timed when one leaves the race at the sign test's look: in ABBA
+order the sixth candidate block ends its round, and its ratio is final once the next
+round's base block ran."""
+EARLY_STOP = EARLY_PAIRS
+"""The same at the early look: the third round runs the candidate's block first, so its
+ratio is final at the round's end."""
 
 
-def test_a_clearly_slower_candidate_leaves_after_six_pairs() -> None:
+def test_a_far_slower_candidate_leaves_after_three_pairs() -> None:
     rng = np.random.default_rng(0)
-    for _ in range(200):
-        pairs, _ = raced(stream(0.90, rng))
-        assert pairs == STOP
+    for true in (0.25, 0.5):
+        assert {raced(stream(true, rng))[0] for _ in range(200)} == {EARLY_STOP}
+
+
+def test_a_clearly_slower_candidate_leaves_at_one_of_the_two_looks() -> None:
+    rng = np.random.default_rng(0)
+    stops = [raced(stream(0.90, rng))[0] for _ in range(400)]
+    assert set(stops) == {EARLY_STOP, STOP}
 
 
 def test_a_true_five_percent_effect_is_never_dropped() -> None:
@@ -75,12 +87,32 @@ def test_a_candidate_at_the_bar_leaves_no_more_often_than_the_stated_error() -> 
     n = 20_000
     dropped = sum(raced(stream(BAR.speedup, rng, STOP))[0] is not None
                   for _ in range(n))
-    assert dropped / n <= RACE_ERROR * 1.25  # 1/64, and sampling error (sd 0.09%)
-    assert dropped / n >= RACE_ERROR * 0.6  # the bound is the sign test's exact tail
+    assert dropped / n <= RACE_ERROR * 1.15  # 2^-7 + 2^-6, and sampling error (sd 0.1%)
+    assert dropped / n >= 2.0 ** -RACE_PAIRS * 0.8  # the sign test's exact tail at least
+
+
+def test_at_the_bar_the_early_look_alone_stops_no_more_often_than_its_level() -> None:
+    rng = np.random.default_rng(9)
+    n = 20_000
+    early = sum(raced(stream(BAR.speedup, rng, EARLY_STOP))[0] is not None for _ in range(n))
+    assert early / n <= EARLY_ERROR * 1.3  # 2^-7 for normal log-ratios, sampling (sd 0.06%)
+
+
+def test_the_early_look_rests_on_the_first_three_final_ratios() -> None:
+    slow = stream(0.5, np.random.default_rng(4), EARLY_STOP)
+    assert out_of_race(slow[:2 * EARLY_PAIRS - 1], BAR) is None  # the third ratio waits
+    assert out_of_race(slow[:2 * EARLY_PAIRS], BAR) is not None  # for its base block
+    fast_start = stream(1.2, np.random.default_rng(5), 1) + stream(0.5, np.random.default_rng(
+        6), 20)
+    # one of the first three above: not at the early look, at the sign test's (all six
+    # below is not the case either), so timed in full
+    assert raced(fast_start)[0] is None
+    # a candidate that failed accuracy is timed for the sign test's six ratios
+    assert raced(stream(0.5, np.random.default_rng(4)), FAILED_ACCURACY)[0] == STOP
 
 
 def test_the_decision_rests_on_the_first_six_final_ratios() -> None:
-    slow = stream(0.9, np.random.default_rng(4), STOP)
+    slow = stream(0.97, np.random.default_rng(4), STOP)
     assert out_of_race(slow[:2 * RACE_PAIRS], BAR) is None  # the sixth ratio waits
     assert out_of_race(slow[:2 * RACE_PAIRS + 1], BAR) is not None  # for its base block
     fast_start = stream(1.2, np.random.default_rng(5), 2) + stream(0.9, np.random.default_rng(
@@ -91,7 +123,7 @@ def test_the_decision_rests_on_the_first_six_final_ratios() -> None:
 def test_without_racing_only_a_hopeless_candidate_stops() -> None:
     rng = np.random.default_rng(7)
     assert raced(stream(0.9, rng), HOPELESS)[0] is None
-    assert raced(stream(0.3, rng), HOPELESS)[0] == STOP
+    assert raced(stream(0.3, rng), HOPELESS)[0] == EARLY_STOP
 
 
 def tie_positive_rate(replicate: bool, runs: int = 4000) -> float:
