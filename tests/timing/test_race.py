@@ -243,3 +243,23 @@ def test_a_side_by_side_loop_is_decided_once_every_engine_cleared_or_left() -> N
     tie = side_by_side_stream([3.0, 1.0], np.random.default_rng(16), CONFIRM)
     assert not any(decided(tie[:3 * k], BAR, base=0) for k in range(1, CONFIRM + 1)
                    if out_of_race(tie[:3 * k], BAR, 2, 0) is None)
+
+
+def test_the_early_figure_is_a_95_percent_interval_and_a_tie_is_rarely_shown_faster() -> None:
+    rng = np.random.default_rng(10)
+    floor = Bar(1.94, "another backend's base route")
+    covered, shown, stops = 0, 0, 0
+    for _ in range(4000):
+        blocks = stream(1.0, rng)
+        for end in range(2, len(blocks) + 1, 2):
+            paired = out_of_race(blocks[:end], floor)
+            if paired is not None:
+                break
+        assert paired is not None and paired.pairs == EARLY_STOP  # far below 1.94x
+        stops += 1
+        covered += paired.ci_low <= 1.0 <= paired.ci_high
+        shown += paired.ci_low > 1.0
+    # the t interval covers the true ratio 95% of the time (normal log-ratios), so a tie
+    # counts as shown faster about 2.5% of the time, as a full timing's would; the full
+    # range of 3 ratios would show it 1/8 of the time
+    assert covered / stops >= 0.93 and shown / stops <= 0.035
