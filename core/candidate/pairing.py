@@ -224,7 +224,8 @@ class PairedTiming:
                                                               give_up, frozenset({0}))
             timed["latency"], timed["base_latency"] = latency, base_latency
             paired = timed["paired"] = paired_speedup(blocks, 0, 1)
-            if stopped:
+            if stopped:  # the race's figure: at the early look, with its t interval
+                timed["paired"] = stopped[0]
                 timed["notes"] = (race_note(stopped[0], racing),)
                 timed["raced"] = None if math.isinf(racing.speedup) else racing.speedup
                 return timed

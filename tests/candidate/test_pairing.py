@@ -74,6 +74,9 @@ def test_a_far_slower_candidate_leaves_the_race_after_three_pairs(tmp_path: Path
     assert slow.paired.pairs == EARLY_PAIRS < MeasureSettings().min_blocks
     assert slow.raced is not None and slow.raced >= 1.03  # --min-speedup, or a leader's
     assert slow.paired.ci_high < slow.raced
+    # the stored figure is the race's, with its t interval, as the note gives it
+    assert any(f"{slow.paired.value:.3f}x [{slow.paired.ci_low:.3f}, {slow.paired.ci_high:.3f}]"
+               in n for n in slow.notes), (slow.paired, slow.notes)
     assert any(n.startswith(f"out of the race after {EARLY_PAIRS} paired blocks")
                and f"first 3 far below {slow.raced:.3g}x (" in n and "so it cannot win" in n
                and "a t interval: 3 blocks give no distribution-free one" in n
