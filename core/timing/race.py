@@ -28,9 +28,12 @@ often it is asked, and a candidate at its bar or above leaves the race by mistak
 probability at most 2^-7 + 2^-6 (`RACE_ERROR`, 2.3%; two looks, Bonferroni's
 inequality). The figure of a candidate out of the race is still a measurement: it is
 stored and reported with its interval, and it may still be confirmed later like any
-other route. Before racing, routetune stopped only candidates below 0.5x ("hopeless"):
-that is this rule with a bar of 0.5 (`HOPELESS`), which still applies when racing is
-off (``--no-race``). A candidate that failed the accuracy constraint is timed for the
+other route. At the early look that interval is the 95% t interval of its 3 ratios
+(`EARLY_CI_T`): the full range of 3, the distribution-free order-statistics interval
+for so few, covers the median only 3 times in 4, and showed a tie faster 1 time in 8.
+Before racing, routetune stopped only candidates below 0.5x ("hopeless"): that is this
+rule with a bar of 0.5 (`HOPELESS`), which still applies when racing is off
+(``--no-race``). A candidate that failed the accuracy constraint is timed for the
 sign test's 6 ratios (`FAILED_ACCURACY`), for a figure with an interval.
 
 The same test, the other way, ends a confirmation early (`clears_early`): a route whose
