@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import os
 import platform
@@ -54,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo_inputs  # noqa: E402
 
+from routetune.digests import file_sha256  # noqa: E402
 from routetune.errors import RoutetuneError  # noqa: E402
 from routetune.feeds import sample_audio, sample_inputs  # noqa: E402
 from routetune.feeds.examples import Example, cache_dir, fetch_example  # noqa: E402
@@ -253,14 +253,6 @@ def busy_processes(limit: int = 4) -> list[str]:
     return rows[:limit]
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # --------------------------------------------------------------------------- re-check
 
 
@@ -417,7 +409,7 @@ def sweep_one(entry: ZooModel, out: Path, budget: float, cache: Path) -> dict[st
     row: dict[str, Any] = {
         "key": entry.key, "package": f"{ex.package}=={ex.version}" if ex else "exports.py",
         "member": ex.member if ex else str(entry.path),
-        "sha256": ex.sha256 if ex else sha256(entry.path) if entry.path else "",
+        "sha256": ex.sha256 if ex else file_sha256(entry.path) if entry.path else "",
         "licence": entry.licence, "families": list(entry.families),
         "note": entry.note, "loadavg_before": list(os.getloadavg()),
         "busy_before": busy_processes(), "finished": False, "failure": "",
@@ -432,7 +424,7 @@ def sweep_one(entry: ZooModel, out: Path, budget: float, cache: Path) -> dict[st
         if entry.derive == "fp16":
             stage = "derive fp16"
             model = derive_fp16(model, work / "model_fp16.onnx")
-            row["derived_sha256"] = sha256(model)
+            row["derived_sha256"] = file_sha256(model)
         stage = "inputs"
         sets = entry.make(model, 0, SETS)
         inputs = work / "inputs"

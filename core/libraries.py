@@ -22,13 +22,13 @@ recorded.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from routetune.digests import file_sha256
 from routetune.errors import UsageError
 
 CONTRIB = "ai.onnx.contrib"
@@ -129,7 +129,7 @@ def resolve(names: Iterable[str], flag: str, kind: str = CUSTOM_OPS) -> tuple[Li
         if problem:
             raise UsageError(f"{flag} {named}: {problem}")
         path = path.resolve()
-        libraries.setdefault(path, Library(named, path, _sha256(path), kind))
+        libraries.setdefault(path, Library(named, path, file_sha256(path), kind))
     return tuple(libraries.values())
 
 
@@ -160,14 +160,6 @@ def _problem(path: Path) -> str:
         return ("not a shared library (it starts with neither ELF, Mach-O nor PE bytes); "
                 "give the compiled library (.so, .dylib or .dll)")
     return ""
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_recorded(record: Mapping[str, Any], given: Sequence[Library],
@@ -226,7 +218,7 @@ def use(libraries: Sequence[Library]) -> None:
     global _in_use
     for lib in libraries:
         try:
-            now = _sha256(lib.path)
+            now = file_sha256(lib.path)
         except OSError as e:
             raise UsageError(f"{KINDS[lib.kind]} {lib.path}: cannot be read now "
                              f"({e.strerror}); it was there when the run started") from e

