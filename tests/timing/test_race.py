@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from routetune.timing.measure import Block, paired_speedup
+from routetune.timing.measure import Block, paired_ratios, paired_speedup
 from routetune.timing.race import (
     CLEAR_ERROR,
     CLEAR_PAIRS,
@@ -107,8 +107,19 @@ def test_the_early_look_rests_on_the_first_three_final_ratios() -> None:
     # one of the first three above: not at the early look, at the sign test's (all six
     # below is not the case either), so timed in full
     assert raced(fast_start)[0] is None
-    # a candidate that failed accuracy is timed for the sign test's six ratios
-    assert raced(stream(0.5, np.random.default_rng(4)), FAILED_ACCURACY)[0] == STOP
+
+
+def test_a_candidate_that_failed_accuracy_is_timed_for_three_ratios_whatever_its_speed() -> None:
+    for true in (0.5, 1.0, 3.0):
+        blocks = stream(true, np.random.default_rng(4))
+        pairs, timed = raced(blocks, FAILED_ACCURACY)
+        assert pairs == EARLY_STOP
+        stopped = out_of_race(timed, FAILED_ACCURACY)
+        assert stopped is not None
+        ratios = paired_ratios(timed, 0, 1)[:EARLY_PAIRS]
+        # its interval is the t interval of those three ratios, not their full range
+        assert stopped.ci_low < min(ratios) and stopped.ci_high > max(ratios)
+        assert stopped.ci_low < true < stopped.ci_high
 
 
 def test_the_decision_rests_on_the_first_six_final_ratios() -> None:
