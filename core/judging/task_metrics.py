@@ -20,6 +20,12 @@ These judge the answer. Each sees one output of every validation input set at on
 - ``mask_iou@T``: the mean over samples of the IoU of the maps above T (default 0.3,
   PaddleOCR's DB threshold; `mask_iou_scores`). Rank 3 or more (a detector's
   ``(N, 1, H, W)``) is one sample per index of the first axis; a lower rank is one.
+- ``kl``: the mean over samples of the Kullback-Leibler divergence (nats; Kullback and
+  Leibler, "On information and sufficiency", Ann. Math. Stat. 22, 1951) of the
+  candidate's distribution from the reference's, each the softmax over the last axis
+  of logits: a language model's ``(N, T, V)`` is N*T next-token distributions. The
+  measure int4 and FP8 LLM evaluations report beside perplexity (llama.cpp's
+  ``perplexity --kl-divergence``). 0 for identical logits; lower is better.
 - ``prob_abs``: the largest absolute difference of probabilities (a VAD's per-frame
   speech probability, ``(frames,)``), capped at 1: two probabilities differ by at most 1,
   and a NaN where a probability belongs is as wrong as one can be.
@@ -30,6 +36,8 @@ rule of `routetune.judging.metrics`).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -138,6 +146,29 @@ def mask_iou_scores(out: np.ndarray, ref: np.ndarray, threshold: float | None) -
     return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
 
 
+def kl_scores(out: np.ndarray, ref: np.ndarray, _: float | None) -> np.ndarray:
+    """Per row, KL(softmax(ref) || softmax(out)) in nats, computed in float64.
+
+    Args:
+        out: The candidate's logits ``(S, V)``, any real dtype.
+        ref: The reference's, same shape.
+
+    Returns:
+        float64 ``(S,)``, each 0 or more; inf where a candidate's log-probability is
+        -inf where the reference's probability is not 0.
+    """
+    def log_softmax(x: np.ndarray) -> np.ndarray:
+        x = x.astype(np.float64)
+        shifted = x - x.max(axis=1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+    log_p, log_q = log_softmax(ref), log_softmax(out)
+    p = np.exp(log_p)
+    with np.errstate(invalid="ignore"):
+        terms = np.where(p > 0, p * (log_p - log_q), 0.0)
+    return np.maximum(terms.sum(axis=1), 0.0)
+
+
 def _prob_abs_scores(out: np.ndarray, ref: np.ndarray, _: float | None) -> np.ndarray:
     a, b = out.astype(np.float64), ref.astype(np.float64)
     both = np.isfinite(a) & np.isfinite(b)
@@ -159,6 +190,9 @@ TASK_METRICS = (
     TaskMetric("mask_iou", _maps, mask_iou_scores, True,
                "mean IoU per sample of the maps thresholded at the parameter",
                param=TaskParam("threshold", 0.3, "the probability threshold")),
+    TaskMetric("kl", _rows, kl_scores, False,
+               "mean KL divergence (nats) of the softmax over the last axis (logits) from "
+               "the reference's", highest=math.inf),
     TaskMetric("prob_abs", _whole, _prob_abs_scores, False,
                "largest absolute difference of probabilities (capped at 1)", pool="max"),
 )
@@ -167,6 +201,6 @@ TASK_METRICS = (
 
 @hookimpl
 def routetune_register_metrics(registry: Registry) -> None:
-    """Register the built-in task metrics: top1, topk, ctc, mask_iou, prob_abs."""
+    """Register the built-in task metrics: top1, topk, ctc, mask_iou, kl, prob_abs."""
     for metric in TASK_METRICS:
         registry.add_metric(metric)

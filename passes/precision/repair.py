@@ -33,7 +33,7 @@ from routetune.seasoning import (
     SeasoningInfo,
 )
 
-REPAIRED = frozenset({"fp16", "bf16", "int8-qdq", "fp8-qdq"})
+REPAIRED = frozenset({"fp16", "bf16", "int8-qdq", "fp8-qdq", "int4-weights"})
 """The built-in precision seasonings that record a `Lowering` this one can redo."""
 
 

@@ -70,7 +70,8 @@ def rank_nodes(
 
     Returns:
         Every node of `fp32` that runs in low precision in `low` (it writes a float16 or
-        bfloat16 tensor, or reads a DequantizeLinear output), sorted by added error,
+        bfloat16 tensor, reads a DequantizeLinear output, or is another operator under
+        its name, as a weight-only quantized MatMul), sorted by added error,
         largest first, then by name. Nodes whose output is no worse than their inputs
         (added error 0 or below) come last, so that keeping the whole list in FP32
         undoes the conversion.
@@ -84,7 +85,7 @@ def rank_nodes(
     for got, ref in zip(low_runs, evaluate(with_intermediates(fp32)), strict=True):
         dtypes.update((name, value.dtype.name) for name, value in got.items())
         _add_errors(error, ref, got)
-    lowered = _lowered_nodes(low, dtypes)
+    lowered = _lowered_nodes(fp32, low, dtypes)
     ranked = []
     for node in fp32.graph.node:
         outs = [error[o] for o in node.output if o in error]
@@ -117,12 +118,17 @@ def _rel_l2(value: np.ndarray, expected: np.ndarray) -> float:
     return float(np.linalg.norm(got - want)) / (scale if scale > 0 else 1.0)
 
 
-def _lowered_nodes(low: onnx.ModelProto, dtypes: dict[str, str]) -> set[str]:
-    """Nodes that write a float16/bfloat16 tensor or read a DequantizeLinear output."""
+def _lowered_nodes(fp32: onnx.ModelProto, low: onnx.ModelProto, dtypes: dict[str, str]
+                   ) -> set[str]:
+    """Nodes that write a float16/bfloat16 tensor, read a DequantizeLinear output, or
+    became another operator under their own name (a MatMul written as ONNX Runtime's
+    weight-only ``MatMulNBits``)."""
     dequantized = {o for n in low.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    ops = {n.name: n.op_type for n in fp32.graph.node if n.name}
     lowered = set()
     for node in low.graph.node:
         writes_low = any(dtypes.get(o) in LOW_DTYPES for o in node.output)
-        if writes_low or any(i in dequantized for i in node.input):
+        replaced = node.name in ops and ops[node.name] != node.op_type
+        if writes_low or replaced or any(i in dequantized for i in node.input):
             lowered.add(node.name)
     return lowered

@@ -117,6 +117,21 @@ def test_prob_abs_is_the_largest_difference_of_probabilities(registry: Registry)
     assert prob_abs.measure([ref + 5], [ref]) == 1.0  # capped: probabilities differ by <= 1
 
 
+def test_kl_is_the_mean_divergence_of_next_token_distributions(registry: Registry) -> None:
+    # two rows of logits over 3 tokens: the first identical, the second from
+    # p = (0.5, 0.25, 0.25) to q = (0.25, 0.5, 0.25): KL(p||q) = 0.5 ln 2 - 0.25 ln 2
+    ref = np.log(np.array([[[0.2, 0.3, 0.5], [0.5, 0.25, 0.25]]], np.float32))
+    out = np.log(np.array([[[0.2, 0.3, 0.5], [0.25, 0.5, 0.25]]], np.float32)) + 3.0
+    kl = metric(registry, "kl")
+    assert kl.measure([out], [ref]) == pytest.approx(0.25 * np.log(2) / 2, rel=1e-6)
+    assert kl.measure([ref], [ref]) == 0.0
+    verdict = check_accuracy(parse_accuracy("kl<=0.09", registry, ["logits"]), registry,
+                             [{"logits": out}], [{"logits": ref}])
+    assert verdict.passed  # (0 + 0.173) / 2 = 0.087 nats
+    assert not check_accuracy(parse_accuracy("kl<=0.08", registry, ["logits"]), registry,
+                              [{"logits": out}], [{"logits": ref}]).passed
+
+
 @pytest.mark.parametrize("name", [m.name for m in TASK_METRICS])
 def test_every_task_metric_keeps_the_metric_contract(registry: Registry, name: str) -> None:
     check_metric(registry, name)
