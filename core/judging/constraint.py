@@ -121,12 +121,13 @@ class Constraint:
         """The value the tables show beside the speed-up, and whether higher is better.
 
         The first task-metric term's value (``mask_iou@0.3``, ``top1``): what the user
-        judges the task by. Without one, `HEADLINE` (rel-L2, lower is better).
+        judges the task by; scoped to its output when the term is (``logits:top1``).
+        Without one, `HEADLINE` (rel-L2, lower is better).
         """
         for t in self.thresholds:
             entry = registry.metrics.get(t.metric)
             if entry is not None and isinstance(entry.item, TaskMetric):
-                return t.key, t.op in (">=", ">")
+                return (f"{t.output}:{t.key}" if t.output else t.key), t.op in (">=", ">")
         return HEADLINE
 
     def margin(self, metrics: Mapping[str, Mapping[str, float]]) -> float | None:

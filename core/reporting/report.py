@@ -18,6 +18,7 @@ from routetune.judging.ranking import ranked
 from routetune.records import run_record
 from routetune.records.store import FILENAME, TrialStore
 from routetune.records.trial import Trial
+from routetune.reporting.report_text import worst_of
 from routetune.routes.route import parse_route
 
 ERROR_METRIC = "rel_l2"
@@ -262,11 +263,9 @@ def worst_error(trial: Trial, headline: tuple[str, bool] = (ERROR_METRIC, False)
 
     Args:
         trial: The trial.
-        headline: The value's key in the trial's accuracy (``rel_l2``, ``mask_iou@0.3``)
-            and whether higher is better (`routetune.judging.constraint.Constraint.headline`).
+        headline: The value's key in the trial's accuracy (``rel_l2``, ``mask_iou@0.3``,
+            or ``logits:top1`` for one output) and whether higher is better
+            (`routetune.judging.constraint.Constraint.headline`).
     """
-    key, higher = headline
-    values = [m[key] for m in trial.accuracy.values() if key in m]
-    if not values:
-        return None
-    return min(values) if higher else max(values)
+    return worst_of(trial.accuracy, *headline)
+

@@ -64,8 +64,21 @@ def headline_of(run: Mapping[str, Any]) -> tuple[str, bool]:
 
 
 def worst_value(row: dict[str, Any], key: str, higher: bool) -> float | None:
-    """`key`'s value for the row's worst output (`routetune.reporting.report.worst_error`)."""
-    values = [m[key] for m in row.get("accuracy", {}).values() if key in m]
+    """`key`'s value for the row's worst output (`worst_of`)."""
+    return worst_of(row.get("accuracy", {}), key, higher)
+
+
+def worst_of(accuracy: Mapping[str, Mapping[str, float]], key: str, higher: bool
+             ) -> float | None:
+    """`key`'s value for the worst output of `accuracy` (output name to metric values).
+
+    A key scoped to one output (``logits:top1``, as `Constraint.headline` gives for a
+    scoped bound) reads that output only: a bound on a decoder's logits says nothing of
+    its ``present.*`` cache outputs. None when no output has the value.
+    """
+    output, _, metric = key.rpartition(":")
+    values = [m[metric] for name, m in accuracy.items()
+              if metric in m and (not output or name == output)]
     return (min(values) if higher else max(values)) if values else None
 
 

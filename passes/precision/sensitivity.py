@@ -120,9 +120,12 @@ def _rel_l2(value: np.ndarray, expected: np.ndarray) -> float:
 
 def _lowered_nodes(fp32: onnx.ModelProto, low: onnx.ModelProto, dtypes: dict[str, str]
                    ) -> set[str]:
-    """Nodes that write a float16/bfloat16 tensor, read a DequantizeLinear output, or
+    """The nodes `low` runs in low precision.
+
+    Those that write a float16/bfloat16 tensor, read a DequantizeLinear output, or
     became another operator under their own name (a MatMul written as ONNX Runtime's
-    weight-only ``MatMulNBits``)."""
+    weight-only ``MatMulNBits``).
+    """
     dequantized = {o for n in low.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     ops = {n.name: n.op_type for n in fp32.graph.node if n.name}
     lowered = set()

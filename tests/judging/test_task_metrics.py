@@ -18,6 +18,7 @@ from routetune.judging.accuracy import (
 from routetune.judging.metrics import TaskMetric
 from routetune.judging.task_metrics import TASK_METRICS, ctc_greedy
 from routetune.registry import Registry
+from routetune.reporting.report_text import worst_of
 from routetune.testing import check_metric
 
 RNG = np.random.default_rng(17)
@@ -261,3 +262,17 @@ def test_a_bound_on_an_output_the_metric_cannot_read_is_refused(registry: Regist
                       registry, shapes)
     with pytest.raises(UsageError, match="topk's k 5 is not below the 2 classes of 'y'"):
         check_outputs(parse_accuracy("topk>=0.99", registry, ["y"]), registry, {"y": (1, 2)})
+
+
+def test_a_scoped_task_bound_heads_the_tables_for_its_output_only(registry: Registry) -> None:
+    # a decoder bounded on its logits: the cache outputs' own top1 (argmax over head_dim)
+    # is measured too, and must not be what the tables show beside the speed-up
+    constraint = parse_accuracy("logits:top1>=0.99", registry, ["logits", "present.0.key"])
+    key, higher = constraint.headline(registry)
+    assert (key, higher) == ("logits:top1", True)
+    accuracy = {"logits": {"top1": 1.0, "kl": 0.002}, "present.0.key": {"top1": 0.97}}
+    assert worst_of(accuracy, key, higher) == 1.0
+    assert worst_of(accuracy, "top1", True) == 0.97  # unscoped: the worst of every output
+    assert worst_of(accuracy, "kl", False) == 0.002
+    assert worst_of({"output:0": {"top1": 0.5}}, "output:0:top1", True) == 0.5  # TF names
+    assert parse_accuracy("top1>=0.99", registry, ["y"]).headline(registry) == ("top1", True)
