@@ -5,7 +5,7 @@ Usage, on a machine with a CUDA GPU, onnxruntime-gpu, CuPy and torch (+ torchvis
     python benchmarks/gpu.py [--out DIR] [--models resnet50,bert,ppocr-det,...]
                              [--budget-s 240] [--min-time 0.2] [--beam-width 3]
                              [--max-depth 3] [--seasonings a,b] [--search beam]
-                             [--in-process] [--fresh] [--no-baselines]
+                             [--in-process] [--fresh] [--no-baselines] [--batch 32]
 
 Stored trials are reused (resume) unless ``--fresh``: a first call may tune with
 ``--no-baselines`` and a second, in the same output directory, time everything.
@@ -23,7 +23,8 @@ For each model, in one process:
    FP16, with its compile time.
 
 Models: ``resnet50``, ``mobilenetv3`` (Large), ``convnext`` (Tiny) and ``efficientnet``
-(B0) (torchvision, random weights, batch 32, 3×224×224, channels_last for torch),
+(B0) (torchvision, random weights, batch 32 or ``--batch N``, 3×224×224, channels_last
+for torch),
 ``bert`` (a BERT-base-sized encoder: 12 layers, hidden 768, 12 heads, FFN
 3072, vocabulary 30522; random weights; batch 8, sequence 128), ``hf-bert`` (a Hugging
 Face ``BertModel``, BERT-base config, random weights, batch 8 × 128 with an attention mask
@@ -49,7 +50,7 @@ ACCURACY = "cos>=0.9999,rel_l2<=0.01"
 
 CNNS = {"resnet50": "resnet50", "mobilenetv3": "mobilenet_v3_large",
         "convnext": "convnext_tiny", "efficientnet": "efficientnet_b0"}
-"""The torchvision CNNs by benchmark name (random weights, seeded; batch 32, 3x224x224)."""
+"""The torchvision CNNs by benchmark name (random weights, seeded; ``--batch``, 3x224x224)."""
 
 
 def main() -> None:
@@ -70,7 +71,12 @@ def main() -> None:
                         help="the route memory file, or off (default: routetune's own)")
     parser.add_argument("--no-baselines", action="store_true",
                         help="tune only; time nothing side by side (a later run resumes)")
+    parser.add_argument("--batch", type=int, default=32,
+                        help="batch size of the CNNs (resnet50, mobilenetv3, convnext, "
+                             "efficientnet); the other models keep their own shapes")
     args = parser.parse_args()
+    if args.batch < 1:
+        parser.error("--batch must be at least 1")
     import onnxruntime as ort
 
     from routetune.plugin_manager import load_registry
@@ -81,7 +87,7 @@ def main() -> None:
     settings = MeasureSettings(warmup=10, min_runs=30, min_time_s=args.min_time)
     report: dict[str, Any] = {"machine": {**cuda_versions(), "onnxruntime": ort.__version__,
                                           "python": platform.python_version()},
-                              "models": {}}
+                              "batch": args.batch, "models": {}}
     for name in args.models.split(","):
         report["models"][name] = bench_model(name, args, registry, settings)
         (args.out / "benchmark.json").write_text(json.dumps(report, indent=2))
@@ -97,7 +103,7 @@ def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: An
 
     out = args.out / name
     out.mkdir(parents=True, exist_ok=True)
-    torch_model, model_path, inputs = build_model(name, out)
+    torch_model, model_path, inputs = build_model(name, out, args.batch)
     opts = RunSpec(model=model_path, example=None if model_path else name,
                    output=out / "tune", backend="onnxruntime-cuda", fresh=args.fresh,
                    search=args.search, in_process=args.in_process,
@@ -123,8 +129,12 @@ def bench_model(name: str, args: argparse.Namespace, registry: Any, settings: An
     return row
 
 
-def build_model(name: str, out: Path) -> tuple[Any, Path | None, Path | None]:
-    """(torch module or None, ONNX path or None for an example, inputs dir or None)."""
+def build_model(name: str, out: Path, batch: int = 32
+                ) -> tuple[Any, Path | None, Path | None]:
+    """(torch module or None, ONNX path or None for an example, inputs dir or None).
+
+    `batch` applies to the CNNs only.
+    """
     import torch
 
     if name.startswith("ppocr"):
@@ -134,7 +144,7 @@ def build_model(name: str, out: Path) -> tuple[Any, Path | None, Path | None]:
         import torchvision
 
         module = getattr(torchvision.models, CNNS[name])(weights=None).eval()
-        sets = [{"x": np.random.default_rng(i).standard_normal((32, 3, 224, 224))
+        sets = [{"x": np.random.default_rng(i).standard_normal((batch, 3, 224, 224))
                  .astype(np.float32)} for i in range(4)]
     elif name == "bert":
         module = Encoder().eval()

@@ -123,6 +123,27 @@ def _keep_types(graph: gs.Graph, types: dict[str, onnx.TypeProto.Tensor]) -> Non
                          for d in found.shape.dim] if found.HasField("shape") else None
 
 
+def weight_only_declined(graph: gs.Graph) -> str | None:
+    """Why weight-only quantization is not offered for `graph`, or None (`MIN_SHARE`).
+
+    A model quantized already, one without a constant MatMul weight, or one whose
+    constant MatMul weights hold less than `MIN_SHARE` of its weight bytes. Shared by
+    ``int4-weights`` and OpenVINO's ``nncf-int4``.
+    """
+    found = quantized_ops(graph)
+    if found:
+        return f"the model is quantized already ({', '.join(found)})"
+    weights = matmul_weights(graph)
+    if not weights:
+        return "no MatMul with a constant weight"
+    share = sum(int(w.nbytes) for _, w in weights) / max(_weight_bytes(graph), 1)
+    if share < MIN_SHARE:
+        return (f"constant MatMul weights are {share:.0%} of the model's weight bytes "
+                f"(below {MIN_SHARE:.0%}): weight-only quantization pays where they "
+                "dominate")
+    return None
+
+
 class Int4Weights(Seasoning):
     """int4 weight-only quantization of constant MatMul weights (`MatMulNBits`).
 
@@ -174,18 +195,7 @@ class Int4Weights(Seasoning):
         reason = super().applicable(graph, backend)
         if reason:
             return reason
-        found = quantized_ops(graph)
-        if found:
-            return f"the model is quantized already ({', '.join(found)})"
-        weights = matmul_weights(graph)
-        if not weights:
-            return "no MatMul with a constant weight"
-        share = sum(int(w.nbytes) for _, w in weights) / max(_weight_bytes(graph), 1)
-        if share < MIN_SHARE:
-            return (f"constant MatMul weights are {share:.0%} of the model's weight bytes "
-                    f"(below {MIN_SHARE:.0%}): weight-only quantization pays where they "
-                    "dominate")
-        return None
+        return weight_only_declined(graph)
 
     def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
         """Quantize the MatMul weights with ONNX Runtime and copy the result in (rules 2-4)."""
