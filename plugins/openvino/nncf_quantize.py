@@ -48,6 +48,21 @@ def nncf_missing() -> str | None:
     return None
 
 
+def nncf_and_model(state: RouteState, ctx: RouteContext) -> tuple[Any, onnx.ModelProto]:
+    """NNCF, imported with its telemetry off (module docstring), and the route's model.
+
+    The model holds its weights: one over 2 GiB has its external data loaded, since NNCF
+    reads one ``ModelProto``.
+    """
+    os.environ.setdefault("NNCF_CI", "1")
+    import nncf
+
+    model = gs.export_onnx(state.model_graph())
+    if ctx.weights is not None:
+        onnx.load_external_data_for_model(model, str(ctx.weights))
+    return nncf, model
+
+
 class NncfInt8(Seasoning):
     """INT8 with NNCF post-training quantization (``nncf.quantize``), for OpenVINO.
 
@@ -106,13 +121,8 @@ class NncfInt8(Seasoning):
         """
         if not ctx.feeds:
             raise ValueError("nncf-int8 calibrates on the validation inputs; none given")
-        os.environ.setdefault("NNCF_CI", "1")  # no telemetry (module docstring)
-        import nncf
-
+        nncf, model = nncf_and_model(state, ctx)
         p = self.params
-        model = gs.export_onnx(state.graph)
-        if ctx.weights is not None:  # over 2 GiB, say: NNCF reads one ModelProto
-            onnx.load_external_data_for_model(model, str(ctx.weights))
         names, types = list(p["ignored_names"]), list(p["ignored_op_types"])
         scope = nncf.IgnoredScope(names=names, types=types, validate=False)
         quantized: Any = nncf.quantize(

@@ -14,17 +14,15 @@ treat it as any other precision step. NNCF sends no telemetry (`nncf_quantize`).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import onnx
 import onnx_graphsurgeon as gs
 
 from routetune.backend import Backend
 from routetune.model.loading import name_nodes
 from routetune.passes.graph.constants import replace_graph
 from routetune.plugins.onnxruntime.weight_only import weight_only_declined
-from routetune.plugins.openvino.nncf_quantize import nncf_missing
+from routetune.plugins.openvino.nncf_quantize import nncf_and_model, nncf_missing
 from routetune.seasoning import (
     Param,
     PassResult,
@@ -88,13 +86,8 @@ class NncfInt4(Seasoning):
         Raises:
             Exception: Whatever NNCF raises (the search records ``build-failed``).
         """
-        os.environ.setdefault("NNCF_CI", "1")  # no telemetry
-        import nncf
-
+        nncf, model = nncf_and_model(state, ctx)
         p = self.params
-        model = gs.export_onnx(state.model_graph())
-        if ctx.weights is not None:  # over 2 GiB, say: NNCF reads one ModelProto
-            onnx.load_external_data_for_model(model, str(ctx.weights))
         mode = {"int4_asym": nncf.CompressWeightsMode.INT4_ASYM,
                 "int4_sym": nncf.CompressWeightsMode.INT4_SYM}[str(p["mode"])]
         compressed: Any = nncf.compress_weights(model, mode=mode,
