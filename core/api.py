@@ -41,8 +41,10 @@ def tune(model: str | Path | None = None, **options: Any) -> TuneResult | Backen
             ``search_options`` (the strategy's own options, a dict), ``beam_width``,
             ``max_depth``, ``accuracy`` (e.g. ``"cos>=0.999"``), ``inputs`` (an
             ``.npz`` file or folder of them: input name → array), ``shapes``
-            (``"x:1x3x224x224"``), ``min_shapes``, ``opt_shapes``, ``max_shapes``,
-            ``space``, ``routes``, ``base``, ``backend_options``, ``model_sha256``,
+            (``"x:1x3x224x224"``), ``min_shapes``, ``opt_shapes``, ``max_shapes``, a
+            decoder's ``objective`` (``decode``, ``prefill``), ``cache_tokens``,
+            ``prompt_tokens``, ``generate_tokens`` and ``tokens`` (a ``.npy`` of ids or a
+            text file), ``space``, ``routes``, ``base``, ``backend_options``, ``model_sha256``,
             ``fresh``, ``max_trials``, ``time_budget_s`` (s), ``min_runs``,
             ``min_time_s`` (s), ``latency`` (``device``, ``end-to-end``), ``race``
             (bool: stop timing a candidate that cannot win), ``build_workers``,

@@ -135,6 +135,7 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
         accurate_table,
         conditions_lines,
         header_lines,
+        phase_line,
         status_line,
         stopped_line,
         trials_table,
@@ -158,10 +159,12 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
 
     started = False
     headline = HEADLINE
+    phase: str | None = None  # a decoder's: its verdict in per-token figures
 
     def on_start(run: Prepared, plan: Plan) -> None:
-        nonlocal started, headline
+        nonlocal started, headline, phase
         headline = run.constraint.headline(registry)
+        phase = run.phase
         for line in header_lines(run, opts.search, plan):
             err.print(line)
         _confirm_size(run, plan, opts, yes)
@@ -215,6 +218,8 @@ def tune_command(ctx: typer.Context, verbose: bool = False, yes: bool = False,
     if result.stopped:
         console.print(f"[yellow]{stopped_line(result)}[/]")
     console.print(winner_line(result))
+    if phase is not None:
+        console.print(phase_line(result, phase))
     if opts.reference_outputs is not None:
         console.print(f"reference: every route was judged against the outputs in "
                       f"{escape(str(opts.reference_outputs))} ({opts.spelled('reference_outputs')}),"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
+from routetune.feeds.decoder import per_token
 from routetune.libraries import CUSTOM_OPS, EXTENSIONS
 from routetune.options import options_of
 from routetune.records.trial import Status, Trial
@@ -76,6 +78,10 @@ def header_lines(run: Prepared, search: str, plan: Plan) -> list[str]:
     whose = run.source.get("accuracy")
     lines.append(f"accuracy {escape(run.constraint.text)}"
                  + (f" · {escape(whose)} task constraint" if whose else ""))
+    made = run.source.get("decoder")
+    if made:  # the objective and the sets routetune made for it
+        lines += textwrap.wrap(escape(made), 80, initial_indent="decoder  ",
+                               subsequent_indent=" " * 9)
     return lines
 
 
@@ -335,6 +341,29 @@ def winner_line(result: TuneResult) -> str:
     return (f"winner: {route} (the base route stands: no faster route held a speed-up above "
             f"{rule} beyond its 95% interval when re-measured in fresh processes; "
             f"{n} tried)")
+
+
+def phase_line(result: TuneResult, phase: str) -> str:
+    """A decoder's verdict in its user's words: per-token latency and tokens/s.
+
+    Decode: ms per token and tokens/s; prefill: time to the first token. From the
+    measurement the verdict rests on: the confirmation's loop, else the base route's
+    search trial.
+    """
+    c = result.confirmed
+    if c is not None:
+        return (f"{phase}: the winner {per_token(c.latency.p50, phase)}, the base route "
+                f"{per_token(c.base_latency.p50, phase)}, batch 1 (p50, the confirmation's "
+                "loop)")
+    if result.confirmations:  # the base stands: its figure from a fresh process
+        last = result.confirmations[-1]
+        return (f"{phase}: the base route {per_token(last.base_latency.p50, phase)}, batch 1 "
+                f"(p50, beside {escape(last.route)} in its confirmation's loop)")
+    base = result.base.latency
+    if base is None:
+        return f"{phase}: the base route was not timed"
+    return (f"{phase}: the base route {per_token(base.p50, phase)}, batch 1 (p50, its "
+            "search trial)")
 
 
 def conditions_lines(result: TuneResult) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -372,3 +373,112 @@ def contrib_inverse(path: Path, width: int = 16) -> Path:
     onnx.checker.check_model(model)  # no full check: the checker knows no contrib schema
     onnx.save(model, path)
     return path
+
+
+def kv_decoder(path: Path, layers: int = 2, heads: int | Sequence[int] = 2, head_dim: int = 8,
+               vocab: int = 48, drop: Sequence[str] = (), extra: str = "",
+               seed: int = 6) -> Path:
+    """A decoder with a KV cache, in the signature torch.onnx and Optimum write.
+
+    input_ids int64[batch,seq], attention_mask int64[batch,total] and per layer
+    past_key_values.{i}.key/.value f32[batch,heads,past,head_dim] -> logits
+    f32[batch,seq,vocab] and present.{i}.key/.value f32[batch,heads,past+seq,head_dim].
+    Each layer: the keys and values of its input appended to the cache (Concat on axis
+    2), softmax attention over the whole cache (no causal mask: the sets' mechanics, not
+    a language model), a residual; then a projection to the vocabulary. The mask is
+    used only to scale the logits by 1 (its mean), as a real mask leaves them for ones.
+    `heads` per layer (an int: the same for all) makes mismatched head counts; `drop`
+    leaves those outputs out, and those cache inputs (an empty constant cache instead).
+    `extra` adds an int64 ``[seq]`` input of that name (``cache_position``), which must be
+    the positions ``past .. past + seq - 1``: the logits are NaN otherwise.
+    """
+    rng = np.random.default_rng(seed)
+    per_layer = [heads] * layers if isinstance(heads, int) else list(heads)
+    width = per_layer[0] * head_dim
+
+    def const(name: str, value: np.ndarray) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.asarray(value, np.float32), name)
+
+    inits = [const("embed", rng.standard_normal((vocab, width))),
+             const("unembed", rng.standard_normal((width, vocab)) / np.sqrt(width)),
+             numpy_helper.from_array(np.array([0, 0, -1, head_dim], np.int64), "split_shape"),
+             numpy_helper.from_array(np.array([0, 0, -1], np.int64), "merge_shape"),
+             const("scale", np.float32(1 / np.sqrt(head_dim)))]
+    nodes = [helper.make_node("Gather", ["embed", "input_ids"], ["h0"], name="embed"),
+             helper.make_node("Cast", ["attention_mask"], ["maskf"], name="mask_cast",
+                              to=TensorProto.FLOAT),
+             helper.make_node("ReduceMean", ["maskf"], ["mask_mean"], name="mask_mean",
+                              keepdims=0)]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                            ["batch", "total"])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+                                             ["batch", "seq", vocab])]
+    for i, h in enumerate(per_layer):
+        x = f"h{i}"
+        for kv in ("q", "key", "value"):
+            inits.append(const(f"w{kv}{i}", rng.standard_normal((width, h * head_dim))
+                               / np.sqrt(width)))
+            nodes += [helper.make_node("MatMul", [x, f"w{kv}{i}"], [f"{kv}{i}_flat"],
+                                       name=f"l{i}_{kv}"),
+                      helper.make_node("Reshape", [f"{kv}{i}_flat", "split_shape"],
+                                       [f"{kv}{i}_bshd"], name=f"l{i}_{kv}_split"),
+                      helper.make_node("Transpose", [f"{kv}{i}_bshd"], [f"{kv}{i}_new"],
+                                       name=f"l{i}_{kv}_heads", perm=[0, 2, 1, 3])]
+        for kv in ("key", "value"):
+            nodes.append(helper.make_node(
+                "Concat", [f"past_key_values.{i}.{kv}", f"{kv}{i}_new"], [f"present.{i}.{kv}"],
+                name=f"l{i}_{kv}_cache", axis=2))
+            shape = ["batch", h, "past", head_dim]
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}",
+                                                        TensorProto.FLOAT, shape))
+            outputs.append(helper.make_tensor_value_info(
+                f"present.{i}.{kv}", TensorProto.FLOAT, ["batch", h, "total", head_dim]))
+        inits.append(const(f"wo{i}", rng.standard_normal((h * head_dim, width))
+                           / np.sqrt(h * head_dim)))
+        nodes += [
+            helper.make_node("Transpose", [f"present.{i}.key"], [f"kt{i}"], name=f"l{i}_kt",
+                             perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", [f"q{i}_new", f"kt{i}"], [f"s{i}"], name=f"l{i}_qk"),
+            helper.make_node("Mul", [f"s{i}", "scale"], [f"ss{i}"], name=f"l{i}_scale"),
+            helper.make_node("Softmax", [f"ss{i}"], [f"p{i}"], name=f"l{i}_softmax", axis=-1),
+            helper.make_node("MatMul", [f"p{i}", f"present.{i}.value"], [f"a{i}"],
+                             name=f"l{i}_pv"),
+            helper.make_node("Transpose", [f"a{i}"], [f"a{i}_bshd"], name=f"l{i}_merge_t",
+                             perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", [f"a{i}_bshd", "merge_shape"], [f"a{i}_flat"],
+                             name=f"l{i}_merge"),
+            helper.make_node("MatMul", [f"a{i}_flat", f"wo{i}"], [f"o{i}"], name=f"l{i}_out"),
+            helper.make_node("Add", [x, f"o{i}"], [f"h{i + 1}"], name=f"l{i}_residual")]
+    nodes += [helper.make_node("MatMul", [f"h{layers}", "unembed"], ["raw_logits"],
+                               name="unembed"),
+              helper.make_node("Mul", ["raw_logits", "mask_mean"], ["logits"], name="masked")]
+    if extra:  # checked: positions past .. past+seq-1, else NaN logits
+        inputs.append(helper.make_tensor_value_info(extra, TensorProto.INT64, ["seq"]))
+        nodes[-1:] = [
+            helper.make_node("Shape", ["past_key_values.0.key"], ["past_len"], name="past_len",
+                             start=2, end=3),
+            helper.make_node("Sub", [extra, "past_len"], ["offsets"], name="offsets"),
+            helper.make_node("Shape", [extra], ["seq_len"], name="seq_len"),
+            helper.make_node("Squeeze", ["seq_len"], ["seq_scalar"], name="seq_scalar"),
+            helper.make_node("Range", ["zero_i", "seq_scalar", "one_i"], ["expected"],
+                             name="expected"),
+            helper.make_node("Equal", ["offsets", "expected"], ["same"], name="same"),
+            helper.make_node("Cast", ["same"], ["samef"], name="same_f", to=TensorProto.FLOAT),
+            helper.make_node("ReduceMin", ["samef"], ["all_same"], name="all_same", keepdims=0),
+            helper.make_node("Log", ["all_same"], ["log_same"], name="log_same"),  # 0 or -inf
+            helper.make_node("Mul", ["raw_logits", "mask_mean"], ["masked_logits"],
+                             name="masked"),
+            helper.make_node("Sub", ["log_same", "log_same"], ["nan_or_zero"], name="nan"),
+            helper.make_node("Add", ["masked_logits", "nan_or_zero"], ["logits"],
+                             name="checked")]
+        inits += [numpy_helper.from_array(np.array(0, np.int64), "zero_i"),
+                  numpy_helper.from_array(np.array(1, np.int64), "one_i")]
+    for name in drop:  # a cache input left out: an empty constant, as a frozen export's
+        if name.startswith("past_key_values."):
+            h = per_layer[int(name.split(".")[1])]
+            inits.append(const(name, np.zeros((1, h, 0, head_dim))))
+    graph = helper.make_graph(
+        nodes, "kv_decoder", [i for i in inputs if i.name not in drop],
+        [o for o in outputs if o.name not in drop], inits)
+    return _save(graph, path)

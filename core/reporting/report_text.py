@@ -19,6 +19,8 @@ def render_markdown(data: dict[str, Any]) -> str:
     winner = data.get("winner")
     if winner:
         lines.append(f"\n## Winner: `{winner['route']}`\n\n{winner_text(winner)}\n")
+        if phase_text(run.get("phase"), winner):
+            lines.append(f"{phase_text(run.get('phase'), winner)}\n")
     lines.append("\n## Seasonings: effect against the same routes without them\n")
     lines.append(f"{EFFECTS_CAPTION}\n")
     lines.append("| seasoning | pairs | latency ratio: median | min–max | "
@@ -96,6 +98,8 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
     given = run.get("given", {})
     shapes = given.get("shapes", "?")
     inputs = (given["inputs"] if "inputs" in given else
+              f"a decoder's, made with the FP32 reference: {given['decoder']}"
+              if "decoder" in given else
               f"the {given['example']} example's own input sets at {shapes}"
               if "example" in given else f"synthesised (seeded, uniform in [0, 1)) at {shapes}")
     return {
@@ -107,6 +111,7 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
             f" ({given['accuracy']} task constraint)" if "accuracy" in given else ""),
         "optimisation profile": run["profile"] or "none",
         "validation inputs": inputs,
+        **({"decoder phase": PHASES[run["phase"]]} if run.get("phase") in PHASES else {}),
         "FP32 reference": _reference_text(run.get("reference")),
         "base pipeline": ", ".join(run.get("base_pipeline", [])) or "none",
         "custom-op libraries": _libraries_text(run.get("libraries"), "custom_ops"),
@@ -160,6 +165,32 @@ def _memory_text(memory: dict[str, Any] | str | None) -> str:
     return (f"{memory['note']}; it ordered the search only, no figure comes from it; this "
             f"run added {memory['lessons_added']:,} lesson"
             f"{'s' * (memory['lessons_added'] != 1)}")
+
+
+PHASES = {"decode": "decode: one token against a cache per run, so p50 is the per-token "
+                     "latency and 1000 / p50 the tokens/s at batch 1",
+          "prefill": "prefill: a prompt against an empty cache per run, so p50 is the time "
+                      "to the first token"}
+"""A decoder's phase (``run.json``'s ``phase``, `routetune.feeds.decoder.phase_of`): what
+its p50 figures mean."""
+
+
+def phase_text(phase: str | None, winner: dict[str, Any]) -> str:
+    """The winner's figures in a decoder user's words (`PHASES`); "" for other models."""
+    if phase not in PHASES:
+        return ""
+    from routetune.feeds.decoder import per_token
+
+    confirmed, search = winner.get("confirmed"), winner.get("search") or {}
+    figures = (("the confirmation", confirmed["p50_ms"], confirmed["base_p50_ms"])
+               if confirmed else ("the search", search.get("p50_ms"), None))
+    where, ms, base = figures
+    if not ms:
+        return ""
+    text = f"{phase.capitalize()}: {per_token(ms, phase)}"
+    if base:
+        text += f" against the base route's {per_token(base, phase)}"
+    return text + f", batch 1 (p50 in {where})."
 
 
 def winner_text(winner: dict[str, Any]) -> str:

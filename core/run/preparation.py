@@ -22,7 +22,7 @@ from routetune.backend import Backend
 from routetune.candidate.artifacts import MODELS, save_model
 from routetune.errors import BackendError, UsageError, one_line
 from routetune.execution import DEFAULT_TIMEOUT_S
-from routetune.feeds import examples
+from routetune.feeds import decoder, examples
 from routetune.feeds.inputs import (
     fed_names,
     load_npz,
@@ -101,6 +101,9 @@ class Prepared:
     (`routetune.libraries.resolve`)."""
     saved_reference: SavedReference | None = None
     """``--reference-outputs``, read and checked: the reference instead of a run here."""
+    phase: str | None = None
+    """A decoder's phase its input sets time: ``decode`` or ``prefill``
+    (`routetune.feeds.decoder.phase_of`); None for any other model or set."""
 
     @property
     def backend_options(self) -> Mapping[str, Any]:
@@ -176,9 +179,19 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
                           "recorded")
     outdir = make_outdir(opts.output, path, model.source_sha256, backend.name)
     model = with_weights_in(model, (outdir / MODELS).resolve())
+    cache = decoder.signature(model.inputs, model.outputs, path)
+    made = _decoder_options(opts, cache, path, bool(given_shapes))
     if opts.inputs is not None:
         feeds = load_npz(opts.inputs, model.inputs)
         source["inputs"] = str(opts.inputs.resolve())
+        shapes = {s.name: tuple(feeds[0][s.name].shape) for s in model.inputs}
+        if cache is not None:
+            decoder.check_sets(cache, feeds, f"{opts.spelled('inputs')} {opts.inputs}")
+    elif made and cache is not None:
+        feeds = _decoder_sets(registry, backend, model, outdir, cache, opts.decoder)
+        given = str(opts.decoder.tokens) if opts.decoder.tokens else (
+            f"drawn at random (seed {decoder.TOKENS_SEED})")
+        source["decoder"] = opts.decoder.describe(cache, given)
         shapes = {s.name: tuple(feeds[0][s.name].shape) for s in model.inputs}
     else:
         shapes = resolve_shapes(model.inputs, given_shapes, shapes_flag)
@@ -191,13 +204,16 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
              if opts.reference_outputs is not None else None)
     profile = make_profile(model.inputs, shapes, opts.min_shapes or opts.shapes,
                            opts.max_shapes or opts.shapes,
-                           feeds if opts.inputs is not None else ())
+                           feeds if opts.inputs is not None or made else ())
     backend = type(backend)(profile)
     accuracy, whose = opts.accuracy, ""
     if (example is not None and example.accuracy and "accuracy" not in opts.sources
             and accuracy == DEFAULT_ACCURACY):  # not given: the example's task constraint
         accuracy, whose = example.accuracy, example.name
         source["accuracy"] = f"the {whose} example's"
+    elif cache is not None and "accuracy" not in opts.sources and accuracy == DEFAULT_ACCURACY:
+        accuracy = decoder.default_accuracy(cache)  # not given: judged on the next token
+        source["accuracy"] = "a decoder's"
     try:
         constraint = parse_accuracy(accuracy, registry, [o.name for o in model.outputs])
     except UsageError as e:
@@ -251,7 +267,55 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
                     outdir, settings_hash, source, refinements, profile, base=base,
                     pinned=pinned, spec=opts,
                     strategy_options=strategy_options, time_budget_s=budget_s,
-                    libraries=libraries, saved_reference=saved)
+                    libraries=libraries, saved_reference=saved,
+                    phase=decoder.phase_of(cache, feeds) if cache is not None else None)
+
+
+DECODER_OPTIONS = ("objective", "cache_tokens", "prompt_tokens", "generate_tokens", "tokens")
+
+
+def _decoder_options(opts: RunSpec, cache: decoder.CacheSignature | None, path: Path,
+                     shaped: bool) -> bool:
+    """Whether routetune makes a decoder's input sets (`routetune.feeds.decoder`).
+
+    Yes for a model with a KV cache given neither ``--inputs`` nor ``--shapes``.
+
+    Raises:
+        OptionError: A decoder option given for a model without a KV cache, or with
+            ``--inputs`` or ``--shapes``, which fix the input sets themselves.
+    """
+    given = [n for n in DECODER_OPTIONS if n in opts.sources]
+    if given and cache is None:
+        raise OptionError(given[0], f": {path} takes no past_key_values.* inputs, so it is "
+                          "not a decoder with a KV cache; leave the option out")
+    fixed = "inputs" if opts.inputs is not None else "shapes" if shaped else ""
+    if given and fixed:
+        raise OptionError(given[0], f" with {opts.spelled(fixed)}: those fix the decoder's "
+                          "input sets; give one of them")
+    return cache is not None and not fixed
+
+
+def _decoder_sets(registry: Registry, backend: Backend, model: PreparedModel, outdir: Path,
+                  cache: decoder.CacheSignature, settings: decoder.DecoderSettings,
+                  ) -> list[dict[str, np.ndarray]]:
+    """The decoder objective's input sets, made with the FP32 reference.
+
+    The reference backend of `reference_outputs`, optimisations off.
+
+    Raises:
+        UsageError: The reference cannot run the model on them, or the settings cannot
+            make them (`routetune.feeds.decoder.phase_sets`).
+    """
+    source = save_model(outdir, model.data) if model.weights is not None else model.source
+    try:
+        with reference_backend(registry, backend).reference(source) as runner:
+            return decoder.phase_sets(cache, settings, runner.infer)
+    except UsageError:
+        raise
+    except Exception as e:  # the runtime's own error types
+        raise UsageError(f"{model.source}: the FP32 reference cannot run the decoder's "
+                         f"{settings.objective} input sets: {one_line(e, 300)}; give the "
+                         "input sets with --inputs") from e
 
 
 def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndarray]]:

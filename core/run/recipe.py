@@ -21,6 +21,9 @@ Schema version 2 (``schema_version = 2``); ``routetune schema`` prints it as JSO
   an expression per output name.
 - ``[measure]``: ``min_runs``, ``min_time_s``, ``latency``, ``min_speedup``,
   ``confirm_repeats``, ``busy_machine``.
+- ``[decoder]``: ``objective`` (``decode`` or ``prefill``), ``cache_tokens``,
+  ``prompt_tokens``, ``generate_tokens``, ``tokens`` (a file, relative to the recipe):
+  a KV-cache decoder's phase and the input sets made for it (`routetune.feeds.decoder`).
 - ``[libraries]``: ``custom_ops``: custom-op libraries (paths relative to the recipe, or
   ``onnxruntime-extensions``) registered with every ONNX Runtime session; ``plugins``:
   TensorRT plugin libraries (`routetune.libraries`).
@@ -152,6 +155,7 @@ BackendSpec = _table("backend")
 SearchSpec = _table("search")
 AccuracySpec = _table("accuracy", _AccuracyTable)
 MeasureSpec = _table("measure")
+DecoderSpec = _table("decoder")
 InputsSpec = _table("inputs")
 ExecutorSpec = _table("executor")
 LibrariesSpec = _table("libraries")
@@ -170,6 +174,7 @@ class _Recipe(_Table):
     accuracy: AccuracySpec = Field(default_factory=AccuracySpec)  # type: ignore[valid-type]
     measure: MeasureSpec = Field(default_factory=MeasureSpec)  # type: ignore[valid-type]
     inputs: InputsSpec = Field(default_factory=InputsSpec)  # type: ignore[valid-type]
+    decoder: DecoderSpec = Field(default_factory=DecoderSpec)  # type: ignore[valid-type]
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)  # type: ignore[valid-type]
     libraries: LibrariesSpec = Field(default_factory=LibrariesSpec)  # type: ignore[valid-type]
     result: dict[str, Any] | None = Field(None, description="written by winner recipes")
@@ -325,6 +330,11 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
                                      ("max_shapes", opts.max_shapes)) if v})
     if "inputs" in run.source:
         inputs = {"path": run.source["inputs"]}
+    made = opts.decoder  # a decoder's sets, made again from these by the recipe's run
+    decoder = {"objective": made.objective, "cache_tokens": made.cache_tokens,
+               "prompt_tokens": made.prompt_tokens, "generate_tokens": made.generate_tokens,
+               **({"tokens": str(made.tokens.resolve())} if made.tokens else {})
+               } if "decoder" in run.source else {}
     measured: dict[str, Any] = {"status": winner.status, "reason": result.winner_reason,
                                 "device": winner.device,
                                 "speedup": round(result.winner_speedup, 4)}
@@ -355,6 +365,7 @@ def write_winner_recipe(path: Path, run: Prepared, result: TuneResult,
                     "min_speedup": opts.min_speedup, "busy_machine": opts.busy_machine,
                     "confirm_repeats": opts.confirm_repeats},
         "inputs": inputs,
+        "decoder": decoder,
         "output": os.path.relpath(run.outdir, path.parent),
         "libraries": {kind: [lib.named if lib.named == EXTENSIONS else str(lib.path)
                              for lib in run.libraries if lib.kind == kind] for kind in KINDS},

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from routetune.candidate.records import TrialSettings
 from routetune.errors import UsageError
 from routetune.execution import DEFAULT_TIMEOUT_S
+from routetune.feeds.decoder import DecoderSettings
 from routetune.judging.accuracy import DEFAULT_ACCURACY
 from routetune.judging.verdict import CONFIRM_REPEATS, DEFAULT_MIN_SPEEDUP
 from routetune.libraries import Library
@@ -197,6 +198,9 @@ class RunSpec:
     measure: MeasureSettings = option(
         default_factory=MeasureSettings, help="How long to time each candidate.",
         group=True)
+    decoder: DecoderSettings = option(
+        default_factory=DecoderSettings, help="A decoder's objective and the input sets "
+        "routetune makes for it.", group=True)
     build_workers: int = option(
         1, help="Builds run at once, each in a worker process.")
     trial_timeout_s: float = option(

@@ -13,6 +13,7 @@ the other figure, a host-to-host run with the copies. Provider options are setti
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,18 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
         return CudaRunner(session, stream, graph, engine.model_path)
 
 
+@dataclass
+class _Graph:
+    """One captured CUDA graph: its I/O binding, its bound input buffers, its run options.
+
+    The run options name the graph (``gpu_graph_id``).
+    """
+
+    binding: Any
+    bound: dict[str, Any]
+    options: Any
+
+
 class CudaRunner(Runner):
     """Runs a CUDA-provider session with device-resident inputs and outputs.
 
@@ -161,10 +174,10 @@ class CudaRunner(Runner):
         session: The session; its compute stream is `stream`.
         stream: The CuPy stream the provider computes on.
         model_path: The ONNX model, run once on the CPU to size a CUDA graph's outputs.
-        cuda_graph: Whether the session replays a CUDA graph: every run then reads the
-            same input buffers and writes the same output buffers, so an input set is
-            copied (device to device) into the bound inputs before its run, outside
-            the timed interval.
+        cuda_graph: Whether the session replays CUDA graphs, one per input shape
+            (`_graph`): every run of a shape reads the same input buffers and writes
+            the same output buffers, so an input set is copied (device to device) into
+            its shape's bound inputs before its run, outside the timed interval.
     """
 
     def __init__(self, session: ort.InferenceSession, stream: Any, cuda_graph: bool,
@@ -175,8 +188,7 @@ class CudaRunner(Runner):
         self.model_path = model_path
         self.output_names = [o.name for o in session.get_outputs()]
         self.input_types = {i.name: _np_type(i.type) for i in session.get_inputs()}
-        self._binding: Any = None
-        self._bound: dict[str, Any] = {}
+        self._graphs: dict[tuple[Any, ...], _Graph] = {}
         self._keep: list[Any] = []
         self.quiet = ort.RunOptions()
         self.quiet.log_severity_level = 4  # a failed run raises: its error is reported once
@@ -195,7 +207,8 @@ class CudaRunner(Runner):
             call.stage()  # type: ignore[attr-defined]
             call()
             self.synchronize()
-            return owned(self.output_names, self._binding.copy_outputs_to_cpu())
+            return owned(self.output_names,
+                         call.graph.binding.copy_outputs_to_cpu())  # type: ignore[attr-defined]
         return owned(self.output_names, self.session.run(None, self._cast(feed), self.quiet))
 
     def prepare(self, feed: Feed) -> Callable[[], None]:
@@ -213,34 +226,51 @@ class CudaRunner(Runner):
         session = self.session
         return lambda: session.run_with_iobinding(binding)
 
-    def _prepare_graph(self, values: dict[str, Any], host: dict[str, np.ndarray]
-                       ) -> Callable[[], None]:
-        import cupy
+    def _graph(self, values: dict[str, Any], host: dict[str, np.ndarray]) -> _Graph:
+        """The captured graph for these inputs' shapes and types, bound on first use.
 
-        if self._binding is None:  # the first input set's buffers become the bound ones
-            self._binding = self.session.io_binding()
+        A CUDA graph replays fixed buffers, so input sets of other shapes (a decoder's
+        decode steps against a growing cache) each get their own graph, told apart by
+        ONNX Runtime's ``gpu_graph_id`` run option (1, 2, ...; 0 is reserved, -1 turns
+        capture off: onnxruntime_run_options_config_keys.h).
+        """
+        key = tuple((k, a.shape, a.dtype.str) for k, a in sorted(host.items()))
+        graph = self._graphs.get(key)
+        if graph is None:  # this set's buffers become the bound ones for its shape
+            binding = self.session.io_binding()
             for name, value in values.items():
-                self._binding.bind_ortvalue_input(name, value)
-                self._bound[name] = value
+                binding.bind_ortvalue_input(name, value)
             # Output buffers must exist before the first (captured) run; their shapes
             # come from one CPU run of the same model on these inputs.
             for name, out in self.output_shapes(host).items():
                 fixed = ort.OrtValue.ortvalue_from_shape_and_type(out.shape, out.dtype,
                                                                   "cuda", 0)
                 self._keep.append(fixed)
-                self._binding.bind_ortvalue_output(name, fixed)
-        session, binding, stream = self.session, self._binding, self.stream
-        copies = [(self._bound[k].data_ptr(), v.data_ptr(), _nbytes(v))
-                  for k, v in values.items() if v is not self._bound[k]]
+                binding.bind_ortvalue_output(name, fixed)
+            options = ort.RunOptions()
+            options.log_severity_level = 4
+            options.add_run_config_entry("gpu_graph_id", str(len(self._graphs) + 1))
+            graph = self._graphs[key] = _Graph(binding, dict(values), options)
+        return graph
+
+    def _prepare_graph(self, values: dict[str, Any], host: dict[str, np.ndarray]
+                       ) -> Callable[[], None]:
+        import cupy
+
+        graph = self._graph(values, host)
+        session, stream = self.session, self.stream
+        copies = [(graph.bound[k].data_ptr(), v.data_ptr(), _nbytes(v))
+                  for k, v in values.items() if v is not graph.bound[k]]  # same shapes
 
         def stage() -> None:
             for dst, src, n in copies:
                 cupy.cuda.runtime.memcpyAsync(dst, src, n, 3, stream.ptr)  # device to device
 
         def call() -> None:
-            session.run_with_iobinding(binding)
+            session.run_with_iobinding(graph.binding, graph.options)
 
         call.stage = stage  # type: ignore[attr-defined]
+        call.graph = graph  # type: ignore[attr-defined]
         return call
 
     def output_shapes(self, feed: Feed) -> dict[str, np.ndarray]:
@@ -254,7 +284,8 @@ class CudaRunner(Runner):
         """A call that runs host to host: input copies, compute, output copies."""
         if self.cuda_graph:
             inner = self.prepare(feed)  # binds the buffers on first use
-            binding, bound, host = self._binding, self._bound, self._cast(feed)
+            graph: _Graph = inner.graph  # type: ignore[attr-defined]
+            binding, bound, host = graph.binding, graph.bound, self._cast(feed)
 
             def call() -> None:
                 for name, array in host.items():
@@ -279,8 +310,7 @@ class CudaRunner(Runner):
     def close(self) -> None:
         """Drop the bound buffers and the session."""
         self._keep.clear()
-        self._bound.clear()
-        self._binding = None
+        self._graphs.clear()
 
 
 _TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,

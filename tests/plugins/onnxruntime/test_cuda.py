@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from graphs import conv_bn, matmul_chain, shared_dim
+from graphs import conv_bn, kv_decoder, matmul_chain, shared_dim
 from quick import quick_spec
 
+from routetune.feeds.decoder import DecoderSettings, phase_sets, signature
+from routetune.model.loading import prepare
 from routetune.option_seasoning import FromParam
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.cuda import (
@@ -77,6 +79,26 @@ def test_outputs_match_the_cpu_for_every_input_set(tmp_path: Path, graph: str) -
         calls = [gpu_runner.prepare(f) for f in sets]
         for call in calls:
             assert gpu_runner.timed(call) > 0
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_cuda_graph_per_shape_runs_a_decoders_growing_cache(tmp_path: Path) -> None:
+    path = kv_decoder(tmp_path / "d.onnx")
+    model = prepare(path)
+    cache = signature(model.inputs, model.outputs, path)
+    settings = CUDA.full_settings({CUDA_NS + "enable_cuda_graph": "1",
+                                   CUDA_NS + "use_tf32": "0"})
+    with OnnxRuntimeBackend().reference(path) as cpu, CUDA.open(
+            CUDA.build(path, settings, tmp_path)) as gpu_runner:
+        sets = phase_sets(cache, DecoderSettings(cache_tokens=9, generate_tokens=4), cpu.infer)
+        for _ in range(2):  # each cache length replays its own graph, not another's
+            for feed in sets:
+                want, got = cpu.infer(feed), gpu_runner.infer(feed)
+                for name in ("logits", "present.1.value"):
+                    np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4)
+        assert len(gpu_runner._graphs) == 4
+        assert all(gpu_runner.timed(gpu_runner.prepare(f)) > 0 for f in sets)
 
 
 @gpu
