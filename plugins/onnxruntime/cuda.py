@@ -189,6 +189,7 @@ class CudaRunner(Runner):
         self.output_names = [o.name for o in session.get_outputs()]
         self.input_types = {i.name: _np_type(i.type) for i in session.get_inputs()}
         self._graphs: dict[tuple[Any, ...], _Graph] = {}
+        self._cpu: ort.InferenceSession | None = None
         self._keep: list[Any] = []
         self.quiet = ort.RunOptions()
         self.quiet.log_severity_level = 4  # a failed run raises: its error is reported once
@@ -275,9 +276,11 @@ class CudaRunner(Runner):
 
     def output_shapes(self, feed: Feed) -> dict[str, np.ndarray]:
         """Zero arrays shaped and typed like the outputs on `feed` (one CPU run)."""
-        cpu = ort.InferenceSession(str(self.model_path), with_custom_ops(ort.SessionOptions()),
-                                   providers=["CPUExecutionProvider"])
-        outs = cpu.run(self.output_names, dict(feed))
+        if self._cpu is None:  # one session for every shape's graph
+            self._cpu = ort.InferenceSession(str(self.model_path),
+                                             with_custom_ops(ort.SessionOptions()),
+                                             providers=["CPUExecutionProvider"])
+        outs = self._cpu.run(self.output_names, dict(feed))
         return {n: np.zeros_like(o) for n, o in zip(self.output_names, outs, strict=True)}
 
     def prepare_end_to_end(self, feed: Feed) -> Callable[[], None]:
@@ -311,6 +314,7 @@ class CudaRunner(Runner):
         """Drop the bound buffers and the session."""
         self._keep.clear()
         self._graphs.clear()
+        self._cpu = None
 
 
 _TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,

@@ -149,8 +149,10 @@ class Int4Weights(Seasoning):
 
     Rules:
 
-    1. Offered on the ``onnxruntime`` backend for a model not quantized already, whose
-       constant MatMul weights hold at least `MIN_SHARE` of its weight bytes.
+    1. Offered on ONNX Runtime's CPU and CUDA backends (both run ``MatMulNBits``;
+       ``accuracy_level`` chooses a kernel on the CPU only) for a model not quantized
+       already, whose constant MatMul weights hold at least `MIN_SHARE` of its weight
+       bytes.
     2. Top-level ``Constant`` nodes become initializers (the quantizer sees only
        initializers as weights). Every MatMul with a constant weight of rank 2 (or
        leading dims of 1) not in ``nodes_to_exclude`` becomes ``MatMulNBits`` with
@@ -171,7 +173,8 @@ class Int4Weights(Seasoning):
     """
 
     info = SeasoningInfo(
-        name="int4-weights", stage="precision", backends=frozenset({"onnxruntime"}),
+        name="int4-weights", stage="precision",
+        backends=frozenset({"onnxruntime", "onnxruntime-cuda"}),
         summary="int4 weight-only MatMul weights (ONNX Runtime's MatMulNBits: RTN or HQQ)",
         params=(
             Param("algorithm", ("rtn", "hqq") if HQQ else ("rtn",), "rtn",

@@ -128,7 +128,7 @@ def test_where_it_is_offered(model_path: Callable[[str], Path]) -> None:
     seasoning = Int4Weights()
     assert seasoning.why_not(gs.import_onnx(mlp()), BACKEND) is None
     assert seasoning.why_not(gs.import_onnx(mlp()), OpenVinoBackend()) == (
-        "applies only to backends onnxruntime")
+        "applies only to backends onnxruntime, onnxruntime-cuda")
     _, quantized = season(mlp())
     assert seasoning.why_not(gs.import_onnx(quantized), BACKEND) == (
         "the model is quantized already (MatMulNBits)")
