@@ -54,6 +54,20 @@ Feed = dict[str, np.ndarray]
 PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 """A cache input: layer index, key or value (torch.onnx, Optimum and GenAI's builder)."""
 
+CACHE_OUTPUT = re.compile(r"^present\.(\d+)\.(key|value)$")
+"""A cache output: layer index, key or value."""
+
+
+def is_cache_output(name: str, rank: int) -> bool:
+    """Whether an output of this name and rank is a decoder's KV cache.
+
+    ``present.{i}.key`` or ``.value``, rank 4: keys and values, not classes or
+    probabilities, so it gets the tensor metrics only
+    (`routetune.judging.accuracy.measure_accuracy`).
+    """
+    return rank == 4 and CACHE_OUTPUT.match(name) is not None
+
+
 PREFILL_SETS = 4
 """Prompts a prefill search judges and times, each from its own stretch of the tokens."""
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from routetune.feeds.decoder import is_cache_output
 from routetune.judging.constraint import (
     DEFAULT_ACCURACY,
     DEFAULT_TOL,
@@ -219,8 +220,9 @@ def measure_accuracy(
 
     Returns:
         Every registered metric per output, over all input sets at once and per input
-        set, and the faults. A task metric's value is under its key (``ctc@0``) once per
-        ``@`` value.
+        set, and the faults; a decoder's KV-cache outputs (``present.*``,
+        `routetune.feeds.decoder.is_cache_output`) the tensor metrics only. A task
+        metric's value is under its key (``ctc@0``) once per ``@`` value.
     """
     params = params or {}
     metrics: dict[str, dict[str, float]] = {}
@@ -251,7 +253,11 @@ def measure_accuracy(
                           "reference's (the same infinity, or NaN where it is NaN, match)")
         atol, rtol = tolerances.get(name, (DEFAULT_TOL, DEFAULT_TOL))
         outs, refs = [o[name] for o in outputs], [r[name] for r in references]
-        task, task_sets = task_values(registry, outs, refs, params)
+        task: dict[str, float] = {}
+        task_sets: list[dict[str, float]] = [{} for _ in refs]
+        if not all(isinstance(r, np.ndarray) and is_cache_output(name, r.ndim)
+                   for r in refs):  # a decoder's cache: no classes, no task metrics
+            task, task_sets = task_values(registry, outs, refs, params)
         metrics[name] = {**{m: e.item(out, ref, atol, rtol) for m, e in registry.metrics.items()
                             if not isinstance(e.item, TaskMetric)}, **task}
         if len(references) > 1:

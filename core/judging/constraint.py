@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from routetune.errors import UsageError
+from routetune.feeds.decoder import is_cache_output
 from routetune.judging.metrics import AnyMetric, TaskMetric
 from routetune.options import OptionError
 from routetune.registry import Registry
@@ -269,7 +270,8 @@ def check_outputs(constraint: Constraint, registry: Registry,
                   shapes: Mapping[str, Sequence[int | str | None]]) -> None:
     """Refuse a task-metric bound on an output it cannot read, from the model's shapes.
 
-    A rank below the metric's ``min_rank`` (``ctc`` on a rank-1 output), or a class
+    A decoder's KV-cache output (`routetune.feeds.decoder.is_cache_output`), a rank
+    below the metric's ``min_rank`` (``ctc`` on a rank-1 output), or a class
     parameter (``ctc``'s blank, ``topk``'s k) not below the size of a known class axis
     (the last): the value would mean nothing, or always hold.
 
@@ -285,10 +287,17 @@ def check_outputs(constraint: Constraint, registry: Registry,
         metric = registry.metric(t.metric)
         if not isinstance(metric, TaskMetric):
             continue
-        fits = [n for n, s in shapes.items() if len(s) >= metric.min_rank]
+        fits = [n for n, s in shapes.items() if len(s) >= metric.min_rank
+                and not is_cache_output(n, len(s))]
         for name, shape in shapes.items():
             if t.output not in (None, name):
                 continue
+            if is_cache_output(name, len(shape)):
+                fix = (f"scope it to another output, e.g. {fits[0]}:{t}" if fits else
+                       "bound a tensor metric (rel_l2<=0.01)")
+                raise _fail(constraint.text, f"{_which(t, constraint)}{t.metric} would "
+                            f"read '{name}', a decoder's KV cache (keys and values, not "
+                            f"classes), which gets the tensor metrics only; {fix}")
             if len(shape) < metric.min_rank:
                 fix = (f"scope it to an output it fits, e.g. {fits[0]}:{t}"
                        if t.output is None and fits else "bound another metric (cos>=0.999)")

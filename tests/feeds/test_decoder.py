@@ -153,6 +153,10 @@ def test_a_decoder_is_tuned_for_decode_and_reported_per_token(tmp_path: Path) ->
      "needs past_key_values.0.value among its inputs"),
     (lambda d, c, s: [str(kv_decoder(d / "m.onnx", heads=(2, 1)))],
      "mismatched head counts"),
+    (lambda d, c, s: [str(kv_decoder(d / "m.onnx")), "--accuracy", "top1>=0.99"],
+     "top1 would read 'present.0.key', a decoder's KV cache (keys and values, not "
+     "classes), which gets the tensor metrics only; scope it to another output, e.g. "
+     "logits:top1>=0.99"),
     (lambda d, c, s: [str(c), "--objective", "prefill"],
      "--objective: "),
     (lambda d, c, s: [str(kv_decoder(d / "m.onnx")), "--inputs", str(s),

@@ -225,3 +225,19 @@ def test_each_set_of_a_sequence_output_is_measured_on_its_own_tensors(
               short[1]]  # … and set 1 one value long: the pooled sizes agree
     uneven = measure_accuracy(registry, longer, refs, {"y": (1e-3, 1e-3)})
     assert uneven.per_set["y"] == ({}, {})
+
+
+def test_a_decoders_cache_outputs_get_the_tensor_metrics_only(registry: Registry) -> None:
+    rng = np.random.default_rng(0)
+    refs = [{"logits": rng.standard_normal((1, 1, 16)),
+             "present.0.key": rng.standard_normal((1, 2, 5 + k, 8))} for k in range(2)]
+    outs = [{n: a + 1e-3 for n, a in r.items()} for r in refs]
+    measured = measure_accuracy(registry, outs, refs, {})
+    assert {"top1", "kl", "rel_l2"} <= set(measured.metrics["logits"])
+    cache = measured.metrics["present.0.key"]
+    assert "rel_l2" in cache and "cos" in cache
+    assert not {"top1", "kl", "ctc@0", "mask_iou@0.3"} & set(cache)  # keys, not classes
+    assert not {"top1"} & set(measured.per_set["present.0.key"][1])
+    same_name = [{"present.0.key": r["logits"]} for r in refs]  # rank 3: not a cache
+    assert "top1" in measure_accuracy(registry, same_name, same_name, {}).metrics[
+        "present.0.key"]
