@@ -14,12 +14,12 @@
 #      backend's tests, tests/plugins/onnxruntime/test_cuda.py;
 #   decoder. benchmarks/decoder.py --size base --device cuda --steps 600 --sets 16
 #      --cache 512 --save-weights (batch 32 of 256 bytes; export and decode sets on the CPU);
-#   torch. benchmarks/decoder_torch.py: eager FP32, eager FP16, torch.compile FP16
-#      (reduce-overhead), CUDA events, p50 of 300 single calls -> torch.json;
 #   generate. routetune tune WORK/decoder.onnx --backend onnxruntime-cuda --tokens
 #      (the held-out 10% of decoder.py's corpus) --cache-tokens 512 --generate-tokens 128:
 #      the decode objective on 128 greedy steps of the FP32 model, judged by the decoder
 #      default (logits:top1>=0.99,logits:kl<=0.01) -> RESULTS/generate/;
+#   torch. benchmarks/decoder_torch.py: eager FP32, eager FP16, torch.compile FP16
+#      (reduce-overhead), CUDA events, p50 of 300 single calls -> torch.json;
 #   tune. routetune tune WORK/decoder.onnx --inputs WORK/decode (16 steps at a cache of
 #      exactly 512) --accuracy "logits:kl<=0.01" -> tune.log, report.md, report.json,
 #      run.json, winner.json, trials.sqlite;
@@ -76,8 +76,6 @@ fi
 step decoder 600 python3 "$here/decoder.py" --out "$W" $DECODER_ARGS --save-weights
 cp "$W/decoder.json" "$R/" 2>/dev/null
 if [ -f "$W/decoder.json" ] && [ -f "$W/decode/set-0.npz" ]; then
-  step torch 400 python3 "$here/decoder_torch.py" --dir "$W" --out "$R/torch.json" \
-    --modes eager-fp32,eager-fp16,compile-fp16 --compile-mode "$COMPILE_MODE" $TORCH_EXTRA
   step seasonings 120 python3 -m routetune seasonings
   python3 - "$W/heldout.txt" <<'PY'
 import sys
@@ -96,6 +94,8 @@ PY
   for f in report.md report.json run.json winner.json winner.toml trials.sqlite; do
     [ -f "$W/generate/$f" ] && cp "$W/generate/$f" "$R/generate/"
   done
+  step torch 400 python3 "$here/decoder_torch.py" --dir "$W" --out "$R/torch.json" \
+    --modes eager-fp32,eager-fp16,compile-fp16 --compile-mode "$COMPILE_MODE" $TORCH_EXTRA
   step tune $(( BUDGET + 600 )) python3 -m routetune tune "$W/decoder.onnx" \
     --inputs "$W/decode" --backend "$BACKEND" --accuracy "logits:kl<=0.01" \
     --time-budget "$BUDGET" --output "$W/tune"
