@@ -88,6 +88,30 @@ def matmul_weights(graph: gs.Graph) -> list[tuple[gs.Node, Any]]:
     return found
 
 
+PASS_THROUGH = frozenset({"Add", "Reshape", "Cast", "Transpose", "Identity", "Squeeze",
+                          "Unsqueeze"})
+"""Operators between an output projection and the graph output it writes (a bias, a
+reshape to ``[batch, seq, vocab]``, a cast)."""
+
+
+def output_projections(graph: gs.Graph) -> list[str]:
+    """The names of the MatMuls with a constant weight whose result is a graph output.
+
+    A language model's head (``lm_head``: hidden states to the vocabulary's logits),
+    directly or through `PASS_THROUGH` operators.
+    """
+    outputs = {t.name for t in graph.outputs}
+    found = []
+    for node, _ in matmul_weights(graph):
+        tensor, seen = node.outputs[0], 0
+        while tensor.name not in outputs and seen < 4 and len(tensor.outputs) == 1 \
+                and tensor.outputs[0].op in PASS_THROUGH:
+            tensor, seen = tensor.outputs[0].outputs[0], seen + 1
+        if tensor.name in outputs:
+            found.append(node.name)
+    return found
+
+
 def _weight_bytes(graph: gs.Graph) -> int:
     """Bytes of every top-level constant tensor (initializers and ``Constant`` nodes)."""
     total = 0
@@ -157,7 +181,12 @@ class Int4Weights(Seasoning):
        initializers as weights). Every MatMul with a constant weight of rank 2 (or
        leading dims of 1) not in ``nodes_to_exclude`` becomes ``MatMulNBits`` with
        ``block_size`` values per block along K, quantized by ``algorithm``; each gets
-       ``accuracy_level`` when it is not 0.
+       ``accuracy_level`` when it is not 0. With ``keep_head`` (the default) the output
+       projection stays as it is (`output_projections`: a language model's lm_head),
+       as int4 recipes keep it: llama.cpp's k-quants store ``output.weight`` as Q6_K,
+       NNCF's ``compress_weights`` keeps the last layer in 8 bits (``all_layers=False``).
+       On ``benchmarks/decoder.py``'s trained decoder it decides the greedy text: 64 of
+       64 next bytes kept with the head in FP32, 62 of 64 without (docs/benchmarks.md).
     3. Each ``MatMulNBits`` keeps its MatMul's name, and the route's `Lowering` is
        recorded, so that ``precision-repair`` can rank the MatMuls by the error each
        adds and keep the worst in FP32 (``nodes_to_exclude``).
@@ -187,6 +216,9 @@ class Int4Weights(Seasoning):
             Param("accuracy_level", (0, 4), 0,
                   "MatMulNBits compute type: 0 the input's, 4 int8 (fast on x86 CPUs)",
                   allowed=(1, 2, 3)),
+            Param("keep_head", (True,), True,
+                  "keep the output projection (the MatMul whose result is a graph output: "
+                  "a language model's lm_head) as it is", allowed=(False,)),
             Param("nodes_to_exclude", ((),), (), "MatMul node names to keep as they are"),
         ),
         conflicts=frozenset({"int8-qdq", "fp8-qdq"}),
@@ -218,8 +250,9 @@ class Int4Weights(Seasoning):
                               f"which failed to import ({e}): pip install "
                               "'routetune[int4]'") from e
         graph = state.model_graph()
-        before = sum(int(w.nbytes) for n, w in matmul_weights(graph)
-                     if n.name not in p["nodes_to_exclude"])
+        head = output_projections(graph) if p["keep_head"] else []
+        excluded = [*p["nodes_to_exclude"], *head]
+        before = sum(int(w.nbytes) for n, w in matmul_weights(graph) if n.name not in excluded)
         fp32 = copy_graph(graph)
         model = gs.export_onnx(graph)
         _constants_to_initializers(model)
@@ -235,7 +268,7 @@ class Int4Weights(Seasoning):
                 quant_format=QuantFormat.QOperator, op_types_to_quantize=("MatMul",), bits=4)
         quantizer = nbits.MatMulNBitsQuantizer(
             model, bits=4, block_size=block, is_symmetric=bool(p["symmetric"]),
-            nodes_to_exclude=list(p["nodes_to_exclude"]), algo_config=config)
+            nodes_to_exclude=excluded, algo_config=config)
         quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
         level = quiet.level
         quiet.setLevel(logging.WARNING)  # it logs every node at INFO
@@ -251,7 +284,7 @@ class Int4Weights(Seasoning):
             attrs = {a.name for a in node.attribute}
             if level_attr and "accuracy_level" not in attrs:  # HQQ writes none
                 node.attribute.append(onnx.helper.make_attribute("accuracy_level", level_attr))
-        stats = {"quantized_nodes": len(written)}
+        stats = {"quantized_nodes": len(written), "kept_head": len(head)}
         if not written:
             return PassResult(False, stats, "no MatMul weight was quantized")
         names = {i for n in written for i in n.input[1:]}
@@ -269,5 +302,6 @@ class Int4Weights(Seasoning):
                 f"{f', accuracy_level {level_attr}' if level_attr else ''}: "
                 f"{len(written)} MatMul weights, {before / 2**20:.2f} MiB -> "
                 f"{after / 2**20:.2f} MiB with scales and zero points "
-                f"({np.float64(before) / max(after, 1):.1f}x smaller)")
+                f"({np.float64(before) / max(after, 1):.1f}x smaller)"
+                + (f"; kept the output projection {', '.join(head)} as it was" if head else ""))
         return PassResult(True, stats, note)

@@ -22,7 +22,7 @@ from quick import quick_spec
 from routetune.feeds.examples import load_inputs
 from routetune.passes.precision.repair import PrecisionRepair
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
-from routetune.plugins.onnxruntime.weight_only import HQQ, Int4Weights
+from routetune.plugins.onnxruntime.weight_only import HQQ, Int4Weights, output_projections
 from routetune.plugins.openvino.backend import OpenVinoBackend
 from routetune.registry import Registry
 from routetune.run.tuning import tune
@@ -52,10 +52,14 @@ def mlp(seed: int = 0) -> onnx.ModelProto:
 
 
 def season(model: onnx.ModelProto, **params: object) -> tuple[PassResult, onnx.ModelProto]:
-    """Apply int4-weights as a route does; the graph is rewritten in place."""
+    """Apply int4-weights as a route does; the graph is rewritten in place.
+
+    `mlp`'s fc2 writes its output, so it is an output projection: kept unless
+    ``keep_head=False`` (the default here, so that both MatMuls are quantized).
+    """
     graph = gs.import_onnx(model)
     state = RouteState(graph)
-    result = Int4Weights(params)(state, RouteContext(BACKEND))
+    result = Int4Weights({"keep_head": False, **params})(state, RouteContext(BACKEND))
     assert state.graph is graph
     return result, gs.export_onnx(graph)
 
@@ -166,11 +170,13 @@ def test_a_search_builds_times_and_judges_each_variant(registry: Registry,
     onnx.save(mlp(), tmp_path / "m.onnx")
     result = tune(quick_spec(model=tmp_path / "m.onnx", seasonings=("int4-weights",),
                              search="exhaustive", accuracy="cos>=0.99",
+                             space={"int4-weights": {"keep_head": (False,)}},
                              output=tmp_path / "out"), registry)
     routes = {t.route: t for t in result.trials if t.route.startswith("int4-weights")}
-    expected = {"int4-weights", "int4-weights{accuracy_level=4}"} | (
-        {"int4-weights{algorithm=hqq}", "int4-weights{accuracy_level=4,algorithm=hqq}"}
-        if HQQ else set())
+    expected = {"int4-weights{keep_head=false}",
+                "int4-weights{accuracy_level=4,keep_head=false}"} | (
+        {"int4-weights{algorithm=hqq,keep_head=false}",
+         "int4-weights{accuracy_level=4,algorithm=hqq,keep_head=false}"} if HQQ else set())
     assert set(routes) == expected
     for trial in routes.values():
         assert trial.status in ("ok", "accuracy-failed"), (trial.route, trial.reason)
@@ -184,7 +190,7 @@ def test_precision_repair_keeps_the_matmul_that_adds_the_most_error() -> None:
              for k in range(2)]
     ctx = RouteContext(BACKEND, tuple(feeds), "base", lambda m: BACKEND.evaluate(m, feeds))
     state = RouteState(gs.import_onnx(model))
-    Int4Weights()(state, ctx)
+    Int4Weights({"keep_head": False})(state, ctx)
     result = PrecisionRepair()(state, ctx)  # count=1
     # both MatMuls ranked by the error each adds over its input's; the worst stays FP32
     assert result.stats["ranked"] == 2 and result.stats["kept_fp32"] == 1
@@ -198,3 +204,21 @@ def test_precision_repair_keeps_the_matmul_that_adds_the_most_error() -> None:
     _, int4 = season(model)
     assert rel_l2(run(out, x)[0], run(model, x)[0]) < rel_l2(run(int4, x)[0],
                                                               run(model, x)[0])
+
+
+def test_the_output_projection_is_kept_unless_asked() -> None:
+    result, out = season(mlp(), keep_head=True)
+    ops = {n.name: n.op_type for n in out.graph.node}
+    assert ops["fc1"] == "MatMulNBits" and ops["fc2"] == "MatMul"  # fc2 writes y
+    assert result.stats["quantized_nodes"] == 1 and result.stats["kept_head"] == 1
+    assert result.note.endswith("kept the output projection fc2 as it was")
+    model = mlp()  # through a bias Add and a Reshape, as an lm_head's logits often are
+    model.graph.node[-1].output[0] = "z"
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(256, np.float32), "b"))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([4, 256]), "shape"))
+    model.graph.node.extend([helper.make_node("Add", ["z", "b"], ["zb"], name="bias"),
+                             helper.make_node("Reshape", ["zb", "shape"], ["y"], name="rs")])
+    assert output_projections(gs.import_onnx(model)) == ["fc2"]
+    model.graph.node[-1].op_type = "Softmax"  # a probability is not the projection's own
+    del model.graph.node[-1].input[1:]
+    assert output_projections(gs.import_onnx(model)) == []
