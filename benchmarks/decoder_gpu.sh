@@ -30,7 +30,8 @@
 # running; "ALL" once every step has ended.
 # For a smoke test without a GPU, override (environment): DECODER_ARGS (the decoder's
 # size, device, steps, sets and cache), BACKEND (onnxruntime-cuda), TORCH_EXTRA ("" ; e.g.
-# "--device cpu --calls 5"), COMPILE_MODE (reduce-overhead), GENERATE (128), GPU_TESTS (1).
+# "--device cpu --calls 5"), COMPILE_MODE (reduce-overhead), GENERATE (128); GPU_TESTS,
+# TORCH, TUNE (1; 0 skips that step).
 set -u
 DECODER_ARGS="${DECODER_ARGS:---size base --device cuda --steps 600 --sets 16 --cache 512}"
 BACKEND="${BACKEND:-onnxruntime-cuda}"
@@ -94,11 +95,15 @@ PY
   for f in report.md report.json run.json winner.json winner.toml trials.sqlite; do
     [ -f "$W/generate/$f" ] && cp "$W/generate/$f" "$R/generate/"
   done
-  step torch 400 python3 "$here/decoder_torch.py" --dir "$W" --out "$R/torch.json" \
-    --modes eager-fp32,eager-fp16,compile-fp16 --compile-mode "$COMPILE_MODE" $TORCH_EXTRA
-  step tune $(( BUDGET + 600 )) python3 -m routetune tune "$W/decoder.onnx" \
-    --inputs "$W/decode" --backend "$BACKEND" --accuracy "logits:kl<=0.01" \
-    --time-budget "$BUDGET" --output "$W/tune"
+  if [ "${TORCH:-1}" = 1 ]; then
+    step torch 400 python3 "$here/decoder_torch.py" --dir "$W" --out "$R/torch.json" \
+      --modes eager-fp32,eager-fp16,compile-fp16 --compile-mode "$COMPILE_MODE" $TORCH_EXTRA
+  fi
+  if [ "${TUNE:-1}" = 1 ]; then
+    step tune $(( BUDGET + 600 )) python3 -m routetune tune "$W/decoder.onnx" \
+      --inputs "$W/decode" --backend "$BACKEND" --accuracy "logits:kl<=0.01" \
+      --time-budget "$BUDGET" --output "$W/tune"
+  fi
   for f in report.md report.json run.json winner.json winner.toml trials.sqlite; do
     [ -f "$W/tune/$f" ] && cp "$W/tune/$f" "$R/"
   done
