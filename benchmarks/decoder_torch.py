@@ -50,7 +50,7 @@ def load_sets(folder: Path, layers: int) -> list[list[np.ndarray]]:
                                                for kv in ("key", "value")]
     out = []
     for path in sorted(folder.glob("set-*.npz"), key=lambda p: int(p.stem.split("-")[1])):
-        with np.load(path) as z:
+        with np.load(path, allow_pickle=False) as z:
             out.append([z[n] for n in names])
     return out
 
@@ -68,7 +68,7 @@ def main() -> None:
 
     info = json.loads((args.dir / "decoder.json").read_text())
     config = Config(**info["config"])
-    state = torch.load(args.dir / "decoder.pt", map_location="cpu")
+    state = torch.load(args.dir / "decoder.pt", map_location="cpu", weights_only=True)
     sets = load_sets(args.dir / "decode", config.layers)
     dev = args.device
     cuda = dev == "cuda"

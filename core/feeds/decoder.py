@@ -42,12 +42,15 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from routetune.errors import UsageError, one_line
-from routetune.model.loading import TensorSpec
 from routetune.options import OptionError, option
+
+if TYPE_CHECKING:
+    from routetune.model.loading import TensorSpec
 
 Feed = dict[str, np.ndarray]
 
