@@ -23,6 +23,7 @@ from routetune.candidate.artifacts import open_engine
 from routetune.candidate.candidate import CONFIRM_BLOCKS, with_preflight
 from routetune.candidate.pairing import PairedTiming
 from routetune.candidate.records import Recorded, TrialInputs
+from routetune.errors import one_line
 from routetune.judging.verdict import CONFIRM_REPEATS
 from routetune.plugin_manager import load_registry
 from routetune.records.trial import Status, Trial
@@ -191,6 +192,9 @@ def timed_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial | None]]
         try:
             (latencies, blocks), conditions = watch.watched(
                 lambda: measure_blocks(runners, first.feeds, settings, stop))
+        except Exception as e:  # a runtime's own error in a run mid-loop: none is timed
+            why = f"a run failed while they were timed side by side: {one_line(e, 300)}"
+            return Loop([], {i: why for i in range(len(jobs))}, [], [], {})
         finally:
             quiet.disabled = False
         out = [[r.infer(feed) for feed in first.feeds] for r in runners] if outputs else None
@@ -268,7 +272,10 @@ def base_floors(prepared: Sequence[Prepared], registry: Registry
     loop = timed_loop(jobs, prepared[0].spec.measure, False, registry)
     busy = loop.conditions.get("busy") and prepared[0].spec.busy_machine != "ignore"
     if loop.failed or busy:
+        reasons = set(loop.failed.values())
         why = (f"the machine was busy ({loop.conditions['busy']})" if not loop.failed
+               else f"the base routes were not timed: {reasons.pop()}"
+               if len(loop.failed) == len(names) and len(reasons) == 1
                else f"{names[min(loop.failed)]}'s base route was not timed: "
                f"{next(iter(loop.failed.values()))}")
         return [None] * len(prepared), [f"{why}; no floor"], \

@@ -1,7 +1,8 @@
 """The ``openvino`` backend: OpenVINO compiled models on the CPU.
 
 An engine is the candidate ONNX file read by OpenVINO (``Core.read_model``), reshaped to
-the profile's opt shapes where an input is dynamic, and compiled for the CPU
+the profile's opt shapes where an input is dynamic (to its min..max range where the
+input sets differ, `OpenVinoBackend.profile_shapes`), and compiled for the CPU
 (``Core.compile_model(model, "CPU", config)``) with the route's properties
 (`routetune.plugins.openvino.properties`). Compiled models are cached by OpenVINO
 itself (``CACHE_DIR``) in the user's routetune cache (`cache_folder`), never in an output
@@ -138,17 +139,26 @@ class OpenVinoBackend(Backend):
             config["CACHE_DIR"] = str(cache)
         return config
 
-    def opt_shapes(self, model: Any) -> dict[str, list[int]]:
-        """The profile's opt shape of each of `model`'s inputs that has one."""
+    def profile_shapes(self, model: Any) -> dict[str, Any]:
+        """The shape each of `model`'s inputs is compiled for, from the profile.
+
+        Its opt shape where min, opt and max agree; else a bounded dynamic shape, each
+        dimension from its min to its max (``openvino.Dimension(min, max)``), so that
+        every input set of the range runs: a decoder's decode steps against a growing
+        cache, sequences of several lengths.
+        """
         if self.profile is None:
             return {}
+        import openvino as ov
+
         names = {name for port in model.inputs for name in port.get_names()}
-        return {name: list(mom[1]) for name, mom in self.profile.shapes.items()
-                if name in names}
+        return {name: list(opt) if low == high else ov.PartialShape(
+                    [ov.Dimension(a, b) for a, b in zip(low, high, strict=True)])
+                for name, (low, opt, high) in self.profile.shapes.items() if name in names}
 
     def build(self, model_path: Path, settings: Mapping[str, Any], workdir: Path,
               key: str = "") -> Engine:
-        """Read, reshape to the opt shapes, and compile for the CPU with full `settings`.
+        """Read, reshape to the profile's shapes, and compile for the CPU with full `settings`.
 
         OpenVINO's cache (``CACHE_DIR``) is `cache_folder`. OpenVINO names each
         blob by a hash of the model and the properties that shape the compiled graph, so
@@ -175,7 +185,7 @@ class OpenVinoBackend(Backend):
         try:
             ov_core = core()
             model = ov_core.read_model(str(model_path))
-            shapes = self.opt_shapes(model)
+            shapes = self.profile_shapes(model)
             if shapes:
                 model.reshape(shapes)
             names = tuple(port.get_any_name() for port in model.outputs)

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from graphs import conv_bn, matmul_chain
+from graphs import conv_bn, kv_decoder, matmul_chain
 
 from routetune.errors import BackendError, BuildError
-from routetune.feeds.profile import ShapeProfile
+from routetune.feeds.decoder import DecoderSettings, phase_sets, signature
+from routetune.feeds.profile import ShapeProfile, make_profile
+from routetune.model.loading import prepare
 from routetune.option_seasoning import check_option_keys
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.openvino.backend import CACHE, OpenVinoBackend
@@ -39,7 +41,7 @@ def rel_l2(out: np.ndarray, ref: np.ndarray) -> float:
 
 @pytest.mark.parametrize("make", ["conv_bn", "matmul_chain"])
 def test_a_compiled_model_matches_the_onnx_runtime_reference(tmp_path: Path, make: str) -> None:
-    if make == "conv_bn":  # dynamic batch: reshaped to the profile's opt shape
+    if make == "conv_bn":  # dynamic batch: reshaped to the profile's range
         model = conv_bn(tmp_path / "m.onnx")
         profile = ShapeProfile({"x": ((1, 3, 32, 32), (2, 3, 32, 32), (4, 3, 32, 32))})
         feed = {"x": np.random.default_rng(0).random((2, 3, 32, 32), dtype=np.float32)}
@@ -59,8 +61,30 @@ def test_a_compiled_model_matches_the_onnx_runtime_reference(tmp_path: Path, mak
     for name in want:
         assert got[name].shape == want[name].shape
         assert rel_l2(got[name], want[name]) < 1e-5, name
-    if profile is not None:  # compiled at opt: the input is static now
-        assert engine.handle.model.inputs[0].get_partial_shape().is_static
+    if profile is not None:  # compiled for the profile's range, 1 to 4
+        shape = engine.handle.model.inputs[0].get_partial_shape()
+        assert str(shape) == "[1..4,3,32,32]"
+        with backend.open(engine) as runner, OnnxRuntimeBackend().reference(model) as ref:
+            for batch in (1, 4):  # the whole range runs, as a TensorRT profile's does
+                x = {"x": np.random.default_rng(batch).random((batch, 3, 32, 32),
+                                                               dtype=np.float32)}
+                assert rel_l2(runner.infer(x)["y"], ref.infer(x)["y"]) < 1e-5
+
+
+def test_a_decoders_decode_steps_run_against_a_growing_cache(tmp_path: Path) -> None:
+    path = kv_decoder(tmp_path / "d.onnx")
+    model = prepare(path)
+    cache = signature(model.inputs, model.outputs, path)
+    with OnnxRuntimeBackend().reference(path) as ref:
+        sets = phase_sets(cache, DecoderSettings(cache_tokens=9, generate_tokens=4), ref.infer)
+        shapes = {n: tuple(sets[0][n].shape) for n in sets[0]}
+        profile = make_profile(model.inputs, shapes, None, None, sets)
+        backend = OpenVinoBackend(profile)
+        engine = backend.build(path, backend.full_settings(
+            {NS + "INFERENCE_PRECISION_HINT": "f32"}), tmp_path / "artifacts")
+        with backend.open(engine) as runner:
+            for feed in sets:  # caches of 9 to 12: one engine for the whole range
+                assert rel_l2(runner.infer(feed)["logits"], ref.infer(feed)["logits"]) < 1e-5
 
 
 def test_properties_reach_the_compiled_model_and_the_cache_serves_a_second_build(
