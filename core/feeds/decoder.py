@@ -11,10 +11,13 @@ kv_heads, past, head_dim]``; it gives ``logits`` ``[batch, seq, vocab]`` and
 - **prefill**: a prompt of P tokens against an empty cache (``past`` 0): the time to
   the first token, compute-bound;
 - **decode**: one token against a cache of L tokens: the per-token latency, and
-  tokens/s = 1000 / p50 ms at batch 1, bound by memory and kernel launches.
+  tokens/s = 1000 / p50 ms at batch 1, bound by memory and kernel launches;
+- **generate**, both end to end: a prompt of P tokens, then greedy decode steps until
+  G tokens are generated, timed as one call: the time from the prompt to the last
+  token, what a user of a chat or completion endpoint waits.
 
 The route that is fastest for one is not always fastest for the other, so a search
-ranks one phase, the objective (`DecoderSettings.objective`, default ``decode``).
+ranks one, the objective (`DecoderSettings.objective`, default ``decode``).
 Without ``--inputs`` routetune makes that phase's input sets from the FP32 reference
 itself (`phase_sets`):
 
@@ -28,6 +31,11 @@ itself (`phase_sets`):
   route that flips one token is not judged on the text that flip would lead to.
 - prefill: `PREFILL_SETS` prompts of P tokens (`DecoderSettings.prompt_tokens`), empty
   cache; ``logits:top1`` is next-token agreement at every prompt position.
+- generate: one prompt of P tokens, empty cache, then the G - 1 greedy decode steps of
+  the reference that follow it (the prompt's pass gives the first of G tokens), in that
+  order; the timing runs them in order as one call (`MeasureSettings.sequence`), and
+  ``logits:top1`` is next-token agreement at the P prompt positions and the G - 1
+  steps.
 
 Without ``--accuracy`` a decoder is judged on its logits by `ACCURACY`. The prompt's
 tokens come from a file (`DecoderSettings.tokens`: a ``.npy`` of integer
@@ -81,7 +89,7 @@ COPIES = 3
 """Copies of the decode sets' caches a search holds at once: the sets, the reference's
 ``present`` outputs, a candidate's."""
 
-OBJECTIVES = ("decode", "prefill")
+OBJECTIVES = ("decode", "prefill", "generate")
 
 FILLED = ("input_ids", "attention_mask", "position_ids", "cache_position")
 """The inputs besides the cache that routetune fills: the tokens, a mask of ones over
@@ -113,30 +121,37 @@ class DecoderSettings:
 
     Args:
         objective: ``decode`` (one token against a cache of `cache_tokens`: per-token
-            latency, tokens/s) or ``prefill`` (a prompt of `prompt_tokens` against an
-            empty cache: time to first token).
+            latency, tokens/s), ``prefill`` (a prompt of `prompt_tokens` against an
+            empty cache: time to first token) or ``generate`` (a prompt of
+            `prompt_tokens` and `generate_tokens` greedy tokens as one call: time to the
+            last token).
         cache_tokens: Decode: the cache (tokens) before the first generated step.
-        prompt_tokens: Prefill: the prompt's length (tokens).
+        prompt_tokens: Prefill and generate: the prompt's length (tokens).
         generate_tokens: Decode: the steps the FP32 model generates greedily, one input
-            set each (the positions greedy agreement is judged at).
+            set each (the positions greedy agreement is judged at); generate: the
+            tokens generated after the prompt, its pass included.
         tokens: The prompt's token ids: a ``.npy`` of integers, or a text file read as
             UTF-8 bytes (a byte-level vocabulary); None: seeded random ids.
     """
 
     objective: str = option(
-        "decode", help="A decoder's phase the search ranks: decode (one token against a "
-        "cache of --cache-tokens: per-token latency, tokens/s) or prefill (a prompt of "
-        "--prompt-tokens against an empty cache: time to first token).",
+        "decode", help="What a decoder's search ranks: decode (one token against a "
+        "cache of --cache-tokens: per-token latency, tokens/s), prefill (a prompt of "
+        "--prompt-tokens against an empty cache: time to first token) or generate (the "
+        "prompt and --generate-tokens greedy tokens, timed as one call: time to the last "
+        "token).",
         recipe="decoder.objective", choices=OBJECTIVES)
     cache_tokens: int = option(
         512, help="A decoder's decode objective: the cache (tokens) the FP32 model has "
         "read before its first generated token.", recipe="decoder.cache_tokens", minimum=1)
     prompt_tokens: int = option(
-        128, help="A decoder's prefill objective: the prompt's length (tokens).",
+        128, help="A decoder's prefill and generate objectives: the prompt's length "
+        "(tokens).",
         recipe="decoder.prompt_tokens", minimum=1)
     generate_tokens: int = option(
-        32, help="A decoder's decode objective: tokens the FP32 model generates greedily, "
-        "each one input set (greedy agreement is judged at each).",
+        32, help="A decoder's decode and generate objectives: tokens the FP32 model "
+        "generates greedily (decode: each one input set, judged at each; generate: after "
+        "the prompt, the prompt's own pass included).",
         recipe="decoder.generate_tokens", minimum=1)
     tokens: Path | None = option(
         None, help="A decoder's prompt: a .npy of token ids, or a text file read as UTF-8 "
@@ -148,6 +163,10 @@ class DecoderSettings:
         if self.objective == "prefill":
             what = (f"prefill · time to first token of a {self.prompt_tokens}-token prompt, "
                     f"empty cache, {PREFILL_SETS} prompts")
+        elif self.objective == "generate":
+            what = (f"generate · a {self.prompt_tokens}-token prompt and "
+                    f"{self.generate_tokens} greedy tokens of the FP32 model, timed as one "
+                    "call: time to the last token")
         else:
             what = (f"decode · one token against a cache of {self.cache_tokens}-"
                     f"{self.cache_tokens + self.generate_tokens - 1} tokens, "
@@ -383,8 +402,10 @@ def phase_sets(cache: CacheSignature, settings: DecoderSettings, infer: Infer) -
         raise UsageError("a decoder whose cache has dynamic heads or head size: routetune "
                          "cannot make an empty cache for it; give the input sets with "
                          "--inputs")
-    decode = settings.objective == "decode"
-    want = settings.cache_tokens if decode else settings.prompt_tokens * PREFILL_SETS
+    objective = settings.objective
+    decode, prompt = objective == "decode", settings.prompt_tokens
+    want = {"decode": settings.cache_tokens, "prefill": prompt * PREFILL_SETS,
+            "generate": prompt}[objective]
     flag = "--cache-tokens" if decode else "--prompt-tokens"
     if settings.tokens is not None:
         tokens = read_tokens(settings.tokens)
@@ -402,8 +423,8 @@ def phase_sets(cache: CacheSignature, settings: DecoderSettings, infer: Infer) -
     else:
         tokens = np.random.default_rng(TOKENS_SEED).integers(0, cache.vocab, want)
     item = np.dtype(cache.cache_dtype).itemsize * 2 * cache.layers * cache.heads * cache.head_dim
-    if decode:
-        n, length = settings.generate_tokens, settings.cache_tokens
+    if objective != "prefill":
+        n, length = settings.generate_tokens, settings.cache_tokens if decode else prompt
         total = COPIES * item * sum(length + k for k in range(n))
         free = available_memory()
         if total > free:
@@ -431,12 +452,12 @@ def phase_sets(cache: CacheSignature, settings: DecoderSettings, infer: Infer) -
 
     empty = [np.zeros((1, cache.heads, 0, cache.head_dim), dtype=cache.cache_dtype)
              for _ in range(2 * cache.layers)]
-    if not decode:
-        p = settings.prompt_tokens
-        return [feed(tokens[k * p:(k + 1) * p], empty) for k in range(PREFILL_SETS)]
-    step = feed(tokens[:settings.cache_tokens], empty)
-    sets: list[Feed] = []
-    for _ in range(settings.generate_tokens):
+    if objective == "prefill":
+        return [feed(tokens[k * prompt:(k + 1) * prompt], empty) for k in range(PREFILL_SETS)]
+    step = feed(tokens[:want], empty)
+    # generate: the prompt is the first set, and its pass gives the first token
+    sets: list[Feed] = [] if decode else [step]
+    for _ in range(settings.generate_tokens - (not decode)):
         out = infer(step)
         past = [np.ascontiguousarray(out[cache.present(i, kv)])
                 for i in range(cache.layers) for kv in ("key", "value")]
@@ -450,14 +471,18 @@ def per_token(p50_ms: float, objective: str) -> str:
     """A phase's latency in its user's words: ``1.691 ms per token (591 tokens/s)``."""
     if objective == "prefill":
         return f"{p50_ms:.3f} ms to the first token"
+    if objective == "generate":
+        return f"{p50_ms:.3f} ms from the prompt to the last token"
     return f"{p50_ms:.3f} ms per token ({1000 / p50_ms:,.0f} tokens/s)"
 
 
 def phase_of(cache: CacheSignature, feeds: Sequence[Mapping[str, np.ndarray]]) -> str | None:
-    """The phase a decoder's input sets time: ``prefill``, ``decode`` or None.
+    """The phase a decoder's input sets time: ``prefill``, ``decode``, ``generate`` or None.
 
     ``prefill`` where every set's cache is empty, ``decode`` where every set is one
-    token against a cache; None for anything else (chunks against a cache, a mix).
+    token against a cache, ``generate`` where a prompt against an empty cache comes
+    first and one-token steps against its growing cache follow (the sets `phase_sets`
+    makes for that objective); None for anything else (chunks against a cache, a mix).
     """
     def one(feed: Mapping[str, np.ndarray]) -> str | None:
         past, ids = feed.get(cache.past(0, "key")), feed.get(cache.input_ids)
@@ -467,5 +492,9 @@ def phase_of(cache: CacheSignature, feeds: Sequence[Mapping[str, np.ndarray]]) -
             return "prefill"
         return "decode" if ids.shape[1] == 1 else None
 
-    phases = {one(f) for f in feeds}
-    return phases.pop() if len(phases) == 1 else None
+    phases = [one(f) for f in feeds]
+    if len(phases) > 1 and phases[0] == "prefill" and set(phases[1:]) == {"decode"}:
+        held = [int(f[cache.past(0, "key")].shape[2]) for f in feeds]
+        first = int(feeds[0][cache.input_ids].shape[1])
+        return "generate" if held[1:] == list(range(first, first + len(held) - 1)) else None
+    return phases[0] if len(set(phases)) == 1 else None

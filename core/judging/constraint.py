@@ -102,6 +102,10 @@ class Constraint:
         rtol = self.rtol.get(output, self.rtol.get(None, DEFAULT_TOL))
         return atol, rtol
 
+    def binds(self, output: str) -> bool:
+        """Whether a bound reads `output`: one scoped to it, or one scoped to none."""
+        return any(t.output in (None, output) for t in self.thresholds)
+
     def tolerance_map(self, outputs: Sequence[str]) -> dict[str, tuple[float, float]]:
         """``(atol, rtol)`` per output: what a measurement under this constraint uses."""
         return {name: self.tolerances(name) for name in outputs}

@@ -170,7 +170,9 @@ def _memory_text(memory: dict[str, Any] | str | None) -> str:
 PHASES = {"decode": "decode: one token against a cache per run, so p50 is the per-token "
                      "latency and 1000 / p50 the tokens/s at batch 1",
           "prefill": "prefill: a prompt against an empty cache per run, so p50 is the time "
-                      "to the first token"}
+                      "to the first token",
+          "generate": "generate: a prompt and every greedy step after it per run, in order "
+                       "(one call), so p50 is the time from the prompt to the last token"}
 """A decoder's phase (``run.json``'s ``phase``, `routetune.feeds.decoder.phase_of`): what
 its p50 figures mean."""
 

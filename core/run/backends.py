@@ -240,7 +240,7 @@ def write(result: BackendsResult, prepared: Sequence[Prepared], opts: RunSpec
         written = write_winner(prepared[k], own, opts, top)
         files.update({path.name: path for path in written.values()})
         if winner.outputs is not None:
-            save_outputs(top / WINNER_OUTPUTS, winner.outputs)
+            save_outputs(top / WINNER_OUTPUTS, winner.outputs, prepared[k].constraint)
             files[WINNER_OUTPUTS] = top / WINNER_OUTPUTS
     summary = {
         "winner": {"backend": winner.backend, "route": winner.trial.route,

@@ -12,7 +12,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -251,10 +251,15 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     # again under another --accuracy), the tolerances and the installed metrics are
     measured = [sorted(constraint.tolerance_map([o.name for o in model.outputs]).items()),
                 sorted(registry.metrics), constraint.task_params()]
+    phase = decoder.phase_of(cache, feeds) if cache is not None else None
+    if phase == "generate":  # a run is the prompt and every step after it, in order
+        opts = replace(opts, measure=replace(opts.measure, sequence=True))
     measure = asdict(opts.measure)
     host = not backend.gpus(backend.full_settings(opts.backend_options))
     if measure["latency"] == "device" or host:  # device compute is what was timed before
         del measure["latency"]  # --latency existed, and a host engine has no copies
+    if not measure["sequence"]:  # as timed before it existed
+        del measure["sequence"]
     settings_hash = sha256(json.dumps(
         [inputs_hash, measured, measure, str(profile), str(base),
          sorted(opts.backend_options.items())] + ([[lib.sha256 for lib in libraries]]
@@ -268,7 +273,7 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
                     pinned=pinned, spec=opts,
                     strategy_options=strategy_options, time_budget_s=budget_s,
                     libraries=libraries, saved_reference=saved,
-                    phase=decoder.phase_of(cache, feeds) if cache is not None else None)
+                    phase=phase)
 
 
 DECODER_OPTIONS = ("objective", "cache_tokens", "prompt_tokens", "generate_tokens", "tokens")

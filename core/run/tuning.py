@@ -282,7 +282,7 @@ def _tune_locked(
         raise
     try:
         loop = SearchLoop(run.registry, run.model, run.backend, run.feeds, references,
-                          run.constraint, store, run.outdir, opts.trial_settings(run.libraries),
+                          run.constraint, store, run.outdir, run.spec.trial_settings(run.libraries),
                           run.settings_hash,
                           reference, [r(run.registry) for r in run.refinements],
                           base=run.base, executor=executor, floor=floor)
@@ -332,7 +332,7 @@ def _tune_locked(
                         f"{run.outdir}: the stored winner '{winner.route}' no longer meets "
                         f"the accuracy constraint ({check.reason}); its files changed on "
                         "disk since it was measured: tune again with --fresh")
-            save_outputs(records / WINNER_OUTPUTS, outputs)
+            save_outputs(records / WINNER_OUTPUTS, outputs, run.constraint)
         memory.teach(run, trials)
         ours = {t.fingerprint for t in trials}  # other runs' kept models stay (--keep)
         others = frozenset(t.artifact for t in store.trials()

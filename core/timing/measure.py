@@ -60,6 +60,10 @@ class MeasureSettings:
         race: Whether a candidate's timing stops once its paired blocks show it cannot
             clear its bar, and a confirmation's once they show it clears
             (`routetune.timing.race`); else only below 0.5x.
+        sequence: Whether a run is every input set in order, timed as one call (a
+            decoder's generation: its prompt, then each decode step against the cache
+            the one before grew; set by the run for the ``generate`` objective,
+            `routetune.feeds.decoder`), rather than one set, in turn.
     """
 
     warmup: int = 3
@@ -80,6 +84,7 @@ class MeasureSettings:
         "confirmation once its first 10 all clear --min-speedup; --no-race times each in "
         "full (stopping only below 0.5x).", recipe="measure.race",
         flag="--race/--no-race")
+    sequence: bool = False
 
     @property
     def other_latency(self) -> str:
@@ -360,6 +365,14 @@ def measure_side_by_side(runners: Sequence[Runner], feeds: Sequence[Feed],
     return measure_blocks(runners, feeds, settings)[0]
 
 
+def _in_order(calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
+    """One call that makes every call of `calls`, in order."""
+    def run() -> None:
+        for call in calls:
+            call()
+    return run
+
+
 def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: MeasureSettings,
                    give_up: Callable[[list[Block]], bool] | None = None,
                    warm: frozenset[int] = frozenset(),
@@ -390,6 +403,8 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: M
     end_to_end = settings.latency == "end-to-end"
     kept = [runner.prepared(feeds, end_to_end) for runner in runners]
     calls = [k.calls for k in kept]
+    if settings.sequence:  # one run is every set in order (a decoder's generation)
+        calls = [[_in_order(c)] for c in calls]
     timers = [runner.wall_timed if end_to_end else runner.timed for runner in runners]
     for i, (runner, prepared) in enumerate(zip(runners, kept, strict=True)):
         n = len(prepared.calls)
@@ -414,7 +429,7 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: M
             block: list[float] = []
             k = 0
             while True:
-                call = calls[i][done[i] % len(feeds)]
+                call = calls[i][done[i] % len(calls[i])]
                 done[i] += 1
                 ms = timers[i](call)
                 t1 = time.perf_counter_ns()

@@ -33,7 +33,8 @@ from routetune.seasoning import (
     SeasoningInfo,
 )
 
-REPAIRED = frozenset({"fp16", "bf16", "int8-qdq", "fp8-qdq", "int4-weights"})
+REPAIRED = frozenset({"fp16", "bf16", "int8-qdq", "fp8-qdq", "int4-weights",
+                      "int8-weights"})
 """The built-in precision seasonings that record a `Lowering` this one can redo."""
 
 

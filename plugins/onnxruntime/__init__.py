@@ -1,8 +1,8 @@
 """ONNX Runtime integration: the CPU and CUDA backends, and their seasonings.
 
 Session and CUDA provider options as build seasonings (`session_options`,
-`cuda_options`), the Q/DQ seasonings (`quantize`), int4 weight-only quantization
-(`weight_only`), and the fusions into ONNX Runtime's
+`cuda_options`), the Q/DQ seasonings (`quantize`), int4 and int8 weight-only
+quantization (`weight_only`), and the fusions into ONNX Runtime's
 contrib operators (`transformer_fusion`, `attention_fusion`).
 """
 
@@ -15,7 +15,7 @@ from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.cuda import OnnxRuntimeCudaBackend
 from routetune.plugins.onnxruntime.quantize import Fp8Qdq, Int8Qdq
 from routetune.plugins.onnxruntime.transformer_fusion import TransformerFusion
-from routetune.plugins.onnxruntime.weight_only import Int4Weights
+from routetune.plugins.onnxruntime.weight_only import Int4Weights, Int8Weights
 from routetune.registry import Registry
 
 
@@ -30,8 +30,8 @@ def routetune_register_backends(registry: Registry) -> None:
 def routetune_register_seasonings(registry: Registry) -> None:
     """Register the session and CUDA provider options, Q/DQ and transformer fusion.
 
-    The Q/DQ seasonings are ``int8-qdq`` and ``fp8-qdq``; ``int4-weights`` writes
-    int4 weight-only ``MatMulNBits``; ``ort-transformer-fusion``
+    The Q/DQ seasonings are ``int8-qdq`` and ``fp8-qdq``; ``int4-weights`` and
+    ``int8-weights`` write weight-only ``MatMulNBits``; ``ort-transformer-fusion``
     runs ONNX Runtime's transformer optimizer; ``fuse-attention`` writes exported
     attention blocks as ``MultiHeadAttention``.
 
@@ -44,5 +44,6 @@ def routetune_register_seasonings(registry: Registry) -> None:
     registry.add_seasoning(Int8Qdq)
     registry.add_seasoning(Fp8Qdq)
     registry.add_seasoning(Int4Weights)
+    registry.add_seasoning(Int8Weights)
     registry.add_seasoning(TransformerFusion)
     registry.add_seasoning(AttentionFusion)

@@ -1,19 +1,26 @@
-"""``int4-weights``: int4 weight-only quantization of MatMul weights into ``MatMulNBits``.
+"""``int4-weights``, ``int8-weights``: weight-only MatMul weights in ``MatMulNBits``.
 
 ONNX Runtime's `MatMulNBitsQuantizer` (``onnxruntime.quantization.matmul_nbits_quantizer``,
 which needs the ``onnx-ir`` package: ``pip install 'routetune[int4]'``) replaces each
 ``MatMul`` whose second input is a constant 2-D weight ``[K, N]`` with the contrib op
-``com.microsoft:MatMulNBits``: the weight stored as 4-bit integers in blocks of
-``block_size`` values along K, each block with its own float scale (and, asymmetric, a
-4-bit zero point); activations stay in the model's float type. This is the first thing
-an LLM user tries: a decode step reads every weight once per token, so a quarter of the
-weight bytes is a quarter of the memory traffic. ONNX Runtime's CPU and CUDA providers
-have kernels for it; no other backend runs the op.
+``com.microsoft:MatMulNBits``: the weight stored as 4-bit (``int4-weights``) or 8-bit
+(``int8-weights``) integers in blocks of ``block_size`` values along K, each block with
+its own float scale (and, asymmetric, a zero point); activations stay in the model's
+float type. This is the first thing an LLM user tries: a decode step reads every weight
+once per token, so a quarter of the weight bytes is a quarter of the memory traffic.
+ONNX Runtime's CPU and CUDA providers have kernels for both widths (8 bits since ONNX
+Runtime 1.22: microsoft/onnxruntime pull requests 24384 and 24509); no other backend runs
+the op.
 
-Algorithms (``algorithm``):
+Eight bits is the accuracy-safe width: ONNX Runtime added it because 4-bit weights
+changed Phi-4's answers and ">= 6 bits can fix the issue" (pull request 24384), as
+llama.cpp's Q8_0 is its users' near-lossless choice.
+
+Algorithms (``algorithm``, ``int4-weights`` only):
 
 - ``rtn``: round to nearest with each block's own min/max (ONNX Runtime's ``DEFAULT``
-  weight-only config, its C++ ``quantize_matmul_4bits``); symmetric or asymmetric.
+  weight-only config, its C++ ``quantize_matmul_4bits``/``_8bits``); symmetric or
+  asymmetric.
 - ``hqq``: Half-Quadratic Quantization (H. Badri and A. Shaji, "Half-Quadratic
   Quantization of Large Machine Learning Models", 2023), which optimises each block's
   scale and zero point for the weight error without calibration data; asymmetric only.
@@ -23,14 +30,16 @@ Algorithms (``algorithm``):
 ``accuracy_level`` is MatMulNBits' attribute (ONNX Runtime's contrib-op docs): the
 compute type of the product, 0 unset (the input type), 1 fp32, 2 fp16, 3 bf16, 4 int8
 (activations quantized per block on the fly; ONNX Runtime's fast path on x86 CPUs with
-AVX2/AVX512-VNNI). The CUDA provider ignores it.
+AVX2/AVX512-VNNI). The CUDA provider ignores it. On this repository's 2-vCPU machine
+an 8-bit decode step of ``benchmarks/decoder.py``'s decoder took 10.1 ms at level 0
+and 1.53 ms at level 4 (FP32: 2.10 ms), so ``int8-weights`` searches level 4 only.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -152,7 +161,7 @@ def weight_only_declined(graph: gs.Graph) -> str | None:
 
     A model quantized already, one without a constant MatMul weight, or one whose
     constant MatMul weights hold less than `MIN_SHARE` of its weight bytes. Shared by
-    ``int4-weights`` and OpenVINO's ``nncf-int4``.
+    ``int4-weights``, ``int8-weights`` and OpenVINO's ``nncf-int4``.
     """
     found = quantized_ops(graph)
     if found:
@@ -168,23 +177,25 @@ def weight_only_declined(graph: gs.Graph) -> str | None:
     return None
 
 
-class Int4Weights(Seasoning):
-    """int4 weight-only quantization of constant MatMul weights (`MatMulNBits`).
+class WeightOnly(Seasoning):
+    """Weight-only quantization of constant MatMul weights into `MatMulNBits` of `bits`.
 
     Rules:
 
-    1. Offered on ONNX Runtime's CPU and CUDA backends (both run ``MatMulNBits``;
-       ``accuracy_level`` chooses a kernel on the CPU only) for a model not quantized
-       already, whose constant MatMul weights hold at least `MIN_SHARE` of its weight
-       bytes.
+    1. Offered on ONNX Runtime's CPU and CUDA backends (both run ``MatMulNBits`` of 4
+       and 8 bits; ``accuracy_level`` chooses a kernel on the CPU only) for a model not
+       quantized already, whose constant MatMul weights hold at least `MIN_SHARE` of its
+       weight bytes.
     2. Top-level ``Constant`` nodes become initializers (the quantizer sees only
        initializers as weights). Every MatMul with a constant weight of rank 2 (or
        leading dims of 1) not in ``nodes_to_exclude`` becomes ``MatMulNBits`` with
        ``block_size`` values per block along K, quantized by ``algorithm``; each gets
-       ``accuracy_level`` when it is not 0. With ``keep_head`` (the default) the output
-       projection stays as it is (`output_projections`: a language model's lm_head),
-       as int4 recipes keep it: llama.cpp's k-quants store ``output.weight`` as Q6_K,
-       NNCF's ``compress_weights`` keeps the last layer in 8 bits (``all_layers=False``).
+       ``accuracy_level`` when it is not 0, except on the CUDA provider, which ignores
+       it (so a level's route is level 0's model there, and shares its trial). With
+       ``keep_head`` the output projection stays as it is (`output_projections`: a
+       language model's lm_head), as int4 recipes keep it: llama.cpp's k-quants store
+       ``output.weight`` as Q6_K, NNCF's ``compress_weights`` keeps the last layer in 8
+       bits (``all_layers=False``).
        On ``benchmarks/decoder.py``'s trained decoder it decides the greedy text: 64 of
        64 next bytes kept with the head in FP32, 62 of 64 without (docs/benchmarks.md).
     3. Each ``MatMulNBits`` keeps its MatMul's name, and the route's `Lowering` is
@@ -201,6 +212,97 @@ class Int4Weights(Seasoning):
             the extra to install.
     """
 
+    bits: ClassVar[int]
+    """The weight width written (``MatMulNBits``' ``bits`` attribute)."""
+
+    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
+        """Why not: another backend, a quantized model, too few MatMul weights (rule 1)."""
+        reason = super().applicable(graph, backend)
+        if reason:
+            return reason
+        return weight_only_declined(graph)
+
+    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
+        """Quantize the MatMul weights with ONNX Runtime and copy the result in (rules 2-4)."""
+        p = self.params
+        algorithm, bits, name = str(p.get("algorithm", "rtn")), self.bits, self.info.name
+        if algorithm == "hqq" and p["symmetric"]:
+            raise ValueError(f"{name}: hqq writes a zero point per block; use "
+                             "symmetric=false, or algorithm=rtn for symmetric blocks")
+        if algorithm == "hqq" and not HQQ:
+            raise ValueError("int4-weights{algorithm=hqq} needs torch (ONNX Runtime's HQQ "
+                             "quantizer uses it): pip install 'routetune[int4-hqq]'")
+        try:
+            from onnxruntime.quantization import matmul_nbits_quantizer as nbits
+            from onnxruntime.quantization.quant_utils import QuantFormat
+        except ImportError as e:
+            raise ImportError(f"{name} needs ONNX Runtime's MatMulNBits quantizer, "
+                              f"which failed to import ({e}): pip install "
+                              "'routetune[int4]'") from e
+        graph = state.model_graph()
+        head = output_projections(graph) if p["keep_head"] else []
+        excluded = [*p["nodes_to_exclude"], *head]
+        before = sum(int(w.nbytes) for n, w in matmul_weights(graph) if n.name not in excluded)
+        fp32 = copy_graph(graph)
+        model = gs.export_onnx(graph)
+        _constants_to_initializers(model)
+        types = _inferred_types(model)  # before the quantizer rewrites `model` in place
+        block = int(p["block_size"])
+        config: nbits.WeightOnlyQuantConfig
+        if algorithm == "hqq":
+            config = nbits.HQQWeightOnlyQuantConfig(block_size=block, bits=bits,
+                                                    op_types_to_quantize=("MatMul",))
+        else:
+            config = nbits.DefaultWeightOnlyQuantConfig(
+                block_size=block, is_symmetric=bool(p["symmetric"]),
+                quant_format=QuantFormat.QOperator, op_types_to_quantize=("MatMul",), bits=bits)
+        quantizer = nbits.MatMulNBitsQuantizer(
+            model, bits=bits, block_size=block, is_symmetric=bool(p["symmetric"]),
+            nodes_to_exclude=excluded, algo_config=config)
+        quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)  # it logs every node at INFO
+        try:
+            quantizer.process()
+        finally:
+            quiet.setLevel(level)
+        quantized: onnx.ModelProto = quantizer.model.model
+        written = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
+        # the CUDA provider ignores the attribute: left out there, a level's route is the
+        # same model as level 0's, and shares its trial (one engine, measured once)
+        level_attr = 0 if ctx.backend.name == "onnxruntime-cuda" else int(p["accuracy_level"])
+        for node in written:
+            node.name = node.name.removesuffix(f"_Q{bits}")  # the MatMul's own: repair excludes it
+            attrs = {a.name for a in node.attribute}
+            if level_attr and "accuracy_level" not in attrs:  # HQQ writes none
+                node.attribute.append(onnx.helper.make_attribute("accuracy_level", level_attr))
+        stats = {"quantized_nodes": len(written), "kept_head": len(head)}
+        if not written:
+            return PassResult(False, stats, "no MatMul weight was quantized")
+        names = {i for n in written for i in n.input[1:]}
+        after = sum(numpy_helper.to_array(t).nbytes for t in quantized.graph.initializer
+                    if t.name in names)
+        name_nodes(quantized)
+        new = gs.import_onnx(quantized)
+        _keep_types(new, types)
+        replace_graph(graph, new)
+        graph.cleanup()
+        state.stash[LOWERED] = Lowering(self, fp32)  # precision-repair redoes it
+        stats.update(weight_bytes_before=int(before), weight_bytes_after=int(after))
+        note = (f"{algorithm}, {bits} bits, block {block}, "
+                f"{'symmetric' if p['symmetric'] else 'asymmetric'}"
+                f"{f', accuracy_level {level_attr}' if level_attr else ''}: "
+                f"{len(written)} MatMul weights, {before / 2**20:.2f} MiB -> "
+                f"{after / 2**20:.2f} MiB with scales and zero points "
+                f"({np.float64(before) / max(after, 1):.1f}x smaller)"
+                + (f"; kept the output projection {', '.join(head)} as it was" if head else ""))
+        return PassResult(True, stats, note)
+
+
+class Int4Weights(WeightOnly):
+    """int4 weight-only quantization (`WeightOnly`): RTN or HQQ, the head kept by default."""
+
+    bits = 4
     info = SeasoningInfo(
         name="int4-weights", stage="precision",
         backends=frozenset({"onnxruntime", "onnxruntime-cuda"}),
@@ -221,87 +323,38 @@ class Int4Weights(Seasoning):
                   "a language model's lm_head) as it is", allowed=(False,)),
             Param("nodes_to_exclude", ((),), (), "MatMul node names to keep as they are"),
         ),
-        conflicts=frozenset({"int8-qdq", "fp8-qdq"}),
+        conflicts=frozenset({"int8-qdq", "fp8-qdq", "int8-weights"}),
         after=frozenset({"fp16", "bf16"}),
     )
 
-    def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
-        """Why not: another backend, a quantized model, too few MatMul weights (rule 1)."""
-        reason = super().applicable(graph, backend)
-        if reason:
-            return reason
-        return weight_only_declined(graph)
 
-    def apply(self, state: RouteState, ctx: RouteContext) -> PassResult:
-        """Quantize the MatMul weights with ONNX Runtime and copy the result in (rules 2-4)."""
-        p = self.params
-        algorithm = str(p["algorithm"])
-        if algorithm == "hqq" and p["symmetric"]:
-            raise ValueError("int4-weights: hqq writes a zero point per block; use "
-                             "symmetric=false, or algorithm=rtn for symmetric blocks")
-        if algorithm == "hqq" and not HQQ:
-            raise ValueError("int4-weights{algorithm=hqq} needs torch (ONNX Runtime's HQQ "
-                             "quantizer uses it): pip install 'routetune[int4-hqq]'")
-        try:
-            from onnxruntime.quantization import matmul_nbits_quantizer as nbits
-            from onnxruntime.quantization.quant_utils import QuantFormat
-        except ImportError as e:
-            raise ImportError(f"int4-weights needs ONNX Runtime's MatMulNBits quantizer, "
-                              f"which failed to import ({e}): pip install "
-                              "'routetune[int4]'") from e
-        graph = state.model_graph()
-        head = output_projections(graph) if p["keep_head"] else []
-        excluded = [*p["nodes_to_exclude"], *head]
-        before = sum(int(w.nbytes) for n, w in matmul_weights(graph) if n.name not in excluded)
-        fp32 = copy_graph(graph)
-        model = gs.export_onnx(graph)
-        _constants_to_initializers(model)
-        types = _inferred_types(model)  # before the quantizer rewrites `model` in place
-        block = int(p["block_size"])
-        config: nbits.WeightOnlyQuantConfig
-        if algorithm == "hqq":
-            config = nbits.HQQWeightOnlyQuantConfig(block_size=block, bits=4,
-                                                    op_types_to_quantize=("MatMul",))
-        else:
-            config = nbits.DefaultWeightOnlyQuantConfig(
-                block_size=block, is_symmetric=bool(p["symmetric"]),
-                quant_format=QuantFormat.QOperator, op_types_to_quantize=("MatMul",), bits=4)
-        quantizer = nbits.MatMulNBitsQuantizer(
-            model, bits=4, block_size=block, is_symmetric=bool(p["symmetric"]),
-            nodes_to_exclude=excluded, algo_config=config)
-        quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
-        level = quiet.level
-        quiet.setLevel(logging.WARNING)  # it logs every node at INFO
-        try:
-            quantizer.process()
-        finally:
-            quiet.setLevel(level)
-        quantized: onnx.ModelProto = quantizer.model.model
-        written = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
-        level_attr = int(p["accuracy_level"])
-        for node in written:
-            node.name = node.name.removesuffix("_Q4")  # the MatMul's own: repair excludes it
-            attrs = {a.name for a in node.attribute}
-            if level_attr and "accuracy_level" not in attrs:  # HQQ writes none
-                node.attribute.append(onnx.helper.make_attribute("accuracy_level", level_attr))
-        stats = {"quantized_nodes": len(written), "kept_head": len(head)}
-        if not written:
-            return PassResult(False, stats, "no MatMul weight was quantized")
-        names = {i for n in written for i in n.input[1:]}
-        after = sum(numpy_helper.to_array(t).nbytes for t in quantized.graph.initializer
-                    if t.name in names)
-        name_nodes(quantized)
-        new = gs.import_onnx(quantized)
-        _keep_types(new, types)
-        replace_graph(graph, new)
-        graph.cleanup()
-        state.stash[LOWERED] = Lowering(self, fp32)  # precision-repair redoes it
-        stats.update(weight_bytes_before=int(before), weight_bytes_after=int(after))
-        note = (f"{algorithm}, block {block}, "
-                f"{'symmetric' if p['symmetric'] else 'asymmetric'}"
-                f"{f', accuracy_level {level_attr}' if level_attr else ''}: "
-                f"{len(written)} MatMul weights, {before / 2**20:.2f} MiB -> "
-                f"{after / 2**20:.2f} MiB with scales and zero points "
-                f"({np.float64(before) / max(after, 1):.1f}x smaller)"
-                + (f"; kept the output projection {', '.join(head)} as it was" if head else ""))
-        return PassResult(True, stats, note)
+class Int8Weights(WeightOnly):
+    """int8 weight-only quantization (`WeightOnly`): RTN, every MatMul by default.
+
+    ``keep_head`` is off by default: eight bits is near-lossless for the output
+    projection too (llama.cpp's Q8_0 quantizes ``output.weight`` to Q8_0 as well), and
+    an LLM's head is among its largest weights. ``accuracy_level`` 4 only is searched
+    (the module's note: level 0's 8-bit CPU kernel was 4.8x slower than FP32 here).
+    """
+
+    bits = 8
+    info = SeasoningInfo(
+        name="int8-weights", stage="precision",
+        backends=frozenset({"onnxruntime", "onnxruntime-cuda"}),
+        summary="int8 weight-only MatMul weights (ONNX Runtime's MatMulNBits, 8 bits: RTN)",
+        params=(
+            Param("block_size", (32,), 32, "weights per quantization block along K",
+                  allowed=(16, 64, 128, 256)),
+            Param("symmetric", (False,), False, "symmetric blocks (no zero point)",
+                  allowed=(True,)),
+            Param("accuracy_level", (4,), 4,
+                  "MatMulNBits compute type: 4 int8 (fast on x86 CPUs), 0 the input's",
+                  allowed=(0, 1, 2, 3)),
+            Param("keep_head", (False,), False,
+                  "keep the output projection (the MatMul whose result is a graph output: "
+                  "a language model's lm_head) as it is", allowed=(True,)),
+            Param("nodes_to_exclude", ((),), (), "MatMul node names to keep as they are"),
+        ),
+        conflicts=frozenset({"int4-weights", "int8-qdq", "fp8-qdq"}),
+        after=frozenset({"fp16", "bf16"}),
+    )

@@ -94,6 +94,22 @@ def test_prefill_sets_are_prompts_against_an_empty_cache(tmp_path: Path) -> None
                     ) is None  # a mix of phases times neither
 
 
+def test_generate_sets_are_a_prompt_then_its_own_greedy_steps(tmp_path: Path) -> None:
+    path = kv_decoder(tmp_path / "d.onnx")
+    cache, infer = _signature(path), _infer(path)
+    sets = phase_sets(cache, DecoderSettings(objective="generate", prompt_tokens=7,
+                                             generate_tokens=4), infer)
+    # the prompt's pass gives the first of 4 tokens, 3 decode steps the rest
+    assert [s["input_ids"].shape[1] for s in sets] == [7, 1, 1, 1]
+    assert [s["past_key_values.0.key"].shape[2] for s in sets] == [0, 7, 8, 9]
+    for here, after in zip(sets, sets[1:], strict=False):
+        out = infer(here)
+        assert int(np.argmax(out["logits"][0, -1])) == int(after["input_ids"][0, 0])
+        np.testing.assert_array_equal(out["present.0.value"], after["past_key_values.0.value"])
+    assert phase_of(cache, sets) == "generate"
+    assert phase_of(cache, [sets[0], sets[2]]) is None  # a step that does not follow
+
+
 def test_cache_position_is_filled_and_an_unknown_input_is_refused(tmp_path: Path) -> None:
     path = kv_decoder(tmp_path / "d.onnx", extra="cache_position")
     cache = _signature(path)
@@ -146,6 +162,31 @@ def test_a_decoder_is_tuned_for_decode_and_reported_per_token(tmp_path: Path) ->
                       "--output", str(tmp_path / "again"), *QUICK_FLAGS)
     assert again.returncode == 0, again.stderr  # the recipe makes the same sets again
     assert "cache of 24-29 tokens" in " ".join(again.stderr.split())
+    # the winner's stored outputs: the logits the constraint reads, not the KV cache
+    # (most of a decode set's bytes); a rebuilt engine is judged on the same names
+    with np.load(out / "winner_outputs.npz") as stored:
+        assert sorted(stored.files) == [f"{i}/logits" for i in range(6)]
+    built = routetune("build", "--recipe", str(out / "winner.toml"), "--output", str(out))
+    assert built.returncode == 0, built.stderr
+    assert "outputs match the stored winner's outputs (winner_outputs.npz)" in built.stdout
+
+
+def test_a_decoder_is_tuned_end_to_end_and_reported_as_time_to_the_last_token(
+        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = routetune("tune", str(kv_decoder(tmp_path / "d.onnx")), "--objective", "generate",
+                     "--prompt-tokens", "12", "--generate-tokens", "5", "--seasonings", "fp16",
+                     "--accuracy", "logits:top1>=0.99", "--in-process", "--output", str(out),
+                     *QUICK_FLAGS)
+    assert done.returncode == 0, done.stderr
+    header = " ".join(done.stderr.split())
+    assert ("decoder generate · a 12-token prompt and 5 greedy tokens of the FP32 model, "
+            "timed as one call: time to the last token") in header
+    assert "generate: " in done.stdout and "ms from the prompt to the last token" in done.stdout
+    record = json.loads((out / "run.json").read_text())
+    assert record["phase"] == "generate" and record["measure"]["sequence"] is True
+    report = (out / "report.md").read_text()
+    assert "so p50 is the time from the prompt to the last token" in report
 
 
 @pytest.mark.parametrize(("args", "message"), [

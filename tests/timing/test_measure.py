@@ -59,6 +59,15 @@ def test_measure_rotates_inputs_and_meets_count_and_duration() -> None:
     assert 1.9 < lat.p50 < 20
 
 
+def test_a_sequence_runs_every_set_in_order_as_one_timed_run() -> None:
+    runner = SleepRunner()
+    settings = MeasureSettings(warmup=1, min_runs=5, min_time_s=0.01, sequence=True)
+    lat = measure(runner, [{"k": k} for k in "pab"], settings)  # a prompt, two steps
+    timed = runner.calls[3:]  # after one warm-up run of each set
+    assert timed == list("pab" * lat.n)  # never a step without the ones before it
+    assert lat.p50 >= 3 * 2  # three sleeps of 2 ms in one run
+
+
 def test_an_engine_that_ran_every_input_set_warms_up_once_per_set() -> None:
     settings = MeasureSettings(warmup=3, min_runs=6, min_time_s=0.02, min_blocks=6)
     cold, warm = SleepRunner(), SleepRunner()

@@ -1,4 +1,4 @@
-"""int4-weights: MatMulNBits written by ONNX Runtime's quantizer, run and judged for real.
+"""int4-weights, int8-weights: MatMulNBits by ONNX Runtime's quantizer, run and judged for real.
 
 Every quantized model runs in a real ONNX Runtime CPU session and is compared with the
 FP32 model on inputs the quantizer never saw (weight-only quantization calibrates on
@@ -19,12 +19,21 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from quick import quick_spec
 
+from routetune.errors import UsageError
 from routetune.feeds.examples import load_inputs
 from routetune.passes.precision.repair import PrecisionRepair
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
-from routetune.plugins.onnxruntime.weight_only import HQQ, Int4Weights, output_projections
+from routetune.plugins.onnxruntime.weight_only import (
+    HQQ,
+    Int4Weights,
+    Int8Weights,
+    WeightOnly,
+    output_projections,
+)
 from routetune.plugins.openvino.backend import OpenVinoBackend
 from routetune.registry import Registry
+from routetune.routes.composer import resolve_route
+from routetune.routes.route import parse_route
 from routetune.run.tuning import tune
 from routetune.seasoning import PassResult, RouteContext, RouteState
 
@@ -51,15 +60,16 @@ def mlp(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def season(model: onnx.ModelProto, **params: object) -> tuple[PassResult, onnx.ModelProto]:
-    """Apply int4-weights as a route does; the graph is rewritten in place.
+def season(model: onnx.ModelProto, kind: type[WeightOnly] = Int4Weights,
+           **params: object) -> tuple[PassResult, onnx.ModelProto]:
+    """Apply int4-weights (or `kind`) as a route does; the graph is rewritten in place.
 
     `mlp`'s fc2 writes its output, so it is an output projection: kept unless
     ``keep_head=False`` (the default here, so that both MatMuls are quantized).
     """
     graph = gs.import_onnx(model)
     state = RouteState(graph)
-    result = Int4Weights({"keep_head": False, **params})(state, RouteContext(BACKEND))
+    result = kind({"keep_head": False, **params})(state, RouteContext(BACKEND))
     assert state.graph is graph
     return result, gs.export_onnx(graph)
 
@@ -101,6 +111,45 @@ def test_rtn_writes_matmulnbits_that_run_close_to_fp32(symmetric: bool,
     # 16 levels over each block's range: 11-13% relative error here (symmetric blocks,
     # which spend one level on nothing, the more)
     assert 0.05 < error < 0.2, error
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_int8_writes_8_bit_blocks_sixteen_times_closer_than_int4(symmetric: bool) -> None:
+    model = mlp()
+    result, quantized = season(model, Int8Weights, symmetric=symmetric)
+    nbits = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 2 and result.stats["quantized_nodes"] == 2
+    for node in nbits:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["bits"] == 8 and attrs["accuracy_level"] == 4  # its searched level
+    assert result.note.startswith("rtn, 8 bits, block 32")
+    before, after = result.stats["weight_bytes_before"], result.stats["weight_bytes_after"]
+    assert 3 < before / after < 4  # 8 bits a weight, plus a scale (and zero point) per 32
+    x = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)
+    (fp32,), (int8,) = run(model, {"x": x}), run(quantized, {"x": x})
+    _, int4_model = season(model, symmetric=symmetric)
+    int4 = run(int4_model, {"x": x})[0]
+    # 256 levels a block where int4 has 16; accuracy_level 4 also rounds the activations
+    # to int8 per block: 0.7-0.9% relative error here, against int4's 11-13%
+    assert rel_l2(int8, fp32) < 0.02 and rel_l2(int8, fp32) < rel_l2(int4, fp32) / 5
+
+
+def test_int4_and_int8_weights_conflict_in_a_route(registry: Registry) -> None:
+    with pytest.raises(UsageError, match="'int4-weights' conflicts with int8-weights"):
+        resolve_route(parse_route("int4-weights,int8-weights"), registry)
+
+
+def test_accuracy_level_is_left_out_on_cuda_where_the_provider_ignores_it() -> None:
+    from routetune.plugins.onnxruntime.cuda import OnnxRuntimeCudaBackend
+    written = {}
+    for level in (0, 4):
+        graph = gs.import_onnx(mlp())
+        Int4Weights({"keep_head": False, "accuracy_level": level})(
+            RouteState(graph), RouteContext(OnnxRuntimeCudaBackend()))
+        model = gs.export_onnx(graph)
+        assert all(a.name != "accuracy_level" for n in model.graph.node for a in n.attribute)
+        written[level] = model.SerializeToString()
+    assert written[0] == written[4]  # one model, so one trial in a search
 
 
 def test_excluded_nodes_keep_their_matmul() -> None:
