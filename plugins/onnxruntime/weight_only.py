@@ -177,6 +177,21 @@ def weight_only_declined(graph: gs.Graph) -> str | None:
     return None
 
 
+BACKENDS = frozenset({"onnxruntime", "onnxruntime-cuda"})
+"""The backends that run ``MatMulNBits`` of 4 and 8 bits."""
+
+BLOCK_SIZE = Param("block_size", (32,), 32, "weights per quantization block along K",
+                   allowed=(16, 64, 128, 256))
+NODES_TO_EXCLUDE = Param("nodes_to_exclude", ((),), (), "MatMul node names to keep as they are")
+
+
+def keep_head(default: bool) -> Param:
+    """The ``keep_head`` parameter, searched at `default` only (the other value pinnable)."""
+    return Param("keep_head", (default,), default,
+                 "keep the output projection (the MatMul whose result is a graph output: a "
+                 "language model's lm_head) as it is", allowed=(not default,))
+
+
 class WeightOnly(Seasoning):
     """Weight-only quantization of constant MatMul weights into `MatMulNBits` of `bits`.
 
@@ -305,23 +320,20 @@ class Int4Weights(WeightOnly):
     bits = 4
     info = SeasoningInfo(
         name="int4-weights", stage="precision",
-        backends=frozenset({"onnxruntime", "onnxruntime-cuda"}),
+        backends=BACKENDS,
         summary="int4 weight-only MatMul weights (ONNX Runtime's MatMulNBits: RTN or HQQ)",
         params=(
             Param("algorithm", ("rtn", "hqq") if HQQ else ("rtn",), "rtn",
                   "rtn (blockwise min/max, round to nearest) or hqq (half-quadratic; needs "
                   "torch)", allowed=("rtn", "hqq")),
-            Param("block_size", (32,), 32, "weights per quantization block along K",
-                  allowed=(16, 64, 128, 256)),
+            BLOCK_SIZE,
             Param("symmetric", (False,), False,
                   "symmetric blocks (no zero point); rtn only", allowed=(True,)),
             Param("accuracy_level", (0, 4), 0,
                   "MatMulNBits compute type: 0 the input's, 4 int8 (fast on x86 CPUs)",
                   allowed=(1, 2, 3)),
-            Param("keep_head", (True,), True,
-                  "keep the output projection (the MatMul whose result is a graph output: "
-                  "a language model's lm_head) as it is", allowed=(False,)),
-            Param("nodes_to_exclude", ((),), (), "MatMul node names to keep as they are"),
+            keep_head(True),
+            NODES_TO_EXCLUDE,
         ),
         conflicts=frozenset({"int8-qdq", "fp8-qdq", "int8-weights"}),
         after=frozenset({"fp16", "bf16"}),
@@ -340,20 +352,17 @@ class Int8Weights(WeightOnly):
     bits = 8
     info = SeasoningInfo(
         name="int8-weights", stage="precision",
-        backends=frozenset({"onnxruntime", "onnxruntime-cuda"}),
+        backends=BACKENDS,
         summary="int8 weight-only MatMul weights (ONNX Runtime's MatMulNBits, 8 bits: RTN)",
         params=(
-            Param("block_size", (32,), 32, "weights per quantization block along K",
-                  allowed=(16, 64, 128, 256)),
+            BLOCK_SIZE,
             Param("symmetric", (False,), False, "symmetric blocks (no zero point)",
                   allowed=(True,)),
             Param("accuracy_level", (4,), 4,
                   "MatMulNBits compute type: 4 int8 (fast on x86 CPUs), 0 the input's",
                   allowed=(0, 1, 2, 3)),
-            Param("keep_head", (False,), False,
-                  "keep the output projection (the MatMul whose result is a graph output: "
-                  "a language model's lm_head) as it is", allowed=(True,)),
-            Param("nodes_to_exclude", ((),), (), "MatMul node names to keep as they are"),
+            keep_head(False),
+            NODES_TO_EXCLUDE,
         ),
         conflicts=frozenset({"int4-weights", "int8-qdq", "fp8-qdq"}),
         after=frozenset({"fp16", "bf16"}),
