@@ -204,7 +204,7 @@ class Candidate:
         inputs = self.inputs
         try:
             with runner:
-                outputs = [runner.infer(feed) for feed in inputs.feeds]
+                outputs = [self._judged(runner.infer(feed)) for feed in inputs.feeds]
                 measured = measure_accuracy(self.registry, outputs, list(inputs.references),
                                             inputs.tolerances, inputs.task_params)
                 faults, notes = list(measured.faults), list(measured.notes)
@@ -328,7 +328,16 @@ class Candidate:
         except EngineNotRunnable:
             return None
         with runner:
-            return [runner.infer(feed) for feed in self.inputs.feeds]
+            return [self._judged(runner.infer(feed)) for feed in self.inputs.feeds]
+
+    def _judged(self, outputs: Mapping[str, Any]) -> dict[str, Any]:
+        """One set's outputs, only those the reference kept.
+
+        `routetune.judging.accuracy.judged`: a decoder's KV cache that no bound reads is
+        dropped as soon as it is read, not held for every set.
+        """
+        kept = self.inputs.references[0] if self.inputs.references else outputs
+        return {name: value for name, value in outputs.items() if name in kept}
 
     def engine(self, model: Path, settings: Mapping[str, Any], key: str, recorded: str
                ) -> Engine:

@@ -199,6 +199,22 @@ def _set_scores(metric: TaskMetric, outs: list[np.ndarray], refs: list[np.ndarra
     return np.full(max(samples, 1), metric.worst)
 
 
+def judged(outputs: Mapping[str, Any], constraint: Constraint) -> dict[str, Any]:
+    """`outputs` (one input set's, by name) less a decoder's KV cache no bound reads.
+
+    A decode step's ``present.*`` outputs (`routetune.feeds.decoder.is_cache_output`)
+    are the steps' inner state and most of a decode set's bytes (8 layers' keys and
+    values at a cache of 600 tokens: 19 MB a set, 2.4 GB over 128 steps of
+    ``benchmarks/decoder.py``'s 26 M decoder, against 128 KB of logits). Unless a bound
+    names one (`Constraint.binds`), the reference's are not kept, so a candidate's are
+    neither measured nor held: a two-backend search over 128 steps of that decoder ran
+    out of this machine's 24 GB with them. Every other output is kept.
+    """
+    return {name: value for name, value in outputs.items()
+            if constraint.binds(name) or not (isinstance(value, np.ndarray)
+                                              and is_cache_output(name, value.ndim))}
+
+
 def measure_accuracy(
     registry: Registry,
     outputs: Sequence[Mapping[str, np.ndarray]],

@@ -36,6 +36,7 @@ from routetune.judging.accuracy import (
     DEFAULT_ACCURACY,
     Constraint,
     check_outputs,
+    judged,
     parse_accuracy,
 )
 from routetune.judging.saved_reference import SavedReference, load_reference
@@ -331,6 +332,8 @@ def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndar
     ONNX Runtime refuses, when ``--allow-external-data-outside`` let them in.
 
     The reference must give something to judge a route against (`check_judgeable`).
+    A decoder's KV-cache outputs that no bound reads are not kept
+    (`routetune.judging.accuracy.judged`), so no candidate's are measured or held.
     With ``--reference-outputs`` it is the file's outputs (`Prepared.saved_reference`),
     and nothing is run.
 
@@ -347,7 +350,7 @@ def reference_outputs(backend: Backend, run: Prepared) -> list[dict[str, np.ndar
         source = save_model(run.outdir, run.model.data)
     try:
         with backend.reference(source) as runner:
-            outputs = [runner.infer(feed) for feed in run.feeds]
+            outputs = [judged(runner.infer(feed), run.constraint) for feed in run.feeds]
     except Exception as e:  # the runtime's own error types
         given = {name: a.shape for name, a in run.feeds[0].items()} if run.feeds else {}
         conflict = shared_dim_conflict(run.model.inputs, given)

@@ -16,7 +16,7 @@ import numpy as np
 
 from routetune.candidate.artifacts import matches_record
 from routetune.errors import StorageError
-from routetune.feeds.decoder import is_cache_output
+from routetune.judging.accuracy import judged
 from routetune.model.weights import copy_model, save_standalone
 from routetune.run.recipe import write_winner_recipe
 
@@ -37,19 +37,16 @@ def save_outputs(path: Path, outputs: Sequence[Mapping[str, np.ndarray]] | None,
                  constraint: Constraint) -> None:
     """Write outputs, one mapping per input set, as ``.npz`` (keys ``<set>/<name>``).
 
-    A decoder's cache outputs (`routetune.feeds.decoder.is_cache_output`) are left out
-    unless a bound of `constraint` reads them (`Constraint.binds`): they are most of a
-    decode set's bytes (12 ``present`` tensors of ``[1, 6, 512-639, 64]`` float32 beside
-    ``[1, 1, 256]`` logits: 640 MB over 64 steps of ``benchmarks/decoder.py``'s model),
-    and the default constraint of a decoder reads the logits only. ``routetune build``
-    compares the outputs stored here, so a rebuilt engine is judged on the same names.
+    A decoder's cache outputs are left out unless a bound reads them
+    (`routetune.judging.accuracy.judged`): 1.36 GB for 128 decode steps of
+    ``benchmarks/decoder.py``'s 10.8 M decoder with them, 163 KB without. ``routetune
+    build`` compares the outputs stored here, so a rebuilt engine is judged on the same
+    names.
     """
     if outputs is None:
         return
-    arrays: dict[str, Any] = {
-        f"{i}/{name}": array for i, out in enumerate(outputs) for name, array in out.items()
-        if constraint.binds(name) or not (isinstance(array, np.ndarray)
-                                          and is_cache_output(name, array.ndim))}
+    arrays: dict[str, Any] = {f"{i}/{name}": array for i, out in enumerate(outputs)
+                              for name, array in judged(out, constraint).items()}
     np.savez(path, **arrays)
 
 

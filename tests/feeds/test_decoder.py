@@ -158,6 +158,8 @@ def test_a_decoder_is_tuned_for_decode_and_reported_per_token(tmp_path: Path) ->
     assert record["given"]["decoder"].startswith("decode · one token")
     trials = {t["route"]: t for t in json.loads((out / "report.json").read_text())["trials"]}
     assert set(trials) >= {"base", "fp16"}
+    # the KV cache that no bound reads is neither kept from the reference nor measured
+    assert set(trials["fp16"]["accuracy"]) == {"logits"}
     again = routetune("tune", "--recipe", str(out / "winner.toml"), "--in-process",
                       "--output", str(tmp_path / "again"), *QUICK_FLAGS)
     assert again.returncode == 0, again.stderr  # the recipe makes the same sets again
@@ -176,7 +178,8 @@ def test_a_decoder_is_tuned_end_to_end_and_reported_as_time_to_the_last_token(
     out = tmp_path / "out"
     done = routetune("tune", str(kv_decoder(tmp_path / "d.onnx")), "--objective", "generate",
                      "--prompt-tokens", "12", "--generate-tokens", "5", "--seasonings", "fp16",
-                     "--accuracy", "logits:top1>=0.99", "--in-process", "--output", str(out),
+                     "--accuracy", "logits:top1>=0.99,present.1.value:cos>=0.999",
+                     "--in-process", "--output", str(out),
                      *QUICK_FLAGS)
     assert done.returncode == 0, done.stderr
     header = " ".join(done.stderr.split())
@@ -187,6 +190,9 @@ def test_a_decoder_is_tuned_end_to_end_and_reported_as_time_to_the_last_token(
     assert record["phase"] == "generate" and record["measure"]["sequence"] is True
     report = (out / "report.md").read_text()
     assert "so p50 is the time from the prompt to the last token" in report
+    trials = {t["route"]: t for t in json.loads((out / "report.json").read_text())["trials"]}
+    # a bound that names a cache output keeps it, and only it, among the cache's
+    assert set(trials["fp16"]["accuracy"]) == {"logits", "present.1.value"}
 
 
 @pytest.mark.parametrize(("args", "message"), [
