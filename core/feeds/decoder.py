@@ -85,9 +85,13 @@ PREFILL_SETS = 4
 TOKENS_SEED = 0
 """The seed of the prompt's tokens when no ``--tokens`` file is given."""
 
-COPIES = 3
-"""Copies of the decode sets' caches a search holds at once: the sets, the reference's
-``present`` outputs, a candidate's."""
+COPIES = 6
+"""Copies of the decode sets' caches a search holds at once, as measured (process RSS)
+on a two-backend search over 128 steps of ``benchmarks/decoder.py``'s 26 M decoder
+(2.4 GB of caches): the tuner's own sets (one per backend), the worker that builds
+(its inputs: about two), the worker that times (the sets, and the prepared copies of
+the candidate and of the base route: three). The reference's ``present`` outputs are
+not kept (`routetune.judging.accuracy.judged`)."""
 
 OBJECTIVES = ("decode", "prefill", "generate")
 
