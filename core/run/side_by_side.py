@@ -13,17 +13,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pebble
 
 from routetune.candidate.artifacts import open_engine
 from routetune.candidate.candidate import CONFIRM_BLOCKS, with_preflight
 from routetune.candidate.pairing import PairedTiming
 from routetune.candidate.records import Recorded, TrialInputs
 from routetune.errors import one_line
+from routetune.execution.scheduling import exit_text
 from routetune.judging.verdict import CONFIRM_REPEATS
 from routetune.plugin_manager import load_registry
 from routetune.records.trial import Status, Trial
@@ -110,10 +113,7 @@ def side_by_side(prepared: Sequence[Prepared], runs: Sequence[TuneResult],
         if in_process:
             loops.append(timed_loop(jobs, settings, outputs=k == 0, bar=bar))
             continue
-        with spawning_quietly():
-            pool = _SPAWN.Pool(1)
-        with pool:  # leaving it terminates the process, on Ctrl-C too
-            loops.append(pool.apply(timed_loop, (jobs, settings, k == 0, None, bar)))
+        loops.append(fresh_loop(jobs, settings, k == 0, bar))
         if not loops[-1].timed:
             break  # nothing could be built: no loop will do better
     first = loops[0]
@@ -153,6 +153,31 @@ class Loop:
     blocks: list[Block]
     conditions: dict[str, Any]
     outputs: list[list[dict[str, np.ndarray]]] | None = None
+
+
+def fresh_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial | None]],
+               settings: MeasureSettings, outputs: bool, bar: Bar | None = None) -> Loop:
+    """`timed_loop` in a fresh (spawned) process, stopped on the way out, on Ctrl-C too.
+
+    A process that dies (the out-of-memory killer's SIGKILL, a segfault in a runtime)
+    gives a loop that timed nothing, each job failed with how the process ended, where
+    `multiprocessing.Pool` would wait for it forever: a two-backend decode search over
+    128 steps of a 26 M decoder hung so, its loop process killed at 15.8 GB.
+    """
+    with spawning_quietly():
+        pool = pebble.ProcessPool(max_workers=1, context=_SPAWN)
+    try:
+        return pool.schedule(timed_loop, args=(jobs, settings, outputs, None, bar)).result()
+    except pebble.ProcessExpired as e:
+        why = f"the side-by-side loop's process ended: {exit_text(e.exitcode)}"
+        if e.exitcode == -signal.SIGKILL:
+            why += ("; the system's out-of-memory killer sends SIGKILL: its engines and "
+                    "input sets may not fit in memory (fewer or smaller input sets, or one "
+                    "backend at a time)")
+        return Loop([], {i: why for i in range(len(jobs))}, [], [], {})
+    finally:
+        pool.stop()
+        pool.join()
 
 
 def timed_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial | None]],

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import onnx
@@ -28,7 +32,13 @@ from routetune.run.backends import (
 from routetune.run.preparation import Prepared, prepare_run
 from routetune.run.recipe import merge
 from routetune.run.run_spec import RunSpec
-from routetune.run.side_by_side import base_floors, loop_inputs, side_by_side, timed_loop
+from routetune.run.side_by_side import (
+    base_floors,
+    fresh_loop,
+    loop_inputs,
+    side_by_side,
+    timed_loop,
+)
 from routetune.run.winner import WINNER_OUTPUTS, load_outputs
 from routetune.timing.measure import Latency, Speedup
 from routetune.timing.race import CLEAR_PAIRS, Bar
@@ -219,3 +229,48 @@ def test_a_side_by_side_loop_ends_once_every_contender_is_decided(tmp_path: Path
     assert CLEAR_PAIRS <= rounds <= CLEAR_PAIRS + 1, rounds
     full = timed_loop(jobs, settings, False, registry)
     assert "decided" not in full.conditions and len(full.blocks) // 2 >= 30
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_a_side_by_side_loop_whose_process_is_killed_ends_with_why(tmp_path: Path) -> None:
+    """The out-of-memory killer's SIGKILL to the loop's process: the loop ends, every
+    engine failed with how its process ended, where it used to wait forever."""
+    registry = load_registry()
+    run = prepare_run(quick_spec(model=matmul_chain(tmp_path / "m.onnx", depth=4, width=64,
+                                                    batch=8), output=tmp_path / "out"),
+                      registry)
+    jobs = [(loop_inputs(run), tuple(run.base), None)] * 2
+    settings = dataclasses.replace(run.spec.measure, min_blocks=1000, min_time_s=600.0,
+                                   max_time_s=600.0, max_runs=10**9)  # to be killed in
+    ended: list = []
+    looping = threading.Thread(target=lambda: ended.append(fresh_loop(jobs, settings, False)))
+    looping.start()
+    time.sleep(5)  # the loop's process is building and timing by now
+    killed = 0
+    for child in _children(os.getpid()):
+        try:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                os.kill(child, signal.SIGKILL)
+                killed += 1
+        except (OSError, ProcessLookupError):  # one that ended meanwhile
+            continue
+    assert killed, "the loop's process never started"
+    looping.join(60)
+    assert not looping.is_alive(), "the loop waited for its killed process"
+    (loop,) = ended
+    assert loop.timed == [] and set(loop.failed) == {0, 1}
+    assert loop.failed[0].startswith("the side-by-side loop's process ended: signal SIGKILL")
+    assert "out-of-memory killer" in loop.failed[0]
