@@ -19,7 +19,7 @@ Three shapes (``--size``):
 
 - ``small`` (the default): 6 layers, width 384, 6 heads, SwiGLU 1024, 10.8 M
   parameters; trained on the CPU by default, batch 8 of 128 bytes, lr 1e-3, cosine to 0.
-- ``medium``: 8 layers, width 512, 8 heads, SwiGLU 1408 (about 25.6 M parameters),
+- ``medium``: 8 layers, width 512, 8 heads, SwiGLU 1408 (25,960,960 parameters),
   the largest that trains on two CPU cores in minutes: batch 8 of 128 bytes, lr 8e-4
   after 20 warm-up steps, cosine to 0. Its weights (about 100 MB in FP32) no longer fit
   a CPU's caches, so a decode step is bound by memory as a real LLM's is.
@@ -82,7 +82,7 @@ class Config:
 
 SIZES = {"small": Config(), "medium": Config(dim=512, layers=8, heads=8, ffn=1408),
          "base": Config(dim=768, layers=12, heads=12, ffn=3072)}
-"""The decoder shapes ``--size`` offers: ``small`` 10.8 M parameters, ``medium`` 25.6 M,
+"""The decoder shapes ``--size`` offers: ``small`` 10.8 M parameters, ``medium`` 26.0 M,
 ``base`` 113.6 M."""
 
 TRAINING = {"small": {"batch": 8, "seq": 128, "lr": 1e-3, "warmup": 0},
@@ -314,7 +314,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--size", choices=sorted(SIZES), default="small",
-                        help="decoder shape: small (10.8 M parameters), medium (25.6 M; CPU) "
+                        help="decoder shape: small (10.8 M parameters), medium (26.0 M; CPU) "
                         "or base (113.6 M; GPU)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where to train (export and decode sets are made on the CPU)")
