@@ -338,8 +338,8 @@ def read_tokens(path: Path) -> np.ndarray:
     """Token ids from a ``.npy`` of integers, or a text file's UTF-8 bytes; int64 ``(T,)``.
 
     Raises:
-        UsageError: A missing or unreadable file, a ``.npy`` that is not integers, or
-            an empty one.
+        UsageError: A missing or unreadable file, a ``.npy`` that is not integers, not
+            one sequence (``(T,)`` or ``(1, T)``), empty, or holding a negative id.
     """
     try:
         if path.suffix == ".npy":
@@ -353,9 +353,16 @@ def read_tokens(path: Path) -> np.ndarray:
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise OptionError("tokens", f" {path}: cannot be read ({one_line(e, 200)}); give a "
                           ".npy of token ids or a UTF-8 text file") from e
+    if ids.ndim > 1 and ids.shape[0] != 1 or ids.ndim > 2:
+        raise OptionError("tokens", f" {path}: holds an array of shape "
+                          f"{'x'.join(map(str, ids.shape))}; give one sequence of ids, of "
+                          "shape (T,) or (1, T)")
     ids = ids.reshape(-1).astype(np.int64)
     if not ids.size:
         raise OptionError("tokens", f" {path}: holds no tokens; give a non-empty file")
+    if int(ids.min()) < 0:
+        raise OptionError("tokens", f" {path}: holds id {int(ids.min())}; token ids are 0 or "
+                          "more: give ids of this model's tokenizer")
     return ids
 
 
@@ -432,10 +439,11 @@ def phase_sets(cache: CacheSignature, settings: DecoderSettings, infer: Infer) -
         total = COPIES * item * sum(length + k for k in range(n))
         free = available_memory()
         if total > free:
-            raise UsageError(f"--generate-tokens {n} at --cache-tokens {length}: the "
-                             f"decode sets' caches would take {total / 2**30:.1f} GiB "
+            held = "--cache-tokens" if decode else "--prompt-tokens"
+            raise UsageError(f"--generate-tokens {n} at {held} {length}: the {objective} "
+                             f"input sets' caches would take {total / 2**30:.1f} GiB "
                              f"({COPIES} copies), over the {free / 2**30:.1f} GiB of memory "
-                             "available; give fewer generated tokens or a shorter cache")
+                             f"available; give fewer generated tokens or a smaller {held}")
 
     def feed(ids: np.ndarray, past: Sequence[np.ndarray]) -> Feed:
         seq, held = ids.shape[0], past[0].shape[2]

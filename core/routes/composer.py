@@ -172,7 +172,8 @@ def resolve_route(route: Route, registry: Registry) -> Route:
             raise UsageError(f"route '{route}': '{a}' requires {need}; add it")
         clash = infos[a].conflicts & set(names)
         if clash:
-            raise UsageError(f"route '{route}': '{a}' conflicts with {', '.join(sorted(clash))}")
+            raise UsageError(f"route '{route}': '{a}' conflicts with {', '.join(sorted(clash))}; "
+                             "keep one of them")
         for b in names[i + 1:]:
             if STAGES.index(infos[a].stage) > STAGES.index(infos[b].stage):
                 raise UsageError(

@@ -108,6 +108,11 @@ def test_generate_sets_are_a_prompt_then_its_own_greedy_steps(tmp_path: Path) ->
         np.testing.assert_array_equal(out["present.0.value"], after["past_key_values.0.value"])
     assert phase_of(cache, sets) == "generate"
     assert phase_of(cache, [sets[0], sets[2]]) is None  # a step that does not follow
+    with pytest.raises(UsageError, match=r"^--generate-tokens 1000000 at --prompt-tokens 7: "
+                       r"the generate input sets' caches would take .* give fewer generated "
+                       r"tokens or a smaller --prompt-tokens$"):
+        phase_sets(cache, DecoderSettings(objective="generate", prompt_tokens=7,
+                                          generate_tokens=10**6), infer)
 
 
 def test_cache_position_is_filled_and_an_unknown_input_is_refused(tmp_path: Path) -> None:
@@ -128,8 +133,14 @@ def test_tokens_come_from_a_file(tmp_path: Path) -> None:
     text.write_text("héllo")
     assert read_tokens(text).tolist() == list("héllo".encode())
     ids = tmp_path / "ids.npy"
-    np.save(ids, np.array([[3, 1], [4, 1]], np.int32))
+    np.save(ids, np.array([[3, 1, 4, 1]], np.int32))  # a tokenizer's (1, T) ids
     assert read_tokens(ids).tolist() == [3, 1, 4, 1]
+    np.save(ids, np.array([[3, 1], [4, 1]], np.int32))  # two sequences: which?
+    with pytest.raises(UsageError, match=r"holds an array of shape 2x2; give one sequence"):
+        read_tokens(ids)
+    np.save(ids, np.array([5, -1]))
+    with pytest.raises(UsageError, match="holds id -1; token ids are 0 or more"):
+        read_tokens(ids)
     floats = tmp_path / "f.npy"
     np.save(floats, np.zeros(3))
     with pytest.raises(UsageError, match="holds float64, not integer token ids"):
