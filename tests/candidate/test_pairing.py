@@ -19,7 +19,7 @@ from routetune.records.trial import Trial
 from routetune.run.tuning import TuneResult, tune
 from routetune.seasoning import PassResult, RouteContext, RouteState, Seasoning, SeasoningInfo
 from routetune.timing.measure import MeasureSettings
-from routetune.timing.race import EARLY_PAIRS
+from routetune.timing.race import EARLY_PAIRS, RACE_PAIRS
 
 WASTE_DEPTH = 40
 """MatMul+Tanh layers `AddWaste` adds (the base model has one): about 40x the work."""
@@ -89,7 +89,9 @@ def test_a_far_slower_candidate_leaves_the_race_after_three_pairs(tmp_path: Path
 def test_without_racing_only_a_hopeless_candidate_stops_early(tmp_path: Path) -> None:
     trials = {t.route: t for t in run(tmp_path, race=False).trials}
     slow = trials["add-waste"]
-    assert slow.paired is not None and slow.paired.pairs == EARLY_PAIRS
+    # the early look at 3, or, where a loaded machine spreads the first 3 ratios beyond
+    # its t-test (CI under pytest-xdist: 0.007-0.03x), the sign test's at 6 ratios
+    assert slow.paired is not None and slow.paired.pairs in (EARLY_PAIRS, RACE_PAIRS + 1)
     assert any("below 0.5x (half the base route's speed)" in n for n in slow.notes)
     for route, trial in trials.items():  # ties with the base route: timed in full
         if route not in ("base", "add-waste") and trial.status == "ok":
