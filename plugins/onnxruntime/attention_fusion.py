@@ -81,13 +81,23 @@ class AttentionFusion(Seasoning):
        to another shape (GPT-2's dynamo export: (B·S, N·Hv)) stays and reads the new
        node's (B, S, N·Hv) output, which holds the same elements in the same order.
        The block's other nodes are removed with ``graph.cleanup()``.
+    6. A decoder's block with a KV cache (Hugging Face's ``past_key_values.{i}.key``
+       signature: Kᵀ and V read ``Concat(past, new)`` on axis 2 of (B, N, ·, H), past a
+       graph input): the node takes ``past_key`` and ``past_value`` (its inputs 7 and
+       8) and writes the Concat outputs (``present.{i}.key``, ``.value``) as its outputs
+       2 and 3, so the cache is appended inside the node. Q and the new keys and values
+       are taken in (B, N, S, H) whatever computed them, a rotary embedding included,
+       and reach the node through Transpose (0, 2, 1, 3) and Reshape (B, S, N·H); the
+       mask's T is P + S.
 
     A block that does not match is left as it is; its reason is counted in the stats
     (``left: <reason>``) and named in the note. Not fused, by these rules: grouped-query
-    attention (K/V with fewer heads than Q), rotary embeddings (x·cos +
-    rotate_half(x)·sin between the head split and Q·Kᵀ, named so in the reason), KV
-    caches (a Concat of past keys), attention probabilities that are a graph output
-    (``output_attentions``).
+    attention (K/V with fewer heads than Q), rotary embeddings without a KV cache (x·cos
+    + rotate_half(x)·sin between the head split and Q·Kᵀ, named so in the reason),
+    attention probabilities that are a graph output (``output_attentions``). The rotary
+    embedding of a cached block stays as the exporter wrote it (ONNX Runtime's
+    ``GroupQueryAttention`` would compute it too, but reads the mask as sequence
+    lengths, which is not the same for a left-padded mask).
     """
 
     info: ClassVar[SeasoningInfo] = SeasoningInfo(
@@ -238,35 +248,73 @@ def _rewrite(graph: gs.Graph, block: Block, shapes: Shapes, dtypes: dict[str, np
         if factor != 1.0:
             tensor = node("Mul", [tensor, const(np.array(factor, dtype), "factor")], "bias")
         bias = tensor if bias is None else node("Add", [bias, tensor], "bias_sum")
-    inputs: list[gs.Tensor] = [unpacked(block.query), unpacked(block.key),
-                               unpacked(block.value)]
-    if bias is not None:
-        if not _complete(bias, block, shapes):
-            one = const(np.ones(2, np.int64), "ones")
-            index = const(np.array([1], np.int64), "seq_axis")
-            s = node("Gather", [node("Shape", [inputs[0]], "q_shape"), index], "s", axis=0)
-            t = node("Gather", [node("Shape", [inputs[1]], "k_shape"), index], "t", axis=0)
-            target = node("Concat", [one, s, t], "bias_shape", axis=0)
-            bias = node("Expand", [bias, target], "attention_bias")
-        inputs += [gs.Variable.empty(), gs.Variable.empty(), bias]
+    def rows(heads: gs.Tensor, suffix: str) -> gs.Tensor:
+        """(B, N, S, H) → (B, S, N·H), the layout the node reads Q and new K, V in."""
+        width = _heads_width(heads, block, shapes)
+        bsnh = node("Transpose", [heads], f"{suffix}_bsnh", perm=[0, 2, 1, 3])
+        return node("Reshape", [bsnh, const(np.array([0, 0, width], np.int64), "rows")],
+                    suffix)
+
+    inputs: list[gs.Tensor]
+    if block.caches is None:
+        inputs = [unpacked(block.query), unpacked(block.key), unpacked(block.value)]
+    else:
+        inputs = [rows(block.query, "query"), rows(block.key, "key"),
+                  rows(block.value, "value")]
+    if bias is not None and not _complete(bias, block, shapes):
+        one = const(np.ones(2, np.int64), "ones")
+        index = const(np.array([1], np.int64), "seq_axis")
+        s = node("Gather", [node("Shape", [inputs[0]], "q_shape"), index], "s", axis=0)
+        t = node("Gather", [node("Shape", [inputs[1]], "k_shape"), index], "t", axis=0)
+        if block.caches is not None:  # T = P + S: the past's length and this call's
+            past = node("Shape", [block.caches[0].past], "past_len", start=2, end=3)
+            t = node("Add", [past, t], "total_len")
+        target = node("Concat", [one, s, t], "bias_shape", axis=0)
+        bias = node("Expand", [bias, target], "attention_bias")
+    if bias is not None or block.caches is not None:
+        inputs += [gs.Variable.empty(), gs.Variable.empty(),
+                   gs.Variable.empty() if bias is None else bias]
+    outputs = [block.merge.outputs[0] if block.merged else
+               gs.Variable(unique_name(f"{base}/output", taken), dtype=dtype)]
     if block.merged:
-        output = block.merge.outputs[0]
         block.merge.outputs.clear()
     else:
-        output = gs.Variable(unique_name(f"{base}/output", taken), dtype=dtype)
-        block.merge.inputs[0] = output
+        block.merge.inputs[0] = outputs[0]
+    if block.caches is not None:  # the node appends this call's keys and values itself
+        inputs += [cache.past for cache in block.caches]
+        outputs += [cache.present for cache in block.caches]
+        for cache in block.caches:
+            cache.concat.outputs.clear()
     new_nodes.append(gs.Node("MultiHeadAttention", base, {
-        "num_heads": block.num_heads, "scale": float(block.scale)}, inputs, [output],
+        "num_heads": block.num_heads, "scale": float(block.scale)}, inputs, outputs,
         domain=MS_DOMAIN))
     graph.nodes.extend(new_nodes)
 
 
+def _heads_width(heads: gs.Tensor, block: Block, shapes: Shapes) -> int:
+    """N·H of a (B, N, S, H) tensor of `block`: from its inferred shape, else the cache's.
+
+    Raises:
+        NoMatch: Neither gives the head size.
+    """
+    for t in (heads, *(c.past for c in block.caches or ())):
+        shape = shapes.get(t.name)
+        if shape is not None and len(shape) == 4 and isinstance(shape[3], int):
+            return block.num_heads * shape[3]
+    raise NoMatch(f"the head size of {heads.name} is not known")
+
+
 def _complete(bias: gs.Tensor, block: Block, shapes: Shapes) -> bool:
-    """Whether `bias` is known to be (·, ·, S, T) already."""
-    b, q, k = (shapes.get(t.name) for t in (bias, block.query, block.key))
+    """Whether `bias` is known to be (·, ·, S, T) already (T = P + S with a cache)."""
+    if block.caches is not None:
+        b, q, k = (shapes.get(t.name) for t in (bias, block.query, block.caches[0].present))
+        s_axis, t_axis = 2, 2
+    else:
+        b, q, k = (shapes.get(t.name) for t in (bias, block.query, block.key))
+        s_axis, t_axis = 1, 1
     if b is None or q is None or k is None or len(b) != 4:
         return False
-    return b[2] is not None and b[2] == q[1] and b[3] is not None and b[3] == k[1]
+    return b[2] is not None and b[2] == q[s_axis] and b[3] is not None and b[3] == k[t_axis]
 
 
 def _onnx_type(dtype: np.dtype) -> int:

@@ -38,6 +38,13 @@ random (seeded); every model is saved with ``ir_version`` 8. The models:
   Slice outputs have no inferred shape); input ``ids`` (2, 16) int64; output ``y``,
   (2, 16, 32) float32. ``encoder_dynamic_torchscript.onnx``: the same with dynamic
   batch and sequence.
+- ``decoder_torchscript.onnx`` (2026-12-07, torch 2.13.0, onnx 1.23.2):
+  `benchmarks/decoder.py`'s Llama-shaped decoder (rotary position embedding, causal and
+  padding mask, KV cache) at width 32, 2 layers, 4 heads, SwiGLU 64, vocabulary 256,
+  untrained (seeded), exported by its ``export`` (TorchScript, opset 17): inputs
+  ``input_ids`` (B, S) int64, ``attention_mask`` (B, P + S) int64,
+  ``past_key_values.{0,1}.{key,value}`` (B, 4, P, 8) float32; outputs ``logits``
+  (B, S, 256) and ``present.{0,1}.{key,value}`` (B, 4, P + S, 8).
 """
 
 from __future__ import annotations
@@ -141,6 +148,28 @@ def timm_vit(fused_attn: bool) -> Any:
     return model.eval()
 
 
+def decoder() -> None:
+    """`benchmarks/decoder.py`'s decoder, tiny and untrained, as ``decoder_torchscript``."""
+    import importlib.metadata
+
+    import torch
+    from decoder import Config, build
+    from decoder import export as export_decoder
+
+    config = Config(dim=32, layers=2, heads=4, ffn=64)
+    path = HERE / "decoder_torchscript.onnx"
+    with torch.no_grad():
+        export_decoder(build(config).eval(), config, path)
+    model = onnx.load(str(path))
+    model.ir_version = 8
+    model.doc_string = (f"routetune fuse-attention fixture: torch {torch.__version__}, "
+                        f"benchmarks/decoder.py, onnx {importlib.metadata.version('onnx')}, "
+                        "TorchScript exporter")
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    print(f"{path.name}: {path.stat().st_size} bytes")
+
+
 def export(module: Any, example: dict[str, Any], name: str, dynamo: bool,
            dynamic: bool = True) -> None:
     """Export `module` on `example` to ``HERE/name.onnx`` with ir_version 8.
@@ -212,6 +241,7 @@ def main() -> None:
     encoder = Encoder(width=32, heads=4, layers=2, ffn=64, vocab=100).eval()
     export(encoder, {"ids": ids}, "encoder_torchscript", False, dynamic=False)
     export(encoder, {"ids": ids}, "encoder_dynamic_torchscript", False)
+    decoder()
 
 
 if __name__ == "__main__":

@@ -367,3 +367,73 @@ def test_a_rotary_embedding_is_named_as_the_reason() -> None:
     assert not result.modified
     assert ("Q has a rotary position embedding (x·cos + rotate_half(x)·sin) between its "
             "projection and Q·Kᵀ, which MultiHeadAttention does not compute") in result.note
+
+
+def decoder_feeds(batch: int, new: int, past: int, padded: int = 0, heads: int = HEADS,
+                  head_dim: int = HEAD_SIZE, layers: int = LAYERS, vocab: int = 256,
+                  ) -> dict[str, np.ndarray]:
+    """One call of a KV-cache decoder: `new` token ids after a cache of `past` (random
+    keys and values), the last sequence's first `padded` positions masked out."""
+    rng = np.random.default_rng(11)
+    mask = np.ones((batch, past + new), np.int64)
+    mask[-1, :padded] = 0
+    feed = {"input_ids": rng.integers(0, vocab, (batch, new)).astype(np.int64),
+            "attention_mask": mask}
+    for i in range(layers):
+        for kv in ("key", "value"):
+            feed[f"past_key_values.{i}.{kv}"] = rng.standard_normal(
+                (batch, heads, past, head_dim)).astype(np.float32)
+    return feed
+
+
+def run_all(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output by name, on ONNX Runtime's CPU provider, its optimisations off."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, feed), strict=True))
+
+
+@pytest.mark.parametrize(("new", "past", "padded"), [(1, 12, 0), (5, 0, 2), (3, 7, 4)],
+                         ids=["decode", "prefill-padded", "chunk-padded"])
+def test_a_decoder_with_rotary_and_a_kv_cache_fuses_and_computes_the_same(
+        new: int, past: int, padded: int) -> None:
+    model = onnx.load(DATA / "decoder_torchscript.onnx")
+    fused, result = fuse(model)
+    assert result.stats == {"MultiHeadAttention": LAYERS, "blocks_seen": LAYERS,
+                            "blocks_left": 0}
+    ops = [n.op_type for n in fused.graph.node]
+    assert "Softmax" not in ops and ops.count("MultiHeadAttention") == LAYERS
+    for node in (n for n in fused.graph.node if n.op_type == "MultiHeadAttention"):
+        # query, key, value, -, -, the graph's causal and padding mask, past key, past value
+        i = int(node.output[1].split(".")[1])
+        assert list(node.input[3:5]) == ["", ""] and node.input[5]
+        assert list(node.input[6:]) == [f"past_key_values.{i}.key",
+                                        f"past_key_values.{i}.value"]
+        assert list(node.output[1:]) == [f"present.{i}.key", f"present.{i}.value"]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs == {"num_heads": HEADS, "scale": pytest.approx(HEAD_SIZE ** -0.5)}
+    feed = decoder_feeds(2, new, past, padded)
+    want, got = run_all(model, feed), run_all(fused, feed)
+    assert list(got) == list(want)  # logits, then every present, in the export's order
+    for name, value in want.items():
+        assert got[name].shape == value.shape, name
+        assert rel_l2(value, got[name]) <= 1e-5, name
+
+
+def test_a_hand_written_kv_cache_without_a_mask_fuses_with_no_attention_bias(
+        tmp_path: Path) -> None:
+    from graphs import kv_decoder
+
+    model = onnx.load(kv_decoder(tmp_path / "kv.onnx", layers=2, heads=2, head_dim=8))
+    fused, result = fuse(model)
+    assert result.stats["MultiHeadAttention"] == 2, result.note
+    node = next(n for n in fused.graph.node if n.op_type == "MultiHeadAttention")
+    assert list(node.input[3:6]) == ["", "", ""]  # its scores have no mask
+    feed = decoder_feeds(1, 1, 9, heads=2, head_dim=8, layers=2, vocab=48)
+    want, got = run_all(model, feed), run_all(fused, feed)
+    for name, value in want.items():
+        assert rel_l2(value, got[name]) <= 1e-5, name
+
