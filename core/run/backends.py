@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from routetune.errors import UsageError
 from routetune.logs import quietly
 from routetune.options import OptionError
 from routetune.registry import Registry
-from routetune.run.outdir import locked, make_outdir
+from routetune.run.outdir import locked, make_outdir, remove_empty
 from routetune.run.preparation import Prepared, available_backend, prepare_run
 from routetune.run.run_spec import RunSpec
 from routetune.run.side_by_side import Contender, base_floors, side_by_side
@@ -130,8 +131,9 @@ def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda
     names = backend_names(opts.backend)
     known = {n: set(available_backend(registry, n).options()) for n in names}  # before any
     top = Path(opts.output) if opts.output else None                          # search
+    created: list[Path] = []
     if top is not None:
-        make_outdir(top, Path("."))
+        make_outdir(top, Path("."), created=created)
     runs: list[TuneResult] = []
     prepared: list[Prepared] = []
 
@@ -143,7 +145,11 @@ def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda
                                 backend_options={k: v for k, v in opts.backend_options.items()
                                                  if k in known[name]})
             for name in names]
-    ready = [_prepared(sub, registry) for sub in subs]  # every backend, before any search
+    try:
+        ready = [_prepared(sub, registry) for sub in subs]  # every backend, before any search
+    except UsageError:
+        remove_empty(created)  # a refused run leaves no empty folder
+        raise
     floors, screen = _floors([run for run, _ in ready], on_status)
     for sub, floor, run in zip(subs, floors, ready, strict=True):
         runs.append(tune(sub, registry, started, on_trial, on_status, floor, run))

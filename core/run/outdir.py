@@ -22,7 +22,7 @@ LOCK_NAME = ".routetune.lock"
 
 
 def make_outdir(output: Path | None, model_path: Path, model_sha256: str = "",
-                backend: str = "") -> Path:
+                backend: str = "", created: list[Path] | None = None) -> Path:
     """Create the output directory and check that it can be written.
 
     Args:
@@ -30,6 +30,8 @@ def make_outdir(output: Path | None, model_path: Path, model_sha256: str = "",
         model_path: The model, for the default name.
         model_sha256: The model file's sha256, for the default name.
         backend: The backend's name, for the default name.
+        created: Gets each folder this call created, the deepest last, so that a run
+            refused later can remove them again (`remove_empty`).
 
     Returns:
         `output`, or ``routetune-out/<model stem>-<sha256[:8]>-<backend>``: one folder per
@@ -45,8 +47,11 @@ def make_outdir(output: Path | None, model_path: Path, model_sha256: str = "",
         raise OptionError("output", " '': empty path; give a directory name")
     name = "-".join(filter(None, (model_path.stem, model_sha256[:8], backend)))
     outdir = output if output is not None else Path("routetune-out") / name
+    new = [p for p in (outdir, *outdir.parents) if not p.exists()]
     try:
         outdir.mkdir(parents=True, exist_ok=True)
+        if created is not None:
+            created.extend(reversed(new))
     except OSError as e:
         raise OptionError(
             "output", f" {outdir}: cannot create or write this directory ({e.strerror}); "
@@ -64,6 +69,17 @@ def make_outdir(output: Path | None, model_path: Path, model_sha256: str = "",
             "choose a directory you can write"
         ) from e
     return outdir
+
+
+def remove_empty(created: list[Path]) -> None:
+    """Remove the folders `make_outdir` created (`created`) that are still empty.
+
+    A refused run (bad input, exit 2) leaves no empty output folder behind; a folder
+    that holds anything stays.
+    """
+    for folder in reversed(created):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only an empty one
 
 
 MARKERS = ("trials.sqlite", "run.json", LOCK_NAME)

@@ -59,7 +59,7 @@ from routetune.registry import Registry
 from routetune.routes.composer import RouteSpace, resolve_route
 from routetune.routes.route import Route, parse_route
 from routetune.routes.space import restrict_space
-from routetune.run.outdir import make_outdir
+from routetune.run.outdir import make_outdir, remove_empty
 from routetune.run.run_spec import RunSpec
 from routetune.search.strategy import configure
 from routetune.seasoning import SeasoningInfo
@@ -115,10 +115,22 @@ class Prepared:
 def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
     """Resolve and check everything a run needs; no trial runs yet.
 
+    A refused run removes the output folder it created, where it is still empty.
+
     Raises:
         UsageError: Any bad input: model, example, backend, seasoning, accuracy
             expression, inputs, shapes or output directory.
     """
+    created: list[Path] = []
+    try:
+        return _prepare_run(opts, registry, created)
+    except UsageError:
+        remove_empty(created)
+        raise
+
+
+def _prepare_run(opts: RunSpec, registry: Registry | None, created: list[Path]) -> Prepared:
+    """`prepare_run`, `created` getting the folders it made."""
     registry = registry or load_registry()
     opts.check()
     if opts.seasonings is not None and not opts.seasonings and not opts.routes:
@@ -178,7 +190,7 @@ def prepare_run(opts: RunSpec, registry: Registry | None = None) -> Prepared:
         raise OptionError("model_sha256", f" {opts.model_sha256}: {path} has sha256 "
                           f"{model.source_sha256}; the model changed since this hash was "
                           "recorded")
-    outdir = make_outdir(opts.output, path, model.source_sha256, backend.name)
+    outdir = make_outdir(opts.output, path, model.source_sha256, backend.name, created)
     model = with_weights_in(model, (outdir / MODELS).resolve())
     cache = decoder.signature(model.inputs, model.outputs, path)
     made = _decoder_options(opts, cache, path, bool(given_shapes))

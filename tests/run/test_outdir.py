@@ -77,3 +77,22 @@ def test_a_folder_of_other_files_is_refused_and_an_empty_or_routetune_one_taken(
     assert make_outdir(empty, tmp_path / "m.onnx") == empty
     (mine / "trials.sqlite").write_bytes(b"")  # a routetune folder (its store)
     assert make_outdir(mine, tmp_path / "m.onnx") == mine
+
+
+@pytest.mark.parametrize("backends", ["onnxruntime", "onnxruntime,openvino"])
+def test_a_run_refused_after_its_folder_was_made_leaves_no_empty_folder(
+        tmp_path: Path, backends: str) -> None:
+    from command import routetune
+    from graphs import kv_decoder
+
+    model = kv_decoder(tmp_path / "decoder.onnx")
+    (tmp_path / "short.txt").write_text("hi")  # 2 tokens: the decode objective needs 512
+    done = routetune("tune", str(model), "--tokens", str(tmp_path / "short.txt"),
+                     "--backend", backends, "--output", str(tmp_path / "new" / "out"))
+    assert done.returncode == 2 and "holds 2 tokens" in done.stderr
+    assert not (tmp_path / "new").exists()  # neither the folder nor the parent it made
+    kept = tmp_path / "mine"
+    kept.mkdir()  # a folder the user made stays, empty or not
+    done = routetune("tune", str(model), "--tokens", str(tmp_path / "short.txt"),
+                     "--backend", backends, "--output", str(kept))
+    assert done.returncode == 2 and kept.is_dir()
