@@ -95,6 +95,11 @@ not kept (`routetune.judging.accuracy.judged`)."""
 
 OBJECTIVES = ("decode", "prefill", "generate")
 
+USES = {"decode": ("cache_tokens", "generate_tokens"), "prefill": ("prompt_tokens",),
+        "generate": ("prompt_tokens", "generate_tokens")}
+"""The length options each objective reads (all read ``tokens``); the others are noted
+as unused in the run's header, not refused, so that one recipe serves every objective."""
+
 FILLED = ("input_ids", "attention_mask", "position_ids", "cache_position")
 """The inputs besides the cache that routetune fills: the tokens, a mask of ones over
 ``past + seq``, the positions ``past .. past + seq - 1`` (``[batch, seq]``), and

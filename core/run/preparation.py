@@ -205,6 +205,11 @@ def _prepare_run(opts: RunSpec, registry: Registry | None, created: list[Path]) 
         given = str(opts.decoder.tokens) if opts.decoder.tokens else (
             f"drawn at random (seed {decoder.TOKENS_SEED})")
         source["decoder"] = opts.decoder.describe(cache, given)
+        unused = [opts.spelled(n) for n in ("cache_tokens", "prompt_tokens", "generate_tokens")
+                  if n in opts.sources and n not in decoder.USES[opts.decoder.objective]]
+        if unused:
+            source["decoder"] += (f" · {' and '.join(unused)} not used by the "
+                                  f"{opts.decoder.objective} objective")
         shapes = {s.name: tuple(feeds[0][s.name].shape) for s in model.inputs}
     else:
         shapes = resolve_shapes(model.inputs, given_shapes, shapes_flag)

@@ -188,7 +188,8 @@ def test_a_decoder_is_tuned_end_to_end_and_reported_as_time_to_the_last_token(
         tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = routetune("tune", str(kv_decoder(tmp_path / "d.onnx")), "--objective", "generate",
-                     "--prompt-tokens", "12", "--generate-tokens", "5", "--seasonings", "fp16",
+                     "--prompt-tokens", "12", "--generate-tokens", "5", "--cache-tokens", "7",
+                     "--seasonings", "fp16",
                      "--accuracy", "logits:top1>=0.99,present.1.value:cos>=0.999",
                      "--in-process", "--output", str(out),
                      *QUICK_FLAGS)
@@ -196,6 +197,7 @@ def test_a_decoder_is_tuned_end_to_end_and_reported_as_time_to_the_last_token(
     header = " ".join(done.stderr.split())
     assert ("decoder generate · a 12-token prompt and 5 greedy tokens of the FP32 model, "
             "timed as one call: time to the last token") in header
+    assert "--cache-tokens not used by the generate objective" in header  # noted, not refused
     assert "generate: " in done.stdout and "ms from the prompt to the last token" in done.stdout
     record = json.loads((out / "run.json").read_text())
     assert record["phase"] == "generate" and record["measure"]["sequence"] is True
