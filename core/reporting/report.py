@@ -205,8 +205,9 @@ def seasoning_effects(trials: Sequence[Trial]) -> list[dict[str, Any]]:
         One mapping per seasoning, by name:
 
         - ``pairs``: the pairs kept;
-        - ``latency_ratio``: the median over the pairs of the ratio of their p50s,
-          each relative to the base route timed alongside (a ratio; < 1 is faster;
+        - ``latency_ratio``: the median over the pairs of the ratio of their
+          latencies relative to the base route timed alongside (`Trial.relative`: the
+          inverse of the paired speed-up, else p50 over the base's p50; < 1 is faster;
           with an even count, the geometric mean of the middle two). A median, not a
           mean: the pairs are few, and one outlier (183x: a trial timed while its
           base was disturbed) would carry a mean, an arithmetic or a geometric one;

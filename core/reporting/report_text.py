@@ -251,11 +251,13 @@ def speedup_text(row: dict[str, Any]) -> str:
 
 
 EFFECTS_CAPTION = ("Each seasoning against the same routes without it (pairs of trials, "
-                   "both measured) and the range (min–max) over them. Latency ratio: p50 "
-                   "with the seasoning over p50 without, each relative to the base route "
-                   "timed alongside (< 1 is faster), summarised by the median, so that "
-                   "one outlier does not stand for the seasoning; rel-L2 change: with "
-                   "minus without, by the mean.")
+                   "both measured) and the range (min–max) over them. Latency ratio: the "
+                   "route's latency relative to the base route with the seasoning over "
+                   "that without it (each the inverse of its speed-up column: paired "
+                   "blocks with the base route where timed so, else p50 over the base "
+                   "route's p50 alongside; < 1 is faster), summarised by the median, so "
+                   "that one outlier does not stand for the seasoning; rel-L2 change: "
+                   "with minus without, by the mean.")
 """The seasoning table's caption, in the Markdown and the HTML report."""
 
 
