@@ -103,6 +103,33 @@ def test_a_cuda_graph_per_shape_runs_a_decoders_growing_cache(tmp_path: Path) ->
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("graph", ["0", "1"])
+def test_a_decoder_fused_with_its_kv_cache_runs_on_cuda_as_on_the_cpu(tmp_path: Path,
+                                                                      graph: str) -> None:
+    import onnx_graphsurgeon as gs
+
+    from routetune.plugins.onnxruntime.attention_fusion import AttentionFusion
+
+    source = Path(__file__).parents[2] / "data" / "attention" / "decoder_torchscript.onnx"
+    state = RouteState(graph=gs.import_onnx(onnx.load(source)))
+    assert AttentionFusion()(state, RouteContext(backend=CUDA)).modified
+    path = tmp_path / "fused.onnx"
+    onnx.save(gs.export_onnx(state.graph), path)
+    model = prepare(source)
+    cache = signature(model.inputs, model.outputs, source)
+    settings = CUDA.full_settings({CUDA_NS + "enable_cuda_graph": graph,
+                                   CUDA_NS + "use_tf32": "0"})
+    with OnnxRuntimeBackend().reference(source) as cpu, CUDA.open(
+            CUDA.build(path, settings, tmp_path)) as gpu_runner:
+        sets = phase_sets(cache, DecoderSettings(cache_tokens=9, generate_tokens=3), cpu.infer)
+        for feed in sets:  # the unfused model on the CPU against the fused one on CUDA
+            want, got = cpu.infer(feed), gpu_runner.infer(feed)
+            for name in ("logits", "present.0.key", "present.1.value"):
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4)
+
+
+@gpu
+@pytest.mark.gpu
 def test_a_failed_run_raises_without_onnx_runtimes_own_log_line(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     path = shared_dim(tmp_path / "m.onnx")  # a and b share N: sizes 2 and 3 cannot run
