@@ -12,6 +12,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from routetune.model.signature import ModelSignature
 from routetune.records.lessons import Lesson, Outcome
@@ -59,6 +60,26 @@ class Prior:
     skipped: int = 0
     elsewhere: int = 0
     """Of `models`, those measured only on another device (weighed half)."""
+
+    def step(self, step: Any) -> tuple[float, float, float, bool]:
+        """Mean and sd of a step's log speed-up, its chance to fail, and whether known.
+
+        A step the memory has no lesson for, but whose seasoning it knows with other
+        parameters, takes half their mean effect with a wider sd; one it knows nothing
+        of, no effect with sd `PRIOR_SD` and a chance to fail of 0.1.
+
+        Args:
+            step: A route's step (`routetune.routes.route.Step`): its text keys the
+                lessons, its ``name`` the seasoning.
+        """
+        known = self.steps.get(str(step))
+        if known is not None:
+            return known.mean, known.sd, known.fail, True
+        kin = [p for text, p in self.steps.items() if text.partition("{")[0] == step.name]
+        if kin:
+            mean = sum(p.mean for p in kin) / len(kin) / 2
+            return mean, math.hypot(PRIOR_SD, mean), sum(p.fail for p in kin) / len(kin), True
+        return 0.0, PRIOR_SD, 0.1, False
 
     def describe(self) -> str:
         """One line for the start of a run: what the memory knows here."""

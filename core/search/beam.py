@@ -9,6 +9,13 @@ form the next beam. A route out of the race (`routetune.timing.race`: it cannot 
 ``--min-speedup``, or the leader) or one the paired blocks cannot tell from the base
 route is not built on: forward selection adds a step only when its test is significant.
 The search ends at the depth limit, or when no route of a depth passes.
+
+Within a depth, routes are asked in the order the route memory (`learn`) expects their
+new step to pay: the expected log speed-up of the step times its chance to hold
+(`routetune.records.prior.Prior.step`), then the chance to fail; a step it knows
+nothing of counts as no effect. The order decides only which routes a time budget
+reaches first: a beam that runs to its end measures the same routes with or without a
+memory, and no route wins without being measured in this run.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any
 
 from routetune.judging.ranking import rank_key, shown_faster
 from routetune.options import option
+from routetune.records.prior import Prior
 from routetune.records.trial import Status
 from routetune.routes.route import Route
 from routetune.search.strategy import Result, Strategy
@@ -44,6 +52,20 @@ class Beam(Strategy):
         self._seen: set[Route] = {Route()}
         self._depth_results: list[tuple[Route, Result]] = []
         self._started = False
+        self._prior = Prior()
+
+    def learn(self, prior: Prior) -> None:
+        """Take the memory's prior: it orders the routes of each depth (module docstring)."""
+        self._prior = prior
+
+    def _order(self, parent: Route, route: Route) -> tuple[float, float]:
+        """Sort key of `route`, one step beyond `parent`: the memory's hopes first."""
+        had = {str(s) for s in parent}
+        new = [s for s in route if str(s) not in had]
+        if not new:
+            return 0.0, 0.1
+        mean, _, fail, _ = self._prior.step(new[0])
+        return -(1.0 - fail) * mean, fail
 
     def ask(self) -> list[Route]:
         """The next depth's routes: every extension of the current beam not yet tried."""
@@ -55,13 +77,14 @@ class Beam(Strategy):
             self._beam = [r for r, _ in accurate[: self.options.beam_width]]
         self._started = True
         self._depth_results = []
-        frontier: list[Route] = []
+        frontier: list[tuple[tuple[float, float], Route]] = []
         for route in self._beam:
             for ext in self.space.extensions(route):
                 if ext not in self._seen:
                     self._seen.add(ext)
-                    frontier.append(ext)
-        return frontier
+                    frontier.append((self._order(route, ext), ext))
+        frontier.sort(key=lambda kr: kr[0])  # stable: the space's order among equals
+        return [ext for _, ext in frontier]
 
     PLANNED_IS_BOUND = True
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from routetune.options import option
-from routetune.records.prior import PRIOR_SD, Prior
+from routetune.records.prior import Prior
 from routetune.records.trial import Status
 from routetune.routes.route import Route
 from routetune.search.mixed import Mixed
@@ -107,7 +107,7 @@ class Learned(Strategy):
     def uses_memory(self) -> bool:
         """Whether the memory knows a step of this space (else the search is `mixed`)."""
         if self._learned is None:
-            self._learned = any(self._step_prior(s)[3] for r in self._candidates() for s in r)
+            self._learned = any(self._prior.step(s)[3] for r in self._candidates() for s in r)
         return self._learned
 
     def ask(self) -> list[Route]:
@@ -139,22 +139,6 @@ class Learned(Strategy):
                     self._x[row, index[feature]] = 1.0
         return self._routes
 
-    def _step_prior(self, step: Any) -> tuple[float, float, float, bool]:
-        """Mean and sd of a step's log speed-up, its chance to fail, and whether known.
-
-        A step the memory has no lesson for, but whose seasoning it knows with other
-        parameters, takes half their mean effect with a wider sd.
-        """
-        known = self._prior.steps.get(str(step))
-        if known is not None:
-            return known.mean, known.sd, known.fail, True
-        kin = [p for text, p in self._prior.steps.items()
-               if text.partition("{")[0] == step.name]
-        if kin:
-            mean = sum(p.mean for p in kin) / len(kin) / 2
-            return mean, math.hypot(PRIOR_SD, mean), sum(p.fail for p in kin) / len(kin), True
-        return 0.0, PRIOR_SD, 0.1, False
-
     def _acquisition(self) -> np.ndarray:
         """Per candidate route: its chance to succeed times its expected improvement (log).
 
@@ -163,7 +147,7 @@ class Learned(Strategy):
         """
         routes = self._candidates()
         steps = {str(s): s for r in routes for s in r}
-        priors = [self._step_prior(steps[f]) for f in self._features]
+        priors = [self._prior.step(steps[f]) for f in self._features]
         pairs = len(self._pairs)
         mean0 = np.array([p[0] for p in priors] + [0.0] * pairs)
         precision0 = np.array([1.0 / p[1] ** 2 for p in priors]

@@ -76,6 +76,24 @@ def test_beam_keeps_width_and_grows_from_the_fastest_accurate() -> None:
     assert len(asked) == len(set(asked))
 
 
+def test_beam_asks_each_depth_in_the_order_the_memory_expects_to_pay() -> None:
+    from routetune.records.prior import Prior, StepPrior
+
+    # 'd' paid 2x on a model like this one; 'a' failed accuracy there (chance 0.9)
+    prior = Prior({"d": StepPrior(0.69, 0.05, 3.0, 0.05), "a": StepPrior(0.0, 0.3, 3.0, 0.9),
+                   "c{k=2}": StepPrior(0.1, 0.05, 3.0, 0.05)}, lessons=9, models=3)
+    plain, learned = Beam(space(), BeamOptions(beam_width=2)), Beam(space(), BeamOptions(
+        beam_width=2))
+    learned.learn(prior)
+    first = [str(r) for r in drive(learned)[0]]
+    # the hopes first (d, then c{k=2}, then c's other choices at half its effect), the
+    # unknown b, the failure last
+    assert first == ["d", "c{k=2}", "c", "c{k=3}", "b", "a"]
+    assert [str(r) for r in drive(plain)[0]] == ["a", "b", "c", "c{k=2}", "c{k=3}", "d"]
+    # the order changes which routes a budget reaches first, never which are measured
+    assert {r for b in drive(learned) for r in b} == {r for b in drive(plain) for r in b}
+
+
 def test_beam_stops_at_max_depth() -> None:
     batches = drive(Beam(space(max_depth=1), BeamOptions(beam_width=3)))
     assert len(batches) == 1
