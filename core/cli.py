@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,8 +37,8 @@ app = typer.Typer(
     add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
     help="Find the fastest engine for an ONNX model that still meets an accuracy constraint.",
 )
-console = Console(width=None if sys.stdout.isatty() else 200)
-"""Standard output: the terminal's width; 200 columns in a pipe (logs)."""
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)
+"""Standard output: the terminal's width, or ``$COLUMNS``; else 200 columns in a pipe."""
 err = Console(stderr=True)
 
 EXIT_PASS_BROKE = 3
@@ -307,11 +308,16 @@ def show_command(
 
 
 @app.command("seasonings")
-def seasonings_command() -> None:
+def seasonings_command(name: Annotated[str | None, typer.Argument(
+        help="One seasoning to explain: its order, backends and each parameter.")] = None,
+        ) -> None:
     """List the installed seasonings, backends, search strategies and metrics."""
     registry = load_registry()
-    from routetune.display import components_table, seasonings_table
+    from routetune.display import components_table, seasoning_detail, seasonings_table
 
+    if name is not None:
+        console.print(seasoning_detail(registry, name))
+        return
     console.print(seasonings_table(registry))
     console.print(components_table(registry))
 

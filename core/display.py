@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich import box
-from rich.console import JustifyMethod
+from rich.console import Group, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from routetune.feeds.decoder import per_token
 from routetune.libraries import CUSTOM_OPS, EXTENSIONS
@@ -19,6 +20,7 @@ from routetune.records.trial import Status, Trial
 from routetune.registry import Registry
 from routetune.reporting.report import ERROR_METRIC, worst_error
 from routetune.reporting.report_text import ROUTE_WIDTH, short_route, speedup_figure, wrap_route
+from routetune.seasoning import Param
 from routetune.timing.race import EARLY_PAIRS, RACE_PAIRS
 
 if TYPE_CHECKING:
@@ -256,15 +258,14 @@ def seasonings_table(registry: Registry) -> Table:
     """
     backends = [e.item() for e in registry.backends.values()]
     backends = [b for b in backends if b.available() is None]
-    table = Table(title="seasonings")
+    table = Table(title="seasonings", caption="routetune seasonings NAME: one seasoning, "
+                  "each parameter explained")
     for col in ("name", "stage", "parameters (choices; default)", "constraints", "backends",
                 "plugin", "summary"):
         table.add_column(col, overflow="fold")
     for name, entry in sorted(registry.seasonings.items()):
         info = entry.item.info
-        params = "; ".join(
-            f"{p.name}={'|'.join(map(str, p.choices))} (default {p.default})"
-            for p in info.params[:SHOWN_PARAMS])
+        params = "; ".join(_param_text(p) for p in info.params[:SHOWN_PARAMS])
         if len(info.params) > SHOWN_PARAMS:
             params += f"; … {len(info.params) - SHOWN_PARAMS} more"
         cons = " ".join(
@@ -281,6 +282,46 @@ def seasonings_table(registry: Registry) -> Table:
         table.add_row(name, info.stage, escape(params), cons,
                       ",".join(sorted(info.backends)) or "all", plugin, summary)
     return table
+
+
+def _param_text(param: Param) -> str:
+    """``name=a|b (default a)``, or ``name=v`` where the search tries only the default."""
+    if param.choices == (param.default,):
+        return f"{param.name}={param.default}"
+    return f"{param.name}={'|'.join(map(str, param.choices))} (default {param.default})"
+
+
+def seasoning_detail(registry: Registry, name: str) -> Group:
+    """One seasoning: what it does, where it applies, its order, and each parameter.
+
+    Raises:
+        UsageError: No seasoning of that name (the closest one is named).
+    """
+    cls = registry.seasoning(name)
+    info, entry = cls.info, registry.seasonings[name]
+    lines = [f"[bold]{escape(name)}[/]: {escape(info.summary)}",
+             f"stage {info.stage} · backends {','.join(sorted(info.backends)) or 'all'} · "
+             f"plugin {entry.plugin} ({registry.plugins.get(entry.plugin, '?')})"]
+    lines += [f"{label} {', '.join(sorted(v))}" for label, v in (
+        ("requires", info.requires), ("conflicts with", info.conflicts),
+        ("runs after", info.after), ("runs before", info.before)) if v]
+    parts: list[Any] = [Text.from_markup("\n".join(lines))]
+    if info.params:
+        table = Table(title=f"{name}'s parameters (route text: {name}{{param=value,...}})")
+        table.add_column("parameter", no_wrap=True)
+        for col in ("the search tries", "default", "a route may also pin", "what it does"):
+            table.add_column(col, overflow="fold")
+        for param in info.params:
+            table.add_row(param.name, escape(" | ".join(map(str, param.choices))),
+                          escape(str(param.default)),
+                          escape(" | ".join(str(v) for v in param.allowed
+                                            if v not in param.choices) or "–")
+                          if param.allowed else f"any {type(param.default).__name__}",
+                          escape(param.help))
+        parts.append(table)
+    else:
+        parts.append(Text("no parameters"))
+    return Group(*parts)
 
 
 def components_table(registry: Registry) -> Table:

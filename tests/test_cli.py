@@ -229,6 +229,23 @@ def test_seasonings_lists_plugins() -> None:
     assert "routetune 0.1.0" in done.stdout  # the distribution that registered the built-ins
 
 
+def test_seasonings_name_explains_each_parameter_within_the_given_columns() -> None:
+    done = routetune_script("seasonings", "fp16", COLUMNS="80")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(map(len, lines)) <= 80  # $COLUMNS in a pipe, not 200
+    text = " ".join(done.stdout.split())
+    assert "fp16: FP16 mixed precision" in text and "conflicts with bf16" in text
+    for name, help_text in (("keep_io_types", "keep FP32 graph inputs and outputs"),
+                            ("nodes_to_exclude", "node names kept FP32")):
+        assert name in text
+        assert help_text in " ".join(text.replace("│", " ").split())
+    wrong = routetune("seasonings", "fp61")
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip().endswith("unknown seasoning 'fp61'; did you mean 'fp16'? "
+                                         "(all: `routetune seasonings`)")
+
+
 def test_an_early_stop_is_announced(tuned: tuple[Path, Path, int], tmp_path: Path) -> None:
     model, _, _ = tuned
     done = routetune("tune", str(model), "--shapes", "x:1x3x32x32", "--output", str(tmp_path),
