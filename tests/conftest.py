@@ -43,6 +43,13 @@ from routetune.registry import Registry
 # Every run of the suite, in this process and in the ones it starts, learns into a route
 # memory of its own (`routetune.run.route_memory`), never into the user's; the process
 # that made it (pytest's, before its workers inherit the variable) removes it at exit.
+# The suite reads routetune's output at the width of a pipe without $COLUMNS (200
+# columns, `routetune.cli.console`), wherever CI or a shell exports its own $COLUMNS. Under
+# pytest, COLUMNS=80 can sit in the C environment that subprocesses inherit without being
+# in os.environ, so it is set through os.environ first: deleting it then unsets it there.
+os.environ["COLUMNS"] = "200"
+del os.environ["COLUMNS"]
+
 if "ROUTETUNE_MEMORY" not in os.environ:
     _memory_dir = tempfile.mkdtemp(prefix="routetune-memory-")
     atexit.register(shutil.rmtree, _memory_dir, ignore_errors=True)

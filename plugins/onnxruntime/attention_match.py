@@ -15,16 +15,8 @@ exporter's Reshape (−1, T, H)─Transpose(0,2,1)─Reshape (B, N, H, T); a 4-D
 provably keeps its input's shape is skipped; the last Reshape may give another shape
 (B·S, N·Hv), in which case it stays.
 
-A decoder's block with a KV cache (Hugging Face's ``past_key_values`` signature, as
-torch.onnx writes it) reads its keys and values from the cache instead:
-
-    past_k (B, N, P, H) graph input ─┐
-    k_new  (B, N, S, H) ─────────────Concat(axis 2)─ present_k ─Transpose(0,1,3,2)─[Mul √c]
-    q      (B, N, S, H) ─[Mul √c]────────────────────────────────────────────────────MatMul ...
-    past_v, v_new ───────────────────Concat(axis 2)─ present_v ──────── MatMul(probs, ·)
-
-Q and the new keys and values are taken as they are, whatever computes them (a rotary
-position embedding included): the match needs only their (B, N, S, H) layout.
+A decoder's block with a KV cache (Hugging Face's ``past_key_values`` signature) reads
+its keys and values from the cache (`routetune.plugins.onnxruntime.attention_cache`).
 """
 
 from __future__ import annotations
@@ -38,6 +30,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from routetune.passes.graph.constants import constant_value
+from routetune.plugins.onnxruntime.attention_cache import Cache, cache_heads, find_cache
 from routetune.plugins.onnxruntime.attention_graph import (
     DEFAULT_DOMAINS,
     Layouts,
@@ -59,7 +52,7 @@ from routetune.plugins.onnxruntime.attention_graph import (
     unpermute,
 )
 
-__all__ = ["Block", "Cache", "NoMatch", "Packed", "Shapes", "Source", "match_block"]
+__all__ = ["Block", "NoMatch", "Packed", "Shapes", "Source", "match_block"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,28 +93,6 @@ class Packed:
 
 Source: TypeAlias = gs.Tensor | Packed
 """Where the fused node reads Q, K or V: a (B, S, N·H) tensor, or a part of one."""
-
-
-@dataclass(frozen=True)
-class Cache:
-    """One layer's key or value cache: ``Concat(past, new)`` on the sequence axis.
-
-    Args:
-        past: (B, N, P, H) float: the graph input holding the earlier tokens' keys or
-            values (``past_key_values.{i}.key`` or ``.value``).
-        new: (B, N, S, H) float: this call's keys or values, heads split.
-        concat: The Concat node; its output (B, N, P + S, H) is the present cache
-            (``present.{i}.key``), which the fused node writes instead.
-    """
-
-    past: gs.Tensor
-    new: gs.Tensor
-    concat: gs.Node
-
-    @property
-    def present(self) -> gs.Tensor:
-        """The (B, N, P + S, H) cache after this call."""
-        return self.concat.outputs[0]
 
 
 @dataclass
@@ -473,58 +444,6 @@ def _probs_consumer(softmax: gs.Node, dtypes: Mapping[str, np.dtype]) -> gs.Node
     raise NoMatch("no MatMul(probs, V) within 4 nodes after Softmax")
 
 
-def _cache(t: gs.Tensor, want: list[int], what: str) -> tuple[Cache, float] | None:
-    """The KV cache that Kᵀ or V (`t`) reads, through Transposes and scalar Mul/Div.
-
-    Returns:
-        (the cache, the product of the constant factors on the way), or None when `t`
-        does not come from a Concat of a graph input.
-
-    Raises:
-        NoMatch: It does, but the cache reaches the MatMul transposed other than by
-            `want`, or scaled by a non-constant.
-    """
-    perm, mult = [0, 1, 2, 3], 1.0
-    for _ in range(6):
-        node = producer(t)
-        if node is None:
-            return None
-        if node.op == "Concat":
-            break
-        if node.op == "Transpose":
-            perm = compose(perm, list(node.attrs.get("perm", [3, 2, 1, 0])))
-            t = node.inputs[0]
-        elif node.op in ("Mul", "Div") and (c := scalar(node.inputs[1])) is not None and c:
-            mult = mult * c if node.op == "Mul" else mult / c
-            t = node.inputs[0]
-        else:
-            return None
-    else:
-        return None
-    past = node.inputs[0] if len(node.inputs) == 2 else None
-    if past is None or int(node.attrs.get("axis", 0)) not in (2, -2) or past.inputs or \
-            isinstance(past, gs.Constant):
-        return None
-    if perm != want:
-        raise NoMatch(f"{what}'s cache reaches Q·Kᵀ transposed by {perm}, not {want}")
-    return Cache(past, node.inputs[1], node), mult
-
-
-def _cache_heads(cache: Cache, shapes: Shapes) -> tuple[int, int]:
-    """(N, H) of a (B, N, P, H) cache, from its past's or its new part's inferred shape.
-
-    Raises:
-        NoMatch: Neither says both as numbers.
-    """
-    for t in (cache.past, cache.new):
-        shape = dims(t, shapes)
-        if shape is not None and len(shape) == 4 and all(
-                isinstance(d, int) and d > 0 for d in (shape[1], shape[3])):
-            return int(shape[1]), int(shape[3])
-    raise NoMatch(f"the head count and head size of the cache {cache.past.name} are not "
-                  "known")
-
-
 def _match_cached(softmax: gs.Node, qk: gs.Node, pv: gs.Node, mult: float,
                   bias: list[tuple[gs.Tensor, float]],
                   fills: list[tuple[gs.Tensor, gs.Tensor, bool, float]], shapes: Shapes,
@@ -536,16 +455,16 @@ def _match_cached(softmax: gs.Node, qk: gs.Node, pv: gs.Node, mult: float,
             or from Q's, Q is not (B, N, S, H), or V is scaled.
     """
     key, k_mult = keys
-    values = _cache(pv.inputs[1], [0, 1, 2, 3], "V")
+    values = find_cache(pv.inputs[1], [0, 1, 2, 3], "V")
     if values is None:
         raise NoMatch("Kᵀ reads a KV cache but V does not")
     value, v_mult = values
     if v_mult != 1.0:
         raise NoMatch("V is scaled inside the block")
-    n, h = _cache_heads(key, shapes)
-    if _cache_heads(value, shapes) != (n, h):
+    n, h = cache_heads(key, shapes)
+    if cache_heads(value, shapes) != (n, h):
         raise NoMatch(f"the key cache has {n}×{h} heads, the value cache "
-                      f"{_cache_heads(value, shapes)}: not one multi-head layout")
+                      f"{cache_heads(value, shapes)}: not one multi-head layout")
     query, q_mult = qk.inputs[0], 1.0
     while (node := producer(query, {"Mul", "Div"})) is not None and \
             (c := scalar(node.inputs[1])) is not None and c:
@@ -595,7 +514,7 @@ def match_block(softmax: gs.Node, shapes: Shapes, outputs: frozenset[str] = froz
     bias: list[tuple[gs.Tensor, float]] = []
     fills: list[tuple[gs.Tensor, gs.Tensor, bool, float]] = []
     qk, mult = _scores(x, 1.0, bias, fills)
-    keys = _cache(qk.inputs[1], [0, 1, 3, 2], "Kᵀ")
+    keys = find_cache(qk.inputs[1], [0, 1, 3, 2], "Kᵀ")
     if keys is not None:
         return _match_cached(softmax, qk, _probs_consumer(softmax, dtypes or {}), mult,
                              bias, fills, shapes, outputs, keys)
