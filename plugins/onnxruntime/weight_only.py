@@ -156,6 +156,14 @@ def _keep_types(graph: gs.Graph, types: dict[str, onnx.TypeProto.Tensor]) -> Non
                          for d in found.shape.dim] if found.HasField("shape") else None
 
 
+def quantizer_missing() -> str | None:
+    """Why ONNX Runtime's MatMulNBits quantizer cannot import here (``onnx-ir``), or None."""
+    if importlib.util.find_spec("onnx_ir") is None:
+        return ("ONNX Runtime's MatMulNBits quantizer needs onnx-ir, which is not "
+                "installed: pip install 'routetune[int4]'")
+    return None
+
+
 def weight_only_declined(graph: gs.Graph) -> str | None:
     """Why weight-only quantization is not offered for `graph`, or None (`MIN_SHARE`).
 
@@ -198,7 +206,8 @@ class WeightOnly(Seasoning):
     Rules:
 
     1. Offered on ONNX Runtime's CPU and CUDA backends (both run ``MatMulNBits`` of 4
-       and 8 bits; ``accuracy_level`` chooses a kernel on the CPU only) for a model not
+       and 8 bits; ``accuracy_level`` chooses a kernel on the CPU only), where its
+       quantizer imports (``onnx-ir``: the ``int4`` extra), for a model not
        quantized already, whose constant MatMul weights hold at least `MIN_SHARE` of its
        weight bytes.
     2. Top-level ``Constant`` nodes become initializers (the quantizer sees only
@@ -231,8 +240,9 @@ class WeightOnly(Seasoning):
     """The weight width written (``MatMulNBits``' ``bits`` attribute)."""
 
     def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
-        """Why not: another backend, a quantized model, too few MatMul weights (rule 1)."""
-        reason = super().applicable(graph, backend)
+        """Why not: another backend, no quantizer, a quantized model, too few MatMul
+        weights (rule 1)."""
+        reason = super().applicable(graph, backend) or quantizer_missing()
         if reason:
             return reason
         return weight_only_declined(graph)

@@ -8,6 +8,8 @@ are MatMuls on constant weights, judged on the example's rendered text lines.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -175,6 +177,28 @@ def test_hqq_quantizes_where_torch_imports_and_says_what_to_install_where_not() 
 def test_hqq_has_no_symmetric_form() -> None:
     with pytest.raises(ValueError, match="hqq writes a zero point per block"):
         season(mlp(), algorithm="hqq", symmetric=True)
+
+
+WITHOUT_ONNX_IR = ("import sys\n"
+                   "sys.modules['onnx_ir'] = None  # Python's own way to make an import fail\n"
+                   "from routetune.cli import main\n"
+                   "main(sys.argv[1:])\n")
+
+
+def test_without_onnx_ir_it_is_not_offered_and_asked_for_it_says_what_to_install(
+        tmp_path: Path) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), path)
+    out = tmp_path / "out"
+    asked = subprocess.run(
+        [sys.executable, "-c", WITHOUT_ONNX_IR, "tune", str(path), "--seasonings",
+         "int4-weights,int8-weights", "--output", str(out)],
+        capture_output=True, text=True, timeout=120)
+    assert asked.returncode == 2, asked.stderr
+    assert len(asked.stderr.strip().splitlines()) == 1, asked.stderr
+    assert "needs onnx-ir, which is not installed: pip install 'routetune[int4]'" in \
+        asked.stderr
+    assert not out.exists()
 
 
 def test_where_it_is_offered(model_path: Callable[[str], Path]) -> None:
