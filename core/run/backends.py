@@ -36,7 +36,7 @@ from routetune.errors import UsageError
 from routetune.logs import quietly
 from routetune.options import OptionError
 from routetune.registry import Registry
-from routetune.run.outdir import locked, make_outdir, remove_empty
+from routetune.run.outdir import locked, make_outdir, remove_refused
 from routetune.run.preparation import Prepared, available_backend, prepare_run
 from routetune.run.run_spec import RunSpec
 from routetune.run.side_by_side import Contender, base_floors, side_by_side
@@ -147,12 +147,13 @@ def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda
             for name in names]
     try:
         ready = [_prepared(sub, registry) for sub in subs]  # every backend, before any search
+        floors, screen = _floors([run for run, _ in ready], on_status)
+        for sub, floor, run in zip(subs, floors, ready, strict=True):
+            runs.append(tune(sub, registry, started, on_trial, on_status, floor, run))
     except UsageError:
-        remove_empty(created)  # a refused run leaves no empty folder
+        if top is not None:  # a refused run leaves no folder it made, unless it recorded
+            remove_refused(top, created)
         raise
-    floors, screen = _floors([run for run, _ in ready], on_status)
-    for sub, floor, run in zip(subs, floors, ready, strict=True):
-        runs.append(tune(sub, registry, started, on_trial, on_status, floor, run))
     if top is None:  # beside the backends' default folders: <model>-<sha>-<a>+<b>
         first = runs[0].outdir
         top = first.parent / (first.name.removesuffix(names[0]) + "+".join(names))

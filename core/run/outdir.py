@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -80,6 +81,27 @@ def remove_empty(created: list[Path]) -> None:
     for folder in reversed(created):
         with contextlib.suppress(OSError):
             folder.rmdir()  # only an empty one
+
+
+def remove_refused(outdir: Path, created: tuple[Path, ...] | list[Path]) -> None:
+    """Remove the output folder of a run refused after it was made (`created`).
+
+    A run refused once it holds its folder (an all-NaN reference, an empty input) has
+    written its lock, its logs and its prepared model there, nothing recorded; the
+    folder goes, with the folders made for it. A folder this run did not create, or one
+    that holds a trial store or a run record (`RECORDS`, a backend's of a run of
+    several included), stays as it is.
+    """
+    if outdir not in created or not outdir.is_dir():
+        return
+    if any(path.name in RECORDS for path in outdir.rglob("*")):
+        return
+    shutil.rmtree(outdir, ignore_errors=True)
+    remove_empty(list(created))
+
+
+RECORDS = ("trials.sqlite", "run.json")
+"""What a run records in its folder: a folder that holds either is never removed."""
 
 
 MARKERS = ("trials.sqlite", "run.json", LOCK_NAME)

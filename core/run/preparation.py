@@ -105,6 +105,9 @@ class Prepared:
     phase: str | None = None
     """A decoder's phase its input sets time: ``decode`` or ``prefill``
     (`routetune.feeds.decoder.phase_of`); None for any other model or set."""
+    created: tuple[Path, ...] = ()
+    """The folders made for `outdir` by this run, the deepest last: a run refused
+    before it records a trial removes them (`routetune.run.outdir.remove_refused`)."""
 
     @property
     def backend_options(self) -> Mapping[str, Any]:
@@ -291,7 +294,7 @@ def _prepare_run(opts: RunSpec, registry: Registry | None, created: list[Path]) 
                     pinned=pinned, spec=opts,
                     strategy_options=strategy_options, time_budget_s=budget_s,
                     libraries=libraries, saved_reference=saved,
-                    phase=phase)
+                    phase=phase, created=tuple(created))
 
 
 DECODER_OPTIONS = ("objective", "cache_tokens", "prompt_tokens", "generate_tokens", "tokens")

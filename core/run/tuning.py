@@ -27,7 +27,7 @@ from routetune.records.trial import Confirmation, Status, Trial
 from routetune.registry import Registry
 from routetune.routes.route import Route, Step, parse_route
 from routetune.run import runinfo
-from routetune.run.outdir import locked, move_aside
+from routetune.run.outdir import locked, move_aside, remove_refused
 from routetune.run.preparation import Prepared, prepare_run, reference_backend, reference_outputs
 from routetune.run.pruning import Pruned, prune
 from routetune.run.route_memory import open_memory
@@ -236,14 +236,17 @@ def tune(
     """
     with opts.worded():  # an error names its option as the user wrote it
         run, early = prepared or quietly("prepare", lambda: prepare_run(opts, registry))
-        with locked(run.outdir):
-            try:
+        try:
+            with locked(run.outdir):
                 keep(run.outdir / LOGS / "prepare.log", early)  # the libraries' lines
                 return _tune_locked(run, opts, on_start, on_trial, on_status, floor)
-            except OSError as e:
-                if disk_full(e):  # a winner file, a report, a log: wherever it was
-                    raise full_disk(Path(e.filename or run.outdir), e) from e
-                raise
+        except UsageError:
+            remove_refused(run.outdir, run.created)  # refused before any trial: no folder
+            raise
+        except OSError as e:
+            if disk_full(e):  # a winner file, a report, a log: wherever it was
+                raise full_disk(Path(e.filename or run.outdir), e) from e
+            raise
 
 
 def _recorded(outdir: Path) -> dict[str, Any]:

@@ -240,8 +240,7 @@ class WeightOnly(Seasoning):
     """The weight width written (``MatMulNBits``' ``bits`` attribute)."""
 
     def applicable(self, graph: gs.Graph, backend: Backend) -> str | None:
-        """Why not: another backend, no quantizer, a quantized model, too few MatMul
-        weights (rule 1)."""
+        """Why not: another backend, no quantizer, a quantized model, few weights (rule 1)."""
         reason = super().applicable(graph, backend) or quantizer_missing()
         if reason:
             return reason

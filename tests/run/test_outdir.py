@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from graphs import matmul_chain
-from quick import quick_spec
+from quick import QUICK_FLAGS, quick_spec
 
 from routetune.errors import UsageError
 from routetune.model.loading import sha256
@@ -96,3 +96,31 @@ def test_a_run_refused_after_its_folder_was_made_leaves_no_empty_folder(
     done = routetune("tune", str(model), "--tokens", str(tmp_path / "short.txt"),
                      "--backend", backends, "--output", str(kept))
     assert done.returncode == 2 and kept.is_dir()
+
+
+@pytest.mark.parametrize("backends", ["onnxruntime", "onnxruntime,openvino"])
+def test_a_run_refused_at_its_reference_removes_the_folder_it_made_and_keeps_a_run(
+        tmp_path: Path, backends: str) -> None:
+    """An all-NaN reference is refused once the run holds its folder (lock and logs)."""
+    import numpy as np
+    from command import routetune
+
+    model = matmul_chain(tmp_path / "m.onnx", depth=2, width=16, batch=2)
+    nan = tmp_path / "nan.npz"
+    np.savez(nan, x=np.full((2, 16), np.nan, np.float32))
+    out = tmp_path / "new" / "out"
+    done = routetune("tune", str(model), "--inputs", str(nan), "--backend", backends,
+                     "--output", str(out))
+    assert done.returncode == 2 and "is all NaN on input set 0" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "new").exists()  # neither its lock and logs nor the parent
+    finished = tmp_path / "finished"
+    done = routetune("tune", str(model), "--backend", "onnxruntime", "--output",
+                     str(finished), "--seasonings", "ort-threads", *QUICK_FLAGS)
+    assert done.returncode == 0, done.stderr
+    before = {p: p.read_bytes() for p in finished.rglob("*")
+              if p.is_file() and "logs" not in p.parts and p.suffix != ".lock"}
+    done = routetune("tune", str(model), "--inputs", str(nan), "--backend", "onnxruntime",
+                     "--output", str(finished))
+    assert done.returncode == 2
+    assert {p: p.read_bytes() for p in before} == before  # a run of its own stays whole
