@@ -318,7 +318,7 @@ def seasonings_command(name: Annotated[str | None, typer.Argument(
     if name is not None:
         console.print(seasoning_detail(registry, name))
         return
-    console.print(seasonings_table(registry))
+    console.print(seasonings_table(registry, console.width))
     console.print(components_table(registry))
 
 

@@ -114,11 +114,16 @@ def accurate_table(trials: Sequence[Trial], winner: Trial | None, registry: Regi
     rows = [t for t in trials if t is winner or t.status == "ok"]
     shown = rows if top is None else rows[:top]
     title = (f"the {len(shown)} fastest of {len(accurate)} accurate routes, {order}"
-             if len(shown) < len(rows) else f"{len(accurate)} accurate routes, {order}")
+             if len(shown) < len(rows) else
+             f"{len(accurate)} accurate route{'' if len(accurate) == 1 else 's'}, {order}")
     if winner is not None and winner.status != "ok":  # a fallback that is not accurate
         title += f"; the fallback, '{winner.route}', is {winner.status}"
     return compact_table(shown, winner, title, width, reasons=winner is not None
                          and winner.status != "ok", headline=headline)
+
+
+P50_HEADER = "p50 / base p50 ms"
+"""The compact table's p50 column: a trial's p50 beside the base's timed with it."""
 
 
 def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, width: int,
@@ -134,38 +139,64 @@ def compact_table(trials: Sequence[Trial], winner: Trial | None, title: str, wid
     the constraint bounds (``mask_iou@0.3``), else rel-L2
     (`routetune.judging.constraint.Constraint.headline`).
 
-    Figures never wrap; the route wraps at its commas (`wrap_route`) to what is left of
-    `width`, at least 20 characters; the status and its reason fold in the rest. The full
-    columns are `trials_table`'s (``--verbose``).
+    Figures never wrap and are never cut: the route takes what they leave of `width`
+    (at least 20 characters; where that leaves the route less, the p50 column goes and
+    the caption says where it is), wraps at its commas (`wrap_route`) in lines of at most
+    `ROUTE_WIDTH`, and a step longer than the route's column is cut; the status and its
+    reason fold in at least 26 characters. The full columns are `trials_table`'s
+    (``--verbose``).
     """
-    route_width = max(20, min(ROUTE_WIDTH, width - (68 if reasons else 56)))
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("route", no_wrap=True)
-    table.add_column("speed-up [95%]", justify="right", no_wrap=True)
-    if not reasons:
-        table.add_column("p50 / base p50 ms", justify="right", no_wrap=True)
-    table.add_column(headline[0], justify="right", no_wrap=True)
-    if reasons:
-        table.add_column("status: reason", overflow="fold", min_width=26)
+    headers = ["#", "route", "speed-up [95%]"] + ([] if reasons else [P50_HEADER]) \
+        + [headline[0]] + (["status: reason"] if reasons else [])
+    rows: list[list[str]] = []
     for i, t in enumerate(trials, 1):
-        route = escape(wrap_route(t.route, route_width, cut=True))
         speed = speedup_figure(t.speedup, None if t.paired is None else (
             t.paired.ci_low, t.paired.ci_high)) if t.speedup else ""
         if t.noisy and not reasons:  # the status column says it where there is one
             speed += " [magenta]noisy[/]"
         error = worst_error(t, headline)
-        cells = [str(i), f"[bold]{route}[/bold]" if t is winner else route, speed]
+        cells = [str(i), "", speed]
         if not reasons:  # the p50 beside the base's timed with it: the pair the speed-up
             cells.append(  # comes from, which trials timed at other moments are not
                 f"{t.latency.p50:.3f} / {t.base_latency.p50:.3f}" if t.latency
                 and t.base_latency and t.route != "base" else
                 f"{t.latency.p50:.3f}" if t.latency else "")
-        cells.append("" if error is None else f"{error:.2g}")
+        cells.append("" if error is None else f"{error:.3g}")  # as report.md: 0.999, not 1
         if reasons:
             status = f"[{STATUS_STYLE.get(t.status, '')}]{t.status}[/]"
             status += " [magenta]noisy[/]" if t.noisy else ""
             cells.append(status + (f": {escape(t.reason)}" if t.reason else ""))
+        rows.append(cells)
+
+    def route_room() -> int:
+        """What the figures leave of `width` for the route.
+
+        SIMPLE_HEAD without edge padding draws an edge character each side, and a
+        divider with a space either side between columns.
+        """
+        figures = sum(max([len(h)] + [Text.from_markup(r[c]).cell_len for r in rows])
+                      for c, h in enumerate(headers) if h not in ("route", "status: reason"))
+        return width - figures - (26 if reasons else 0) - 3 * (len(headers) - 1) - 2
+
+    caption = None
+    if route_room() < 20 and P50_HEADER in headers:  # a narrow terminal: the p50s go
+        at = headers.index(P50_HEADER)
+        headers.pop(at)
+        for r in rows:
+            r.pop(at)
+        caption = f"{P50_HEADER}: in report.md, or in a wider terminal"
+    route_width = max(20, route_room())
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False,
+                  expand=False)
+    for header in headers:
+        if header == "status: reason":
+            table.add_column(header, overflow="fold", min_width=26)
+        else:
+            table.add_column(header, justify="left" if header == "route" else "right",
+                             no_wrap=True)
+    for t, cells in zip(trials, rows, strict=True):
+        route = escape(wrap_route(t.route, min(ROUTE_WIDTH, route_width), cut=route_width))
+        cells[1] = f"[bold]{route}[/bold]" if t is winner else route
         table.add_row(*cells)
     return table
 
@@ -250,26 +281,35 @@ def verdict_text(trial: Trial, registry: Registry) -> str:
     return " | ".join(parts)
 
 
-def seasonings_table(registry: Registry) -> Table:
+SEASONING_COLUMNS = {"name": 0, "stage": 100, "parameters (choices; default)": 160,
+                     "constraints": 160, "backends": 100, "plugin": 160, "summary": 0}
+"""The seasonings table's columns, each with the terminal width (columns) that shows it."""
+
+
+def seasonings_table(registry: Registry, width: int = 200) -> Table:
     """Every installed seasoning: name, stage, parameters, constraints, backends, plugin.
 
     Where a seasoning can never apply on an available backend (a precision the backend
-    has no kernels for), the summary says so.
+    has no kernels for), the summary says so. A name is never broken; in fewer than 160
+    columns the parameters, constraints and plugin go (``routetune seasonings NAME``
+    shows them), in fewer than 100 the stage and backends too (`SEASONING_COLUMNS`).
     """
     backends = [e.item() for e in registry.backends.values()]
     backends = [b for b in backends if b.available() is None]
-    table = Table(title="seasonings", caption="routetune seasonings NAME: one seasoning, "
-                  "each parameter explained")
-    for col in ("name", "stage", "parameters (choices; default)", "constraints", "backends",
-                "plugin", "summary"):
-        table.add_column(col, overflow="fold")
+    shown = [col for col, least in SEASONING_COLUMNS.items() if width >= least]
+    caption = "routetune seasonings NAME: one seasoning, each parameter explained"
+    if len(shown) < len(SEASONING_COLUMNS):
+        caption += f"; {max(SEASONING_COLUMNS.values())} columns show every column"
+    table = Table(title="seasonings", caption=caption)
+    for col in shown:
+        table.add_column(col, no_wrap=col in ("name", "stage"), overflow="fold")
     for name, entry in sorted(registry.seasonings.items()):
         info = entry.item.info
         params = "; ".join(_param_text(p) for p in info.params[:SHOWN_PARAMS])
         if len(info.params) > SHOWN_PARAMS:
             params += f"; … {len(info.params) - SHOWN_PARAMS} more"
         cons = " ".join(
-            f"{label} {','.join(sorted(v))}" for label, v in (
+            f"{label} {', '.join(sorted(v))}" for label, v in (
                 ("requires", info.requires), ("conflicts", info.conflicts),
                 ("after", info.after), ("before", info.before)) if v
         )
@@ -279,8 +319,11 @@ def seasonings_table(registry: Registry) -> Table:
             if why and (not info.backends or backend.name in info.backends):
                 summary += f" [yellow](not on {backend.name}: {escape(why)})[/]"
         plugin = f"{entry.plugin} ({registry.plugins.get(entry.plugin, '?')})"
-        table.add_row(name, info.stage, escape(params), cons,
-                      ",".join(sorted(info.backends)) or "all", plugin, summary)
+        cells = {"name": name, "stage": info.stage, "parameters (choices; default)":
+                 escape(params), "constraints": cons,
+                 "backends": ", ".join(sorted(info.backends)) or "all", "plugin": plugin,
+                 "summary": summary}
+        table.add_row(*(cells[col] for col in shown))
     return table
 
 

@@ -19,6 +19,8 @@ from command import routetune, routetune_script
 from graphs import conv_bn, matmul_chain, shared_dim, square
 from quick import QUICK_FLAGS as FAST
 
+from routetune.registry import Registry
+
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
@@ -227,6 +229,19 @@ def test_seasonings_lists_plugins() -> None:
                  "ort-no-spinning", "beam", "exhaustive", "cos", "onnxruntime"):
         assert name in done.stdout
     assert "routetune 0.1.0" in done.stdout  # the distribution that registered the built-ins
+
+
+@pytest.mark.parametrize("columns", [60, 120])
+def test_seasonings_in_a_narrow_terminal_keep_each_name_whole(registry: Registry,
+                                                              columns: int) -> None:
+    done = routetune_script("seasonings", COLUMNS=str(columns))
+    assert done.returncode == 0, done.stderr
+    assert max(map(len, done.stdout.splitlines())) <= columns
+    names = {line.split("│")[1].strip() for line in done.stdout.splitlines()
+             if line.startswith("│") and line.split("│")[1].strip()}
+    assert set(registry.seasonings) <= names  # each on one line, never broken
+    assert ("keep_io_types" in done.stdout) is False  # the parameters: seasonings NAME
+    assert "160 columns show every column" in " ".join(done.stdout.split())
 
 
 def test_seasonings_name_explains_each_parameter_within_the_given_columns() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from routetune.display import status_line, verdict_text
 from routetune.records.trial import Trial
 from routetune.registry import Registry
@@ -56,7 +58,7 @@ def test_a_route_is_shortened_between_steps() -> None:
     assert short_route(route, 50) == "ort-denormal-as-zero,… +2"
     long_step = "int8-qdq{per_channel=false,symmetric_activations=false},fp16"
     assert short_route(long_step, 30) == "int8-qdq{per_channel=false,sy…"
-    assert wrap_route(long_step, 24, cut=True) == "int8-qdq{per_channel=fa…\nfp16"
+    assert wrap_route(long_step, 24, cut=24) == "int8-qdq{per_channel=fa…\nfp16"
 
 
 def test_the_compact_table_fits_80_columns_with_its_figures_whole(registry: Registry) -> None:
@@ -83,6 +85,38 @@ def test_the_compact_table_fits_80_columns_with_its_figures_whole(registry: Regi
     for step in ("fold-constants,", "fuse-bn-into-conv,", "ort-threads{intra_op=2}"):
         assert step in text  # wrapped after a comma, each step whole
     assert "int8-qdq{per_channe…" in text  # a step too long is cut, never wrapped
+
+
+@pytest.mark.parametrize("width", [80, 100, 200])
+def test_a_decoders_table_keeps_every_figure_whole_and_long_routes_at_200(
+        registry: Registry, width: int) -> None:
+    """A decoder's headline (``logits:top1``), noisy intervals and p50 pairs at 80-200."""
+    from rich.console import Console
+
+    from routetune.display import accurate_table
+    from routetune.timing.measure import Latency, Speedup
+
+    def lat(p50: float) -> Latency:
+        return Latency(n=30, p50=p50, p90=p50, p99=p50, mean=p50, ci_low=p50, ci_high=p50)
+
+    routes = ("base", "int8-qdq{per_channel=false,symmetric_activations=false}",
+              "int8-qdq{per_channel=false,symmetric_activations=true}")
+    trials = [Trial("f", "m", r, "onnxruntime", "cpu", "s", "ok", latency=lat(7.909),
+                    base_latency=lat(12.381), paired=Speedup(1.6412, 1.4712, 1.7823, 30, 0.02),
+                    accuracy={"logits": {"top1": 0.99942}, "present.0.key": {"top1": 0.5}},
+                    noisy="busy")
+              for r in routes]
+    console = Console(width=width, record=True, color_system=None)
+    console.print(accurate_table(trials, trials[0], registry, width=width,
+                                 headline=("logits:top1", True)))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert text.count("1.64x [1.47, 1.78] noisy") == 3  # never cut
+    assert text.count("7.909 / 12.381") == (2 if width > 80 else 0) and "logits:top1" in text
+    assert ("p50 / base p50 ms: in report.md" in text) == (width == 80)
+    assert text.count("0.999") == 3  # the logits' 0.99942, not rounded up to 1
+    assert ("int8-qdq{per_channel=false,symmetric_activations=false}" in text) == (width > 100)
+    assert text.count("int8-qdq{per_channel=") == 2  # cut where narrow, never dropped
 
 
 def test_a_fallback_that_fails_the_constraint_is_not_called_accurate(registry: Registry

@@ -333,18 +333,18 @@ def short_route(text: str, limit: int) -> str:
     return kept
 
 
-def wrap_route(text: str, width: int = ROUTE_WIDTH, cut: bool = False) -> str:
+def wrap_route(text: str, width: int = ROUTE_WIDTH, cut: int | None = None) -> str:
     """A route's text in lines of at most `width` characters, broken only after a comma.
 
     A step is never split (``fp16{op_types_to_exclude=[Softmax,Pow]}`` stays whole,
     however long), so each line can be copied back into a route; the commas inside a
-    step's parameters are not break points. With `cut`, a step longer than `width` is
-    shortened to `width` characters ending in "…" (the table's row number leads to the
-    whole route: ``routetune show --all`` in a wider terminal, or report.html).
+    step's parameters are not break points. With `cut`, a step longer than `cut`
+    characters is shortened to that many, ending in "…" (the table's row number leads
+    to the whole route: ``routetune show --all`` in a wider terminal, or report.html).
     """
     steps = route_steps(text)
-    if cut:
-        steps = [step if len(step) <= width else step[:width - 1] + "…" for step in steps]
+    if cut is not None:
+        steps = [step if len(step) <= cut else step[:cut - 1] + "…" for step in steps]
     lines = [""]
     for step in steps:
         if lines[-1] and len(lines[-1]) + len(step) > width:
