@@ -39,7 +39,9 @@ app = typer.Typer(
 )
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)
 """Standard output: the terminal's width, or ``$COLUMNS``; else 200 columns in a pipe."""
-err = Console(stderr=True)
+err = Console(stderr=True,
+              width=None if sys.stderr.isatty() or "COLUMNS" in os.environ else 200)
+"""Standard error (the run's header, progress, errors): as `console`, for its stream."""
 
 EXIT_PASS_BROKE = 3
 """``routetune build``'s exit code when a pass wrote an invalid model or crashed: neither
