@@ -16,7 +16,7 @@ from rich.text import Text
 from routetune.feeds.decoder import per_token
 from routetune.libraries import CUSTOM_OPS, EXTENSIONS
 from routetune.options import options_of
-from routetune.records.trial import Status, Trial
+from routetune.records.trial import Confirmation, Status, Trial
 from routetune.registry import Registry
 from routetune.reporting.report import ERROR_METRIC, worst_error
 from routetune.reporting.report_text import ROUTE_WIDTH, short_route, speedup_figure, wrap_route
@@ -431,6 +431,13 @@ def winner_line(result: TuneResult) -> str:
             f"{n} tried)")
 
 
+def loop_of(c: Confirmation) -> str:
+    """Which loop a confirmation's p50s come from: its one, or the median of its repeats."""
+    if len(c.repeats) > 1:
+        return f"the median by speed-up of its {len(c.repeats)} fresh-process loops"
+    return "its confirmation loop"
+
+
 def phase_line(result: TuneResult, phase: str) -> str:
     """A decoder's verdict in its user's words: per-token latency and tokens/s.
 
@@ -441,8 +448,7 @@ def phase_line(result: TuneResult, phase: str) -> str:
     c = result.confirmed
     if c is not None:
         return (f"{phase}: the winner {per_token(c.latency.p50, phase)}, the base route "
-                f"{per_token(c.base_latency.p50, phase)}, batch 1 (p50, the confirmation's "
-                "loop)")
+                f"{per_token(c.base_latency.p50, phase)}, batch 1 (p50, {loop_of(c)})")
     if result.confirmations:  # the base stands: its figure from a fresh process
         last = result.confirmations[-1]
         return (f"{phase}: the base route {per_token(last.base_latency.p50, phase)}, batch 1 "
@@ -468,8 +474,10 @@ def conditions_lines(result: TuneResult) -> list[str]:
         lines.append(
             f"  {escape(c.route)}: {p.figure} "
             f"({escape(held)}), "
-            f"p50 {c.latency.p50:.3f} vs {c.base_latency.p50:.3f} ms, {p.pairs} block pairs, "
-            f"base drift ±{p.drift:.1%}")
+            f"p50 {c.latency.p50:.3f} vs {c.base_latency.p50:.3f} ms ({loop_of(c)}), "
+            f"{p.pairs} block pairs"
+            + (f" over {len(c.repeats)} processes" if len(c.repeats) > 1 else "")
+            + f", base drift ±{p.drift:.1%}")
     measured = [t for t in result.trials if t.latency is not None]
     noisy = result.noisy
     text = (f"machine: {len(noisy)} of {len(measured)} measured trials noisy "

@@ -199,3 +199,19 @@ def test_the_table_shows_each_p50_beside_its_base_and_marks_busy_trials(
     assert "p50 / base p50 ms" in text
     assert "2.000 / 4.820" in text and "1.500 / 1.380" in text
     assert "2.41x [2.30, 2.50] noisy" in text and "0.92x [0.90, 0.94] noisy" not in text
+
+
+def test_a_confirmations_p50s_say_which_loop_they_come_from() -> None:
+    from routetune.display import loop_of
+    from routetune.records.trial import Confirmation
+    from routetune.timing.measure import Latency, Speedup, across_repeats
+
+    lat = Latency(n=30, p50=1.24, p90=1.3, p99=1.4, mean=1.25, ci_low=1.2, ci_high=1.3)
+    loops = (Speedup(2.1, 2.0, 2.2, 11, 0.01), Speedup(2.0, 1.9, 2.1, 10, 0.01),
+             Speedup(2.3, 2.1, 2.8, 12, 0.02))
+    one = Confirmation("ort-cuda-graph", lat, lat, loops[0], {})
+    assert loop_of(one) == "its confirmation loop"
+    three = Confirmation("ort-cuda-graph", lat, lat, across_repeats(list(loops)), {},
+                         repeats=loops)
+    assert loop_of(three) == "the median by speed-up of its 3 fresh-process loops"
+    assert three.paired.pairs == 33  # the pairs of all three loops: "over 3 processes"
