@@ -53,7 +53,10 @@ class Engine:
         size_bytes: The engine's size in bytes.
         handle: A backend-private in-memory object (a session), or None.
         sha256: For an engine the backend keeps in a file under a trial's key (a
-            TensorRT plan): the sha256 of its bytes, hex; empty otherwise.
+            TensorRT plan): the sha256 of its bytes, hex. For one it keeps no file of,
+            what identifies the compiled engine where the backend can say (OpenVINO:
+            `routetune.plugins.openvino.backend.compiled_identity`); empty otherwise.
+            Two routes with equal hashes and run-time options are one engine, timed once.
         reused: True when `Backend.build` returned that kept file instead of building.
             The search then opens it only if its `sha256` is the one recorded for the
             trial when it was built, and otherwise builds again (SECURITY.md).

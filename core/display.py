@@ -20,6 +20,7 @@ from routetune.records.trial import Confirmation, Status, Trial
 from routetune.registry import Registry
 from routetune.reporting.report import ERROR_METRIC, worst_error
 from routetune.reporting.report_text import ROUTE_WIDTH, short_route, speedup_figure, wrap_route
+from routetune.routes.route import format_value
 from routetune.seasoning import Param
 from routetune.timing.race import EARLY_PAIRS, RACE_PAIRS
 
@@ -364,7 +365,10 @@ def seasoning_detail(registry: Registry, name: str) -> Group:
                           escape(" | ".join(str(v) for v in param.allowed
                                             if v not in param.choices) or "–")
                           if param.allowed else f"any {type(param.default).__name__}",
-                          escape(param.help))
+                          escape(param.help + ("" if param.finest is None else
+                                               f"; finest: {format_value(param.finest)} "
+                                               "(tried first; where it fails, the coarser "
+                                               "choices are not built)")))
         parts.append(table)
     else:
         parts.append(Text("no parameters"))

@@ -47,6 +47,11 @@ class Param:
         help: One line for ``routetune seasonings``.
         allowed: More values a route may pin that the search does not try by default
             (slow or rarely useful ones); empty means any value of the default's type.
+        finest: For a quantizer's parameter, the choice whose quantization grid is at
+            least as fine as every other's on every tensor (per-channel scales against
+            one per tensor; an asymmetric range against a symmetric one): where a route
+            with it fails the accuracy constraint, the same route with another choice
+            is not built (`routetune.search.coarser`). None: no such order.
     """
 
     name: str
@@ -54,6 +59,7 @@ class Param:
     default: ParamValue
     help: str = ""
     allowed: tuple[ParamValue, ...] = ()
+    finest: ParamValue | None = None
 
     def check(self, value: ParamValue) -> ParamValue:
         """Return `value` if this parameter takes it.

@@ -48,7 +48,7 @@ class Step:
     def __str__(self) -> str:
         if not self.params:
             return self.name
-        inner = ",".join(f"{k}={_format_value(v)}" for k, v in self.params)
+        inner = ",".join(f"{k}={format_value(v)}" for k, v in self.params)
         return f"{self.name}{{{inner}}}"
 
 
@@ -122,11 +122,12 @@ def parse_value(text: str, where: str) -> ParamValue:
     return value
 
 
-def _format_value(value: ParamValue) -> str:
+def format_value(value: ParamValue) -> str:
+    """A parameter value as route text writes it (``true``, ``[a,b]``, a quoted string)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
-        return "[" + ",".join(_format_value(v) for v in value) + "]"
+        return "[" + ",".join(format_value(v) for v in value) + "]"
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, int):

@@ -13,9 +13,11 @@ The search ends at the depth limit, or when no route of a depth passes.
 Within a depth, routes are asked in the order the route memory (`learn`) expects their
 new step to pay: the expected log speed-up of the step times its chance to hold
 (`routetune.records.prior.Prior.step`), then the chance to fail; a step it knows
-nothing of counts as no effect. The order decides only which routes a time budget
+nothing of counts as no effect; among equals, a quantizer's finest choices come first
+(`routetune.search.coarser`). The order decides only which routes a time budget
 reaches first: a beam that runs to its end measures the same routes with or without a
-memory, and no route wins without being measured in this run.
+memory (but for those a finer quantization's failure rules out first), and no route
+wins without being measured in this run.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from routetune.options import option
 from routetune.records.prior import Prior
 from routetune.records.trial import Status
 from routetune.routes.route import Route
+from routetune.search.coarser import coarseness
 from routetune.search.strategy import Result, Strategy
 
 
@@ -58,14 +61,19 @@ class Beam(Strategy):
         """Take the memory's prior: it orders the routes of each depth (module docstring)."""
         self._prior = prior
 
-    def _order(self, parent: Route, route: Route) -> tuple[float, float]:
-        """Sort key of `route`, one step beyond `parent`: the memory's hopes first."""
+    def _order(self, parent: Route, route: Route) -> tuple[float, float, int]:
+        """Sort key of `route`, one step beyond `parent`: the memory's hopes first.
+
+        Among steps the memory cannot tell apart, a quantizer's finest choices first
+        (`routetune.search.coarser.coarseness`): should they fail the accuracy
+        constraint, the coarser ones are not built.
+        """
         had = {str(s) for s in parent}
         new = [s for s in route if str(s) not in had]
         if not new:
-            return 0.0, 0.1
+            return 0.0, 0.1, 0
         mean, _, fail, _ = self._prior.step(new[0])
-        return -(1.0 - fail) * mean, fail
+        return -(1.0 - fail) * mean, fail, coarseness(new[0], self.space.infos[new[0].name].params)
 
     def ask(self) -> list[Route]:
         """The next depth's routes: every extension of the current beam not yet tried."""
@@ -77,7 +85,7 @@ class Beam(Strategy):
             self._beam = [r for r, _ in accurate[: self.options.beam_width]]
         self._started = True
         self._depth_results = []
-        frontier: list[tuple[tuple[float, float], Route]] = []
+        frontier: list[tuple[tuple[float, float, int], Route]] = []
         for route in self._beam:
             for ext in self.space.extensions(route):
                 if ext not in self._seen:

@@ -48,6 +48,7 @@ from routetune.records.trial import Confirmation, Status, Trial
 from routetune.refinement import Refinement
 from routetune.registry import Registry
 from routetune.routes.route import Route, Step
+from routetune.search.coarser import Coarser, coarser_reason
 from routetune.search.leader import Leader
 from routetune.search.same_engine import SameEngine, same_engine_reason
 from routetune.search.strategy import Result, Strategy
@@ -159,6 +160,10 @@ class SearchLoop:
         for t in ours:
             if t.passes:
                 self.same_engine.learn(t.steps, t.passes)
+        self.coarser = Coarser(lambda name: registry.seasoning(name).info.params)
+        for t in ours:
+            if t.status == Status.ACCURACY_FAILED:
+                self.coarser.failed(t.steps)
 
     def _key(self) -> tuple[str, str, str, str]:
         return (self.model.source_sha256, self.backend.name, self.device, self.settings_hash)
@@ -256,14 +261,16 @@ class SearchLoop:
                 trials.append(trial)
                 on_trial(trial, False)
 
-        def visit(routes: Sequence[Route], tell: bool = True) -> list[Trial]:
+        def visit(routes: Sequence[Route], tell: bool = True, pinned: bool = False
+                  ) -> list[Trial]:
             """Run routes (in parallel where the executor can); their trials in order.
 
             The strategy is told them in the batch's order once the batch is done.
+            Pinned routes are built whatever failed before them.
             """
             running[0] = 0
             admitted.clear()
-            finished = self.evaluate(routes, admit, done, also)
+            finished = self.evaluate(routes, admit, done, also, rule_out=not pinned)
             ordered = []
             for route in routes:
                 if route not in finished:
@@ -299,7 +306,7 @@ class SearchLoop:
         if not visit([Route()]):
             return
         extra = [route for route in pinned if not route.is_base]
-        if len(visit(extra)) < len(extra):
+        if len(visit(extra, pinned=True)) < len(extra):
             return
         if self.leader.floor is not None:
             strategy.aim(self.leader.floor.speedup)
@@ -318,13 +325,16 @@ class SearchLoop:
     def evaluate(self, routes: Sequence[Route], admit: Callable[[], bool] = lambda: True,
                  on_trial: Callable[[Trial, bool], None] = lambda trial, cached: None,
                  also: Callable[[Trial], None] = lambda trial: None,
-                 ) -> dict[Route, Trial]:
+                 rule_out: bool = True) -> dict[Route, Trial]:
         """Return the stored trials of `routes`, and run and store the others.
 
         A route whose steps are known to change nothing where they stand
         (`routetune.search.same_engine`) is not built: once its shortest equal route
         has a trial, it is recorded as that engine (``skipped``). One built before that
-        was known is measured under its shortest equal's name, and recorded as it.
+        was known is measured under its shortest equal's name, and recorded as it. With
+        `rule_out`, a route that quantizes more coarsely than one that failed the
+        accuracy constraint (`routetune.search.coarser`) is recorded ``skipped``, not
+        built.
 
         Args:
             routes: The routes, in order.
@@ -334,6 +344,8 @@ class SearchLoop:
                 the store.
             also: Called with a trial no route of `routes` stands for: the shortest
                 equal of one, measured in its place.
+            rule_out: Whether a coarser quantization of a failed route is not built
+                (False for a recipe's pinned routes: built as asked).
 
         Returns:
             The trial of each route admitted, by route; a prefix of `routes` in order.
@@ -349,6 +361,11 @@ class SearchLoop:
                 cached = stored is not None
                 if stored is None:  # a route known to be a shorter one's engine: no job
                     stored = self._as_measured(route, done)
+                finer = None if stored is not None or not rule_out else self.coarser.finer(
+                    route)
+                if finer is not None:  # a finer quantization failed: not built
+                    stored = self.store.add(self._record(
+                        route, fingerprint, Status.SKIPPED, coarser_reason(*finer)))
                 if stored is not None:
                     stored = self.leader.consider(judged(stored, self.constraint))
                     done[route] = stored
@@ -382,6 +399,8 @@ class SearchLoop:
                     self._record(route, fingerprint, outcome.status, outcome.reason,
                                  **fields), self.constraint))))
             logger.info("%s: %s %s", route, trial.status, trial.reason)
+            if trial.status == Status.ACCURACY_FAILED:
+                self.coarser.failed(trial.steps)
             done[route] = trial
             on_trial(trial, False)
         return {route: done[route] for route in routes if route in done}
@@ -417,9 +436,10 @@ class SearchLoop:
     def _after_build(self, job: Job, built: Outcome) -> Outcome | None:
         """Stop a candidate that is another route's model and settings, or its engine.
 
-        The same engine: an equal engine file (TensorRT-RTX builds one plan for several
-        optimisation levels, say) with equal run-time options (`OptionSpec.runtime`);
-        timing it again would only measure noise. `NOT_MEASURED` past the time budget's
+        The same engine: an equal engine sha256 (`Engine.sha256`: TensorRT-RTX builds one
+        plan for several optimisation levels, say; OpenVINO resolves a property to its
+        value already) with equal run-time options (`OptionSpec.runtime`); timing it
+        again would only measure noise. `NOT_MEASURED` past the time budget's
         deadline, unless it is the base route. Else None: the candidate is measured.
         """
         if (self._deadline is not None and time.monotonic() >= self._deadline
@@ -439,7 +459,7 @@ class SearchLoop:
         if same == route and engine:
             key = self._engine_key(engine, self.backend.full_settings(built.fields["settings"]))
             same = self._engines.setdefault(key, route)
-            why = f"same engine as route '{same}' (equal engine files and run-time options)"
+            why = f"same engine as route '{same}' (equal engine sha256 and run-time options)"
         if same == route:
             return None
         fields = Measured(candidate_sha256=built.fields["candidate_sha256"],

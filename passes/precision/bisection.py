@@ -18,7 +18,10 @@ k gallops up from the largest failing count (2, 4, 8, …) and is bisected below
 smallest passing one (exponential search: J. L. Bentley and A. C. Yao, "An almost
 optimal algorithm for unbounded searching", Information Processing Letters 5, 1976):
 O(2 log n) trials for n ranked nodes, each built, checked, measured and stored like
-any other, so the winner may be a repaired route that keeps a few nodes in FP32.
+any other, so the winner may be a repaired route that keeps a few nodes in FP32. The
+galloping and the bisection stop at a failing count that is no faster than the bar or
+out of the race: every count left between it and the passing one keeps more nodes in
+FP32, so none can be faster.
 Accuracy is assumed to improve as more nodes stay FP32 (the premise of Polygraphy's
 ``debug precision`` bisection).
 """
@@ -162,6 +165,14 @@ def bisect_repair(route: Route, at: int, visit: Callable[[Route], Trial | None],
             else:
                 count = min(2 * count, limit)
         elif passing - failing <= 1:
+            return trials
+        elif failing == count and (not reaches(trial, bar) or trial.raced is not None):
+            # every count left keeps more nodes in FP32 than this failing one: no faster
+            skip(repair_route(route, at, min(2 * failing, (failing + passing) // 2)), (
+                f"repair stopped: with {count} of {ranked} nodes in FP32 it "
+                + (_short_of(trial, bar) if trial.raced is None else
+                   f"is out of the race ({trial.speedup:.2f}x, below {trial.raced:.3g}x)")
+                + f", and every count up to {passing} (which passes) keeps more in FP32"))
             return trials
         else:  # gallop up from the largest failing count, bisect below the passing one
             count = min(2 * failing, (failing + passing) // 2)

@@ -292,7 +292,8 @@ class _QdqSeasoning(Seasoning):
 
 
 _COMMON_PARAMS = (
-    Param("per_channel", (True, False), True, "per-output-channel weight scales"),
+    Param("per_channel", (True, False), True, "per-output-channel weight scales",
+          finest=True),
     Param("op_types", (WEIGHTED_OPS,), WEIGHTED_OPS,
           "op types to quantize; pin the QDQ chain ops too with "
           "op_types=[" + ",".join(QDQ_CHAIN_OPS) + "]"),
@@ -343,7 +344,8 @@ class Int8Qdq(_QdqSeasoning):
                   "percentile can be pinned in a route",
                   allowed=("entropy", "percentile")),
             Param("symmetric_activations", (True, False), True,
-                  "QInt8 symmetric activations (TensorRT) or QUInt8 asymmetric (CPU)"),
+                  "QInt8 symmetric activations (TensorRT) or QUInt8 asymmetric (CPU)",
+                  finest=False),
             *_COMMON_PARAMS[1:],
             Param("range_check", (True,), True,
                   "keep Concat/Where with inputs >10x apart in range in FP32"),

@@ -18,6 +18,8 @@ openvino is imported only when this backend builds, runs or describes its device
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,7 +166,9 @@ class OpenVinoBackend(Backend):
         blob by a hash of the model and the properties that shape the compiled graph, so
         `key` is not needed; run-time properties (threads, streams, pinning) are applied
         when a blob is imported (``LOADED_FROM_CACHE``), so routes that differ only in
-        them share one blob.
+        them share one blob. The engine's `Engine.sha256` is `compiled_identity`: two
+        routes whose properties OpenVINO resolves alike (``ENABLE_HYPER_THREADING=NO``
+        where it is off already) are one engine, measured once.
 
         Raises:
             BuildError: OpenVINO refused the model, the shapes or a property.
@@ -173,7 +177,7 @@ class OpenVinoBackend(Backend):
         cache.mkdir(parents=True, exist_ok=True)
         compiled = self.compile(model_path, settings, cache)
         return Engine(model_path, dict(settings), model_path, model_path.stat().st_size,
-                      handle=compiled)
+                      handle=compiled, sha256=compiled_identity(model_path, compiled.model))
 
     def compile(self, model_path: Path, settings: Mapping[str, Any],
                 cache: Path | None) -> Compiled:
@@ -253,6 +257,52 @@ class OpenVinoRunner(Runner):
         """Drop the requests and the compiled model."""
         self.request = None
         self.compiled = None
+
+
+IGNORED_PROPERTIES = frozenset({"NETWORK_NAME", "SUPPORTED_PROPERTIES", "EXECUTION_DEVICES"})
+"""Compiled-model properties that name the model or list others, not how it runs."""
+LAYER_INFO = ("layerType", "primitiveType", "runtimePrecision", "outputPrecisions",
+              "outputLayouts", "execOrder")
+"""The execution graph's per-layer facts (``CompiledModel.get_runtime_model()`` rt_info,
+OpenVINO's "Runtime information" of the CPU plugin) that say what a layer runs; its
+names (numbered anew by each compile) and timings are left out."""
+
+
+def compiled_identity(model_path: Path, compiled: Any) -> str:
+    """What makes a compiled model the engine it is, as a sha256 (hex).
+
+    The candidate ONNX file's bytes (its weights: routes that differ only in a constant's
+    value compile to the same layers), then OpenVINO's execution graph (each layer's
+    type, kernel, runtime precision, layouts and order, its inputs by position, its
+    outputs' types and shapes) and every property of the compiled model as OpenVINO
+    resolved it (``compiled.get_property(name)`` over ``SUPPORTED_PROPERTIES``, less
+    `IGNORED_PROPERTIES`). Equal identities run the same kernels on the same weights
+    under the same threads, streams, pinning and precision.
+
+    Args:
+        model_path: The ONNX file the engine was compiled from.
+        compiled: The ``openvino.CompiledModel``.
+    """
+    digest = hashlib.sha256(model_path.read_bytes())
+    ops = compiled.get_runtime_model().get_ordered_ops()
+    position = {op.get_friendly_name(): i for i, op in enumerate(ops)}
+    layers = []
+    for op in ops:
+        info = op.get_rt_info()
+        layers.append([
+            op.get_type_name(), [str(info[k]) if k in info else "" for k in LAYER_INFO],
+            [[position[i.get_source_output().get_node().get_friendly_name()],
+              i.get_source_output().get_index()] for i in op.inputs()],
+            [[str(o.get_element_type()), str(o.get_partial_shape())] for o in op.outputs()]])
+    properties = {}
+    for name in compiled.get_property("SUPPORTED_PROPERTIES"):
+        if name not in IGNORED_PROPERTIES:
+            try:
+                properties[str(name)] = str(compiled.get_property(name))
+            except Exception:  # a property the CPU plugin lists but cannot read
+                continue
+    digest.update(json.dumps([layers, sorted(properties.items())]).encode())
+    return digest.hexdigest()
 
 
 def _numpy_type(element_type: Any) -> np.dtype | None:

@@ -89,7 +89,8 @@ class NncfInt8(Seasoning):
                 "the inputs",
         params=(
             Param("preset", ("performance", "mixed"), "performance",
-                  "symmetric (performance) or asymmetric (mixed) activations"),
+                  "symmetric (performance) or asymmetric (mixed) activations",
+                  finest="mixed"),
             Param("model_type", ("default",), "default",
                   "transformer: NNCF's rules for attention models", allowed=("transformer",)),
             Param("fast_bias_correction", (True,), True,

@@ -116,6 +116,42 @@ def test_properties_reach_the_compiled_model_and_the_cache_serves_a_second_build
     assert other.get_property("INFERENCE_NUM_THREADS") != 1 or os.cpu_count() == 1
 
 
+def test_an_engines_identity_is_its_weights_layers_and_resolved_properties(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx
+
+    monkeypatch.setenv("ROUTETUNE_CACHE", str(tmp_path / "cache"))
+    model = conv_bn(tmp_path / "m.onnx")
+    backend = OpenVinoBackend()
+
+    def build(path: Path, **options: object) -> tuple[str, object]:
+        engine = backend.build(path, backend.full_settings(
+            {NS + k: v for k, v in options.items()}), tmp_path / "artifacts")
+        return engine.sha256, engine.handle.model
+
+    base, compiled = build(model)
+    assert len(base) == 64
+    threads = compiled.get_property("INFERENCE_NUM_THREADS")
+    # the same compile again, from OpenVINO's cache: one engine
+    again, imported = build(model)
+    assert imported.get_property("LOADED_FROM_CACHE") is True and again == base
+    # a property set to the value OpenVINO resolved it to already: one engine
+    assert build(model, INFERENCE_NUM_THREADS=threads)[0] == base
+    # one it resolves otherwise, or another precision: another engine
+    assert build(model, INFERENCE_NUM_THREADS=1 if threads != 1 else 2)[0] != base
+    assert build(model, INFERENCE_PRECISION_HINT="f32")[0] != base or (
+        str(compiled.get_property("INFERENCE_PRECISION_HINT")) == "<Type: 'float32'>")
+    # the same layers on other weights: another engine
+    proto = onnx.load(model)
+    weight = proto.graph.initializer[0]
+    values = onnx.numpy_helper.to_array(weight).copy()
+    values.flat[0] += 1.0
+    weight.CopyFrom(onnx.numpy_helper.from_array(values, weight.name))
+    other = tmp_path / "other.onnx"
+    onnx.save(proto, other)
+    assert build(other)[0] != base
+
+
 def test_bad_options_and_bad_models_are_one_line_errors(tmp_path: Path) -> None:
     backend = OpenVinoBackend()
     with pytest.raises(BackendError, match="option 'openvino.PERFORMANCE_HINT': bad value "

@@ -23,7 +23,8 @@ import routetune
 if __name__ == "__main__":
     result = routetune.tune(sys.argv[1], output=sys.argv[2], backend="openvino",
                             shapes="x:2x3x32x32", search="one-at-a-time",
-                            seasonings=["ov-threads", "ov-no-pinning", "ov-precision"],
+                            seasonings=["ov-threads", "ov-no-pinning", "ov-precision",
+                                        "ov-no-hyper-threading"],
                             space={"ov-threads": {"threads": [1]}}, min_runs=5, min_time_s=0.02,
                             busy_machine="ignore")
     print(result.winner.route)
@@ -71,6 +72,17 @@ def test_a_search_on_openvino_records_ok_trials_with_the_cpus_capabilities(
     if kept != "ok":
         assert settings["ov-precision"]["openvino.INFERENCE_PRECISION_HINT"] == "f32"
     assert not list(out.rglob("*.blob"))  # OpenVINO's cache is the user's, not the folder's
+    # where OpenVINO resolves hyper-threading off by itself, the route that turns it
+    # off is the base route's engine: recorded as such, neither timed nor judged
+    from routetune.plugins.openvino.installed import core
+
+    resolved = core().compile_model(str(model), "CPU", {"PERFORMANCE_HINT": "LATENCY"})
+    reason = {r[0]: r[2] for r in rows}["ov-no-hyper-threading"]
+    if resolved.get_property("ENABLE_HYPER_THREADING") is False:
+        assert status["ov-no-hyper-threading"] == "skipped", rows
+        assert reason.startswith("same engine as route 'base' (equal engine sha256"), reason
+    else:
+        assert status["ov-no-hyper-threading"] == kept, rows
     if "BF16" not in facts.capabilities and "FP16" not in facts.capabilities:
         reason = next(r[2] for r in rows if r[0] == "ov-precision")
         assert status["ov-precision"] == "skipped"  # recorded, with why

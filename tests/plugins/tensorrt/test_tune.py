@@ -52,7 +52,7 @@ def test_every_route_is_built_and_recorded_build_only_then_resumed(tmp_path: Pat
                       **dict.fromkeys(levels, "skipped")}
     reasons = {r[0]: r[2] for r in rows}
     for route in levels:  # TensorRT-RTX builds this model's plan alike at every level
-        assert reasons[route] == ("same engine as route 'base' (equal engine files and "
+        assert reasons[route] == ("same engine as route 'base' (equal engine sha256 and "
                                   "run-time options)"), reasons[route]
     base = next(r for r in rows if r[0] == "base")
     assert "not run: no CUDA GPU here" in base[2]
