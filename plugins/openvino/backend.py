@@ -36,6 +36,11 @@ from routetune.plugins.openvino.properties import NS, UNSET, cores
 CACHE = "openvino"
 """The folder under routetune's cache (``$ROUTETUNE_CACHE`` or ``~/.cache/routetune``) for
 OpenVINO's model cache (`cache_folder`)."""
+COMPILE_ONLY = (NS + "TBB_PARTITIONER",)
+"""Properties OpenVINO applies when it compiles a model, not when it imports a cached
+blob: OpenVINO 2026.4.1 imports a blob compiled with the default partitioner and
+reports ``TBB_PARTITIONER`` ``STATIC`` though ``AUTO`` was asked (measured on PP-OCRv4
+det, 2026-12-07). A route that sets one is compiled without the cache."""
 FP8 = ("float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float8e8m0",
        "float4e2m1")
 
@@ -166,15 +171,18 @@ class OpenVinoBackend(Backend):
         blob by a hash of the model and the properties that shape the compiled graph, so
         `key` is not needed; run-time properties (threads, streams, pinning) are applied
         when a blob is imported (``LOADED_FROM_CACHE``), so routes that differ only in
-        them share one blob. The engine's `Engine.sha256` is `compiled_identity`: two
+        them share one blob; a route that sets a `COMPILE_ONLY` property is compiled
+        without the cache. The engine's `Engine.sha256` is `compiled_identity`: two
         routes whose properties OpenVINO resolves alike (``ENABLE_HYPER_THREADING=NO``
         where it is off already) are one engine, measured once.
 
         Raises:
             BuildError: OpenVINO refused the model, the shapes or a property.
         """
-        cache = cache_folder()
-        cache.mkdir(parents=True, exist_ok=True)
+        cache: Path | None = None
+        if all(settings.get(key, UNSET) == UNSET for key in COMPILE_ONLY):
+            cache = cache_folder()
+            cache.mkdir(parents=True, exist_ok=True)
         compiled = self.compile(model_path, settings, cache)
         return Engine(model_path, dict(settings), model_path, model_path.stat().st_size,
                       handle=compiled, sha256=compiled_identity(model_path, compiled.model))

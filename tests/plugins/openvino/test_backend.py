@@ -93,8 +93,7 @@ def test_properties_reach_the_compiled_model_and_the_cache_serves_a_second_build
     model = matmul_chain(tmp_path / "m.onnx", depth=2, width=32, batch=4)
     backend = OpenVinoBackend()
     settings = backend.full_settings({NS + "INFERENCE_NUM_THREADS": 1,
-                                      NS + "ENABLE_CPU_PINNING": "NO",
-                                      NS + "TBB_PARTITIONER": "STATIC"})
+                                      NS + "ENABLE_CPU_PINNING": "NO"})
     first = backend.build(model, settings, tmp_path / "artifacts")
     compiled = first.handle.model
     assert compiled.get_property("LOADED_FROM_CACHE") is False
@@ -114,6 +113,11 @@ def test_properties_reach_the_compiled_model_and_the_cache_serves_a_second_build
     other = backend.build(model, backend.full_settings({}), tmp_path / "artifacts").handle.model
     assert other.get_property("LOADED_FROM_CACHE") is True
     assert other.get_property("INFERENCE_NUM_THREADS") != 1 or os.cpu_count() == 1
+    # a blob import keeps the partitioner it was compiled with: such a route compiles anew
+    auto = backend.build(model, backend.full_settings({NS + "TBB_PARTITIONER": "AUTO"}),
+                         tmp_path / "artifacts").handle.model
+    assert auto.get_property("LOADED_FROM_CACHE") is False
+    assert str(auto.get_property("TBB_PARTITIONER")).endswith("AUTO")
 
 
 def test_an_engines_identity_is_its_weights_layers_and_resolved_properties(
