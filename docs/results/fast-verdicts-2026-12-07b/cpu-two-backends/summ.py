@@ -1,3 +1,4 @@
+# summary-*.txt: python summ.py OUT (after gunzip */*/trials.sqlite.gz)
 import json, sqlite3, sys, datetime as dt
 from pathlib import Path
 def t(s): return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S%z").timestamp()
