@@ -21,6 +21,7 @@ from routetune.registry import Registry
 from routetune.reporting.report import ERROR_METRIC, worst_error
 from routetune.reporting.report_text import ROUTE_WIDTH, short_route, speedup_figure, wrap_route
 from routetune.routes.route import format_value
+from routetune.search.coarser import COARSER
 from routetune.seasoning import Param
 from routetune.timing.race import EARLY_PAIRS, RACE_PAIRS
 
@@ -513,19 +514,23 @@ def conditions_lines(result: TuneResult) -> list[str]:
 
 
 def racing_line(result: TuneResult) -> str:
-    """What racing and the same-engine rule spared this run's trials; empty if nothing.
+    """What racing, the same-engine rule and the coarser rule spared this run's trials.
 
-    The rules: `routetune.timing.race`, `routetune.search.same_engine`.
+    Empty if nothing. The rules: `routetune.timing.race`, `routetune.search.same_engine`
+    (and `Engine.sha256`), `routetune.search.coarser`.
     """
     ours = [t for t in result.trials if t.fingerprint in result.fresh]
     out = sum(t.raced is not None for t in ours)
     figure = sum(any(n.startswith("timed for") for n in t.notes) for t in ours)
     same = sum(t.reason.startswith("same engine as") for t in ours)
+    coarser = sum(t.reason.startswith(COARSER) for t in ours)
     parts = [f"{out} out of the race (timed {EARLY_PAIRS} or {RACE_PAIRS + 1} paired "
              "blocks, not built on)"
              if out else "",
              f"{figure} that failed accuracy timed for a figure only" if figure else "",
-             f"{same} the same engine as a shorter route (not timed)" if same else ""]
+             f"{same} the same engine as another route (not timed)" if same else "",
+             f"{coarser} quantizing more coarsely than one that failed accuracy (not built)"
+             if coarser else ""]
     text = "; ".join(p for p in parts if p)
     return f"racing: {text}" if text else ""
 

@@ -82,7 +82,10 @@ def _value(step: Step, param: Param) -> ParamValue:
     return dict(step.params).get(param.name, param.default)
 
 
+COARSER = "not built: quantizes more coarsely than route"
+"""How the reason of a route not built by this rule starts (`coarser_reason`)."""
+
+
 def coarser_reason(failed: Route, how: str) -> str:
     """The reason recorded for a route not built because a finer one failed (one line)."""
-    return (f"not built: quantizes more coarsely than route '{failed}' ({how}), which "
-            "failed the accuracy constraint here")
+    return f"{COARSER} '{failed}' ({how}), which failed the accuracy constraint here"

@@ -7,6 +7,7 @@ from pathlib import Path
 from graphs import conv_bn
 from quick import quick_spec
 
+from routetune.display import racing_line
 from routetune.registry import Registry
 from routetune.routes.route import parse_route
 from routetune.run.tuning import tune
@@ -77,6 +78,8 @@ def test_a_search_builds_the_finest_int8_route_and_not_the_coarser_ones_once_it_
         assert trial.status == "skipped" and trial.latency is None and trial.build_ms is None
         assert trial.reason == coarser_reason(parse_route(finest), how), trial.reason
     assert result.winner.route == "base"
+    assert "3 quantizing more coarsely than one that failed accuracy (not built)" in (
+        racing_line(result))
     # resumed, the search stores nothing new: the skips are kept, and so is their reason
     again = tune(spec, registry)
     assert {t.route: (t.status, t.reason) for t in again.trials} == {

@@ -1,27 +1,40 @@
-# summary-*.txt: python summ.py OUT (after gunzip */*/trials.sqlite.gz)
-import json, sqlite3, sys, datetime as dt
+"""summary-*.txt: python summ.py OUT, after gunzip */*/trials.sqlite.gz.
+
+Per run: each backend's search time (run.json), routes measured, repair trials, routes
+recorded as another's engine, coarser quantizations not built; the winner.
+"""
+
+import datetime as dt
+import json
+import sqlite3
+import sys
 from pathlib import Path
-def t(s): return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+
+COUNTS = {
+    "repair": "route like '%precision-repair%' and status != 'skipped'",
+    "same-engine(opts)": "reason like 'same engine as route%'",
+    "coarser": "reason like 'not built: quantizes more coarsely%'",
+}
+
+
+def seconds(stamp: str) -> float:
+    return dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+
+
 root = Path(sys.argv[1])
-walls = {}
-for line in (root / "walls.txt").read_text().splitlines():
-    if line == "ALL": continue
-    p = line.split(); walls.setdefault((p[0], p[1]), []).append((float(p[3]), p[-1]))
-seen = {}
 for run in sorted(root.glob("*-ppocr-*-[0-9]")):
-    if not run.is_dir() or run.name.startswith("cache"): continue
-    pass
+    if not run.is_dir() or run.name.startswith("cache"):
+        continue
     row = [run.name]
-    for b in ("onnxruntime", "openvino"):
-        r = json.loads((run / b / "run.json").read_text())
-        db = sqlite3.connect(run / b / "trials.sqlite")
-        st = dict(db.execute("select status, count(*) from trials group by status").fetchall())
-        same = db.execute("select count(*) from trials where reason like 'same engine as route%'").fetchone()[0]
-        coarse = db.execute("select count(*) from trials where reason like 'not built: quantizes more coarsely%'").fetchone()[0]
-        rep = db.execute("select count(*) from trials where route like '%precision-repair%' and status != 'skipped'").fetchone()[0]
-        measured = st.get("ok", 0) + st.get("accuracy-failed", 0)
-        row.append(f"{b}: {t(r['finished_at']) - t(r['started_at']):.0f} s, measured {measured}, repair {rep}, same-engine(opts) {same}, coarser {coarse}")
-    w = json.loads((run / "backends.json").read_text())["winner"]
-    row.append(f"winner {w['backend']}: {w['route']} {w['reason'][:40]}")
+    for backend in ("onnxruntime", "openvino"):
+        record = json.loads((run / backend / "run.json").read_text())
+        db = sqlite3.connect(run / backend / "trials.sqlite")
+        status = dict(db.execute("select status, count(*) from trials group by status"))
+        measured = status.get("ok", 0) + status.get("accuracy-failed", 0)
+        took = seconds(record["finished_at"]) - seconds(record["started_at"])
+        counts = ", ".join(f"{name} {db.execute(f'select count(*) from trials where {w}').fetchone()[0]}"
+                           for name, w in COUNTS.items())
+        row.append(f"{backend}: {took:.0f} s, measured {measured}, {counts}")
+    winner = json.loads((run / "backends.json").read_text())["winner"]
+    row.append(f"winner {winner['backend']}: {winner['route']} {winner['reason'][:40]}")
     print(" | ".join(row))
-print(walls)
