@@ -279,8 +279,9 @@ names (numbered anew by each compile) and timings are left out."""
 def compiled_identity(model_path: Path, compiled: Any) -> str:
     """What makes a compiled model the engine it is, as a sha256 (hex).
 
-    The candidate ONNX file's bytes (its weights: routes that differ only in a constant's
-    value compile to the same layers), then OpenVINO's execution graph (each layer's
+    The candidate ONNX file's bytes (its weights, or for external data their
+    content-addressed locations, `routetune.model.weights`: routes that differ only in a
+    constant's value compile to the same layers), then OpenVINO's execution graph (each layer's
     type, kernel, runtime precision, layouts and order, its inputs by position, its
     outputs' types and shapes) and every property of the compiled model as OpenVINO
     resolved it (``compiled.get_property(name)`` over ``SUPPORTED_PROPERTIES``, less
@@ -291,7 +292,10 @@ def compiled_identity(model_path: Path, compiled: Any) -> str:
         model_path: The ONNX file the engine was compiled from.
         compiled: The ``openvino.CompiledModel``.
     """
-    digest = hashlib.sha256(model_path.read_bytes())
+    digest = hashlib.sha256()
+    with model_path.open("rb") as f:  # streamed: a decoder's file can be large
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
     ops = compiled.get_runtime_model().get_ordered_ops()
     position = {op.get_friendly_name(): i for i, op in enumerate(ops)}
     layers = []
