@@ -11,7 +11,11 @@ committed SQLite transaction; the workers die with the process, `worker._die_wit
 
 Worker processes must not see Ctrl-C at all (a traceback from each otherwise):
 `spawning_quietly` blocks SIGINT while they are started, so that they start with it
-blocked, and `worker.init` ignores it before unblocking it.
+blocked, and `worker.init` ignores it before unblocking it. It also holds back this
+process's own stop until the workers are started: a stop raised in the middle of
+``multiprocessing``'s launch, after the child is started and before it is sent what to
+run, leaves the child reading an empty pipe (``EOFError: Ran out of input``, a traceback
+on the terminal).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -120,9 +125,12 @@ def spawning_quietly() -> Iterator[None]:
     """Block SIGINT in this thread while child processes (and threads) are started.
 
     A process spawned meanwhile, and a thread started meanwhile (pebble's pool manager,
-    which starts replacement workers later), inherit the blocked signal. A Ctrl-C that
-    arrives meanwhile is not lost: another thread takes it, or it waits for the block's
-    end (Python runs the handler in the main thread either way).
+    which starts replacement workers later), inherit the blocked signal. A SIGINT or
+    SIGTERM that arrives meanwhile is not lost, but held back: another thread may take
+    it from the kernel, yet Python runs its handler in the main thread, in the middle of
+    the launch; so, in the main thread, the handler only notes it, and the handlers run
+    on the way out, in the order the signals came (after the block's body, or after the
+    exception that ends it).
     """
     from multiprocessing import resource_tracker
 
@@ -138,8 +146,32 @@ def spawning_quietly() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(null)
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    with _held_back():
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def _held_back() -> Iterator[None]:
+    """Note SIGINT and SIGTERM meanwhile; run their handlers after (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[tuple[int, FrameType | None]] = []
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for signum in handlers:
+        signal.signal(signum, lambda s, frame: held.append((s, frame)))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for came, frame in held:
+            handler = handlers[signal.Signals(came)]
+            if callable(handler):
+                handler(came, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(came)  # as it would have: the default action

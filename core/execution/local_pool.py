@@ -136,22 +136,24 @@ class LocalPool(Executor):
     def _pool(self, size: int, gpu: str | None) -> pebble.ProcessPool:
         """`size` workers, started now, that get their inputs from the handoff.
 
-        `gpu` is for measuring workers. They start with Ctrl-C blocked
-        (`signals.spawning_quietly`), and so do the workers that pebble's threads start
-        later in their place.
+        `gpu` is for measuring workers. Callers start it within
+        `signals.spawning_quietly`, so that they start with Ctrl-C blocked, as do the
+        workers that pebble's threads start later in their place; and they keep the pool
+        before that block ends, since a stop held back meanwhile is raised at its end
+        and `cancel` must find the pool to stop its workers.
         """
         assert self._handoff is not None
-        with spawning_quietly():
-            pool = pebble.ProcessPool(
-                size, initializer=worker.init, context=_SPAWN,
-                initargs=(self._handoff.address, self._handoff.key, gpu,
-                          None if gpu else self.memory_mb, self.timeout_s))
-            pool.schedule(worker.ping)  # pebble starts a pool, and its threads, lazily
+        pool = pebble.ProcessPool(
+            size, initializer=worker.init, context=_SPAWN,
+            initargs=(self._handoff.address, self._handoff.key, gpu,
+                      None if gpu else self.memory_mb, self.timeout_s))
+        pool.schedule(worker.ping)  # pebble starts a pool, and its threads, lazily
         return pool
 
     def _spawn(self) -> None:
-        self._builders = self._pool(self.build_workers, None)
-        self._measurers = [self._pool(1, gpu) for gpu in self.gpus or (None,)]
+        with spawning_quietly():
+            self._builders = self._pool(self.build_workers, None)
+            self._measurers = [self._pool(1, gpu) for gpu in self.gpus or (None,)]
 
     def run(self, jobs: Iterator[Job], after_build: AfterBuild) -> Iterator[tuple[Job, Outcome]]:
         """Schedule builds and measurements as described in the module docstring."""
@@ -231,21 +233,23 @@ class LocalPool(Executor):
         method = task.__name__
         log = self._outdir / LOGS / f"{method}.log"
         gpu = (self.gpus or (None,))[0]
-        if fresh:
-            pool = self._pool(1, gpu)
-        else:
-            if not self._measurers:  # released, or never started
-                self._spawn()
-            pool = self._measurers[0]
         start = time.time()
-        future = pool.schedule(task, (stored, log), timeout=self.timeout_s)
+        pool = None
         try:
+            if fresh:
+                with spawning_quietly():
+                    pool = self._pool(1, gpu)
+            else:
+                if not self._measurers:  # released, or never started
+                    self._spawn()
+                pool = self._measurers[0]
+            future = pool.schedule(task, (stored, log), timeout=self.timeout_s)
             while not concurrent.futures.wait([future], timeout=1.0)[0]:
                 self._poll_status()
             result: T = future.result()
             return result
         finally:
-            if fresh:
+            if fresh and pool is not None:
                 pool.stop()
                 pool.join()
             self._event({"phase": method, "route": stored.route,

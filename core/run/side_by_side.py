@@ -164,10 +164,12 @@ def fresh_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial | None]]
     `multiprocessing.Pool` would wait for it forever: a two-backend decode search over
     128 steps of a 26 M decoder hung so, its loop process killed at 15.8 GB.
     """
-    with spawning_quietly():
-        pool = pebble.ProcessPool(max_workers=1, context=_SPAWN)
+    pool = None
     try:
-        return pool.schedule(timed_loop, args=(jobs, settings, outputs, None, bar)).result()
+        with spawning_quietly():  # pebble starts its worker at the first task
+            pool = pebble.ProcessPool(max_workers=1, context=_SPAWN)
+            future = pool.schedule(timed_loop, args=(jobs, settings, outputs, None, bar))
+        return future.result()
     except pebble.ProcessExpired as e:
         why = f"the side-by-side loop's process ended: {exit_text(e.exitcode)}"
         if e.exitcode == -signal.SIGKILL:
@@ -176,8 +178,9 @@ def fresh_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial | None]]
                     "backend at a time)")
         return Loop([], {i: why for i in range(len(jobs))}, [], [], {})
     finally:
-        pool.stop()
-        pool.join()
+        if pool is not None:
+            pool.stop()
+            pool.join()
 
 
 def timed_loop(jobs: Sequence[tuple[TrialInputs, tuple[Any, ...], Trial | None]],

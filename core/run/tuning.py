@@ -267,9 +267,9 @@ def _tune_locked(
     reference = reference_backend(run.registry, run.backend)
     executor = make_executor(run, opts)
     executor.on_status = on_status
-    executor.warm_up(run.outdir)  # workers load their libraries during the reference run
     loop = None
     try:
+        executor.warm_up(run.outdir)  # workers load their libraries during the reference run
         if not opts.fresh:  # a resume loads what it was given now, and only that
             check_recorded(_recorded(run.outdir), run.libraries, run.outdir,
                            {CUSTOM_OPS: opts.spelled("custom_op_libraries"),
