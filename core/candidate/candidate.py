@@ -225,7 +225,7 @@ class Candidate:
                 timed, conditions = self.timing.watched(
                     lambda: self.timing.measure(runner, route, racing),
                     None if racing is None else lambda t: cannot_reach(t.get("paired"), racing),
-                    base_ms=_base_ms,
+                    base_ms=_base_ms, pace_ms=inputs.pace_ms,
                     through=None if racing is None else (
                         lambda: self.timing.measure(runner, route, racing, THROUGH)))
                 notes += timed.pop("notes", ())

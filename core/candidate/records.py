@@ -84,6 +84,11 @@ class TrialInputs:
         constraint: The accuracy constraint, for racing only: a candidate that fails it
             is timed just long enough for a figure (`routetune.timing.race`); the search
             loop judges every trial itself. None: every candidate is timed in full.
+        pace_ms: The base route's p50 (ms) timed just before the search on a quiet
+            machine (`routetune.run.side_by_side.BaseScreen`), or None: where engines run
+            on the host CPU, a base route figure slower than it marks the machine slower
+            than it was, the search's own base trial included
+            (`routetune.candidate.pairing.PairedTiming.watched`).
     """
 
     model: PreparedModel
@@ -100,6 +105,7 @@ class TrialInputs:
     task_params: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     tuner_pids: tuple[int, ...] = ()
     constraint: Constraint | None = None
+    pace_ms: float | None = None
 
     @property
     def measure(self) -> MeasureSettings:

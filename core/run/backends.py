@@ -39,10 +39,10 @@ from routetune.registry import Registry
 from routetune.run.outdir import locked, make_outdir, remove_refused
 from routetune.run.preparation import Prepared, available_backend, prepare_run
 from routetune.run.run_spec import RunSpec
-from routetune.run.side_by_side import Contender, base_floors, side_by_side
+from routetune.run.side_by_side import BaseScreen, Contender, base_floors, side_by_side
 from routetune.run.tuning import Plan, TuneResult, tune
 from routetune.run.winner import WINNER_OUTPUTS, save_outputs, write_winner
-from routetune.timing.race import CLEAR_PAIRS, Bar
+from routetune.timing.race import CLEAR_PAIRS
 
 SUMMARY = "backends.json"
 """The side-by-side figures and the verdict of a multi-backend run."""
@@ -147,9 +147,10 @@ def tune_backends(opts: RunSpec, registry: Registry, on_start: Callback = lambda
             for name in names]
     try:
         ready = [_prepared(sub, registry) for sub in subs]  # every backend, before any search
-        floors, screen = _floors([run for run, _ in ready], on_status)
-        for sub, floor, run in zip(subs, floors, ready, strict=True):
-            runs.append(tune(sub, registry, started, on_trial, on_status, floor, run))
+        screens, screen = _floors([run for run, _ in ready], on_status)
+        for sub, base, run in zip(subs, screens, ready, strict=True):
+            runs.append(tune(sub, registry, started, on_trial, on_status, base.floor, run,
+                             base.pace_ms))
     except UsageError:
         if top is not None:  # a refused run leaves no folder it made, unless it recorded
             remove_refused(top, created)
@@ -176,14 +177,14 @@ def _prepared(sub: RunSpec, registry: Registry) -> tuple[Prepared, bytes]:
 
 
 def _floors(runs: Sequence[Prepared], on_status: Callback
-            ) -> tuple[list[Bar | None], tuple[str, ...]]:
-    """Each backend's floor and what it rests on; none with ``--no-race``.
+            ) -> tuple[list[BaseScreen], tuple[str, ...]]:
+    """Each backend's floor and base route's pace, and what they rest on (not timed with --no-race).
 
     Its base route timed beside the others' before the searches
     (`routetune.run.side_by_side.base_floors`).
     """
     if not runs[0].spec.measure.race:
-        return [None] * len(runs), ()
+        return [BaseScreen()] * len(runs), ()
     on_status(f"timing the {len(runs)} backends' base routes side by side")
     floors, lines, _ = base_floors(runs, runs[0].registry)
     for line in lines:

@@ -274,8 +274,28 @@ def _open(registry: Registry, inputs: TrialInputs, base: tuple[Any, ...], trial:
                                                  recorded.engine))
 
 
+@dataclass(frozen=True)
+class BaseScreen:
+    """What timing the backends' base routes side by side tells one backend's search.
+
+    Args:
+        floor: The bar its candidates race against at least, or None (below).
+        pace_ms: Its base route's p50 (ms) in that loop, on a machine found quiet
+            meanwhile; None where the loop was busy or did not time it. The search
+            judges its own base route's figures against it
+            (`routetune.candidate.pairing.PairedTiming.watched`): a base trial timed
+            while the host has taken a vCPU away (the 2-vCPU VM of docs/benchmarks.md:
+            in 5 of 12 two-backend runs on 2026-12-07 one base trial ran 1.4-2.3x slower
+            than in the side-by-side loops) no longer sets the pace that the rest of
+            the search is judged against.
+    """
+
+    floor: Bar | None = None
+    pace_ms: float | None = None
+
+
 def base_floors(prepared: Sequence[Prepared], registry: Registry
-                ) -> tuple[list[Bar | None], list[str], dict[str, Any]]:
+                ) -> tuple[list[BaseScreen], list[str], dict[str, Any]]:
     """Time every backend's base route beside the others' in one loop, in this process.
 
     A backend whose base route is slower than another's gets a floor: the lower end of
@@ -292,8 +312,8 @@ def base_floors(prepared: Sequence[Prepared], registry: Registry
         registry: The installed plugins.
 
     Returns:
-        Each backend's floor (None for none), one line per backend saying what was
-        measured, and the machine's conditions meanwhile.
+        Each backend's floor and base route's pace (`BaseScreen`), one line per backend
+        saying what was measured, and the machine's conditions meanwhile.
     """
     names = [run.backend.name for run in prepared]
     jobs = [(loop_inputs(run), tuple(run.base), None) for run in prepared]
@@ -306,22 +326,23 @@ def base_floors(prepared: Sequence[Prepared], registry: Registry
                if len(loop.failed) == len(names) and len(reasons) == 1
                else f"{names[min(loop.failed)]}'s base route was not timed: "
                f"{next(iter(loop.failed.values()))}")
-        return [None] * len(prepared), [f"{why}; no floor"], \
+        return [BaseScreen()] * len(prepared), [f"{why}; no floor"], \
             loop.conditions
-    floors: list[Bar | None] = []
+    floors: list[BaseScreen] = []
     lines = []
     for i, name in enumerate(names):
+        pace = loop.latencies[loop.timed.index(i)].p50
         faster = [(paired_speedup(loop.blocks, j, i), names[j])
                   for j in range(len(names)) if j != i]
         p, other = max(faster, key=lambda f: f[0].ci_low)
         if p.ci_low <= 1.0:
-            floors.append(None)
+            floors.append(BaseScreen(None, pace))
             lines.append(f"{name}: no other backend's base route is shown faster; no "
                          "floor")
             continue
-        floors.append(Bar(p.ci_low, f"the lower end of {other}'s base route, "
-                          f"{p.value:.3f}x [{p.ci_low:.3f}, {p.ci_high:.3f}] over "
-                          f"{name}'s side by side"))
+        floors.append(BaseScreen(Bar(p.ci_low, f"the lower end of {other}'s base route, "
+                                     f"{p.value:.3f}x [{p.ci_low:.3f}, {p.ci_high:.3f}] "
+                                     f"over {name}'s side by side"), pace))
         lines.append(f"{name}: {other}'s base route is {p.value:.2f}x "
                      f"[{p.ci_low:.2f}, {p.ci_high:.2f}] faster side by side; its routes "
                      f"race against {p.ci_low:.2f}x at least")

@@ -210,6 +210,7 @@ def tune(
     on_status: Callable[[str], None] = lambda text: None,
     floor: Bar | None = None,
     prepared: tuple[Prepared, bytes] | None = None,
+    pace_ms: float | None = None,
 ) -> TuneResult:
     """Run a whole search and write the winner to the output directory.
 
@@ -225,6 +226,9 @@ def tune(
             (`routetune.run.backends`). None for ``--min-speedup`` alone.
         prepared: The run, already prepared from `opts` (`prepare_run`), with what the
             libraries printed meanwhile; None to prepare it here.
+        pace_ms: The base route's p50 (ms) timed just before this search on a quiet
+            machine (a multi-backend run's side-by-side loop,
+            `routetune.run.side_by_side.BaseScreen`), or None.
 
     Returns:
         The result; never None. When nothing is accurate the base route wins.
@@ -239,7 +243,8 @@ def tune(
         try:
             with locked(run.outdir):
                 keep(run.outdir / LOGS / "prepare.log", early)  # the libraries' lines
-                return _tune_locked(run, opts, on_start, on_trial, on_status, floor)
+                return _tune_locked(run, opts, on_start, on_trial, on_status, floor,
+                                    pace_ms)
         except UsageError:
             remove_refused(run.outdir, run.created)  # refused before any trial: no folder
             raise
@@ -261,6 +266,7 @@ def _tune_locked(
     run: Prepared, opts: RunSpec, on_start: Callable[[Prepared, Plan], None],
     on_trial: Callable[[Trial, bool], None], on_status: Callable[[str], None],
     floor: Bar | None,
+    pace_ms: float | None = None,
 ) -> TuneResult:
     store_path = run.outdir / FILENAME
     memory = open_memory(opts, run)  # a --memory file that is not one: refused first
@@ -288,7 +294,7 @@ def _tune_locked(
                           run.constraint, store, run.outdir, run.spec.trial_settings(run.libraries),
                           run.settings_hash,
                           reference, [r(run.registry) for r in run.refinements],
-                          base=run.base, executor=executor, floor=floor)
+                          base=run.base, executor=executor, floor=floor, pace_ms=pace_ms)
         run.base_passes = loop.base_passes
         strategy = run.registry.strategy(opts.search)(run.space, run.strategy_options)
         strategy.learn(memory.prior(run, loop.device))

@@ -97,6 +97,8 @@ class SearchLoop:
             starts it, and `close` closes it.
         floor: A bar every candidate races against at least (`Leader`): in a search over
             several backends, another backend's base route; None for none.
+        pace_ms: The base route's p50 (ms) timed just before this search on a quiet
+            machine (`TrialInputs.pace_ms`), or None.
 
     Raises:
         SeasoningError: A preflight or pinned-prefix step failed; no route can be built.
@@ -120,6 +122,7 @@ class SearchLoop:
         base: Route | None = None,
         executor: Executor | None = None,
         floor: Bar | None = None,
+        pace_ms: float | None = None,
     ) -> None:
         self.registry = registry
         self.model = model
@@ -139,7 +142,8 @@ class SearchLoop:
                              tuple(references),
                              constraint.tolerance_map(list(references[0]) if references else []),
                              outdir, model.data, settings, reference=reference is not None,
-                             task_params=constraint.task_params(), constraint=constraint)
+                             task_params=constraint.task_params(), constraint=constraint,
+                             pace_ms=pace_ms)
         with captured(outdir / LOGS / "base.log", "preflight"):
             local, self.base_passes = with_preflight(registry, inputs, backend, reference,
                                                          list(base or Route()))

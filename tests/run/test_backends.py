@@ -202,12 +202,15 @@ def test_a_backend_whose_base_route_is_slower_races_against_the_faster_one(
                                                       depth=depth, width=128, batch=16),
                                    output=tmp_path / f"out{depth}"), registry)
             for depth in (1, 16)]
-    floors, lines, _ = base_floors(runs, registry)
-    fast, slow = floors
+    screens, lines, _ = base_floors(runs, registry)
+    fast, slow = (screen.floor for screen in screens)
     assert fast is None and "no other backend's base route is shown faster" in lines[0]
     assert slow is not None and slow.speedup > 3, lines  # sixteen layers against one
     assert slow.source.startswith("the lower end of onnxruntime's base route")
     assert f"race against {slow.speedup:.2f}x at least" in lines[1]
+    # each search's base route pace: its p50 in the loop, the heavier one's above
+    paces = [screen.pace_ms for screen in screens]
+    assert paces[0] is not None and paces[1] is not None and 0 < 3 * paces[0] < paces[1]
 
 
 def test_a_side_by_side_loop_ends_once_every_contender_is_decided(tmp_path: Path) -> None:

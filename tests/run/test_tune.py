@@ -209,3 +209,23 @@ def test_the_learned_search_asks_for_no_route_the_memory_expects_below_the_floor
     free = tune(quick_spec(model=model, output=tmp_path / "free", search="learned", **space),
                 registry)
     assert len(free.trials) > 1
+
+
+@pytest.mark.parametrize(("pace_ms", "marked"), [(1e-4, True), (1e6, False)])
+def test_a_base_trial_slower_than_the_pace_timed_before_the_search_is_busy(
+        registry: Registry, tmp_path: Path, pace_ms: float, marked: bool) -> None:
+    """A multi-backend run's side-by-side loop times each base route before the searches
+    (`routetune.run.side_by_side.BaseScreen`); a search whose own base trial runs far
+    slower (the host took a vCPU: 1.4-2.3x in 5 of 12 runs) marks it, instead of taking
+    it as the pace the rest of its trials are judged against. A pace above the figure
+    marks nothing."""
+    from graphs import matmul_chain
+
+    model = matmul_chain(tmp_path / "m.onnx", depth=2, width=64, batch=8)
+    opts = quick_spec(model=model, output=tmp_path / "out", seasonings=("ort-threads",),
+                      search="exhaustive", max_depth=1, busy_machine="warn")
+    trials = {t.route: t for t in tune(opts, registry, pace_ms=pace_ms).trials}
+    noted = trials["base"].noisy.startswith("the base route ran")
+    assert noted == marked, trials["base"].noisy
+    if marked:
+        assert f"its p50 earlier in this run ({pace_ms:.3g} ms)" in trials["base"].noisy
