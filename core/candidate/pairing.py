@@ -112,25 +112,27 @@ class PairedTiming:
                 ) -> tuple[T, dict[str, Any]]:
         """Run `timed` under the busy-machine policy (`measure_watched`).
 
-        Where engines run on the host CPU, the base route's pace counts too: its p50
-        timed alone on a quiet machine, the first time in this process (the base trial)
-        or `pace_ms`. A result whose base route figure is over `PACE_SLOWER` times the
-        pace has the base route's engine timed alone for `WINDOW_S` (a paired figure
-        runs up to 1.5x its alone one on a small model: the two engines share caches and
-        cores); where that is slower too, or the paired figure itself is over
-        `PAIRED_SLOWER` times the pace, the machine is slower than it was (`pace_note`)
-        and the attempt counts as busy. ``wait`` then waits by timing the
-        base route's engine alone until it is back to its pace. A wait that runs out,
-        or steady load (`routetune.timing.conditions.STEADY_AFTER_S`), with the base
-        route still slower takes its figure as the pace from then on: the machine
-        changed for good.
+        Where engines run on the host CPU, the base route's pace counts too: the fastest of
+        its p50 timed alone on a quiet machine the first time in this process (the base
+        trial), `pace_ms`, and any later quiet measurement's base route figure below them (a
+        pace taken while the host had a vCPU away gives way once the machine shows it can
+        run faster). A result whose base route figure is over `PACE_SLOWER` times the pace
+        has the base route's engine timed alone for `WINDOW_S` (a paired figure runs up to
+        1.5x its alone one on a small model: the two engines share caches and cores); where
+        that is slower too, or the paired figure itself is over `PAIRED_SLOWER` times the
+        pace, the machine is slower than it was (`pace_note`) and the attempt counts as
+        busy. ``wait`` then waits by timing the base route's engine alone until it is back
+        to its pace. A wait that runs out, or steady load
+        (`routetune.timing.conditions.STEADY_AFTER_S`), with the base route still slower
+        takes its figure as the pace from then on: the machine changed for good.
 
         Args:
             timed: The measurement.
             settled: Whether a busy result stands without a quiet re-measurement.
             base_ms: The base route's p50 (ms) in a result, or None where it has none.
             pace_ms: The base route's p50 alone (ms) from elsewhere (the search's base
-                trial, for a confirmation in a fresh process).
+                trial, for a confirmation in a fresh process; the side-by-side loop
+                before a multi-backend run's searches, for a trial).
             probe: The base route's engine to time alone; None: `base_runner`.
             through: A longer measurement, tried at once on a busy result that is not
                 `settled`, before waiting (`measure_watched`).
@@ -158,8 +160,8 @@ class PairedTiming:
                                              slower if paced else None,
                                              look if paced else None, through, self._steady)
         ms = base_ms(result) if base_ms is not None else None
-        if ms is not None and pace is None and not conditions["busy"]:
-            self._pace_ms = ms
+        if ms is not None and (pace is None or ms < pace) and not conditions["busy"]:
+            self._pace_ms = ms  # the fastest quiet figure yet: the machine runs it so fast
         elif (paced and alone and conditions["busy"] == pace_note(alone[-1], pace)
               and (conditions["steady"] or conditions["waited_s"] >= policy.max_wait_s)):
             logger.warning("the base route stays at %.3g ms alone after %.0f s of waiting: "
