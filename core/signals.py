@@ -161,7 +161,8 @@ def _held_back() -> Iterator[None]:
         yield
         return
     held: list[tuple[int, FrameType | None]] = []
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {s: h for s in (signal.SIGINT, signal.SIGTERM)  # None: set outside Python
+                if (h := signal.getsignal(s)) is not None}
     for signum in handlers:
         signal.signal(signum, lambda s, frame: held.append((s, frame)))
     try:

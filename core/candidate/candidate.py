@@ -85,10 +85,10 @@ from routetune.timing.measure import (
     paired_speedup,
 )
 from routetune.timing.race import (
-    FAILED_ACCURACY,
     Bar,
     cannot_reach,
     clears_early,
+    failed_accuracy,
     out_of_race,
 )
 
@@ -221,7 +221,7 @@ class Candidate:
                                        accuracy_per_set=measured.per_set))
                 racing = bar if inputs.measure.race else None
                 if racing is not None and self._fails(fields):
-                    racing = FAILED_ACCURACY
+                    racing = failed_accuracy(racing)
                 timed, conditions = self.timing.watched(
                     lambda: self.timing.measure(runner, route, racing),
                     None if racing is None else lambda t: cannot_reach(t.get("paired"), racing),

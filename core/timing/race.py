@@ -34,8 +34,12 @@ for so few, covers the median only 3 times in 4, and showed a tie faster 1 time 
 Before racing, routetune stopped only candidates below 0.5x ("hopeless"): that is this
 rule with a bar of 0.5 (`HOPELESS`), which still applies when racing is off
 (``--no-race``). A candidate that failed the accuracy constraint cannot win at any
-speed: it is timed for the early look's 3 ratios (`FAILED_ACCURACY`), for a figure
-with its t interval (what a precision repair and the report read).
+speed: it is timed for the early look's 3 ratios (`failed_accuracy`), for a figure
+with its t interval (what a precision repair and the report read); where that interval
+holds the bar a repair of it would race against, up to `FAILED_PAIRS` (7), until it
+does not: a repair keeps nodes in FP32, so it is no faster than the failed route, and
+is tried only where the failed route's interval reaches that bar
+(`routetune.passes.precision.bisection`).
 
 The same test, the other way, ends a confirmation early (`clears_early`): a route whose
 first `CLEAR_PAIRS` paired blocks all lie above ``--min-speedup`` holds at that look,
@@ -101,6 +105,15 @@ CLEAR_ERROR = 2.0 ** -CLEAR_PAIRS
 """The chance that a route at its bar or below clears at the early look (1/1024, 0.1%)."""
 
 
+FAILED_PAIRS = RACE_PAIRS + 1
+"""Paired ratios a candidate that failed accuracy is timed for at most (`failed_accuracy`)."""
+
+T_975 = {2: EARLY_CI_T, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447}
+"""Student's t exceeded with probability 2.5%, by degrees of freedom (R. A. Fisher and F.
+Yates, "Statistical Tables for Biological, Agricultural and Medical Research", 1938,
+Table III): the 95% t interval of 3 to `FAILED_PAIRS` ratios."""
+
+
 @dataclass(frozen=True)
 class Bar:
     """The paired speed-up over the base route a candidate must be able to reach.
@@ -109,10 +122,13 @@ class Bar:
         speedup: The bar (x over the base route).
         source: Where it comes from, for the note: ``--min-speedup``, or the leading
             route and its interval.
+        repair: For a candidate that failed accuracy (`failed_accuracy`): the bar a
+            repair of it would race against, or None.
     """
 
     speedup: float
     source: str
+    repair: float | None = None
 
     @classmethod
     def min_speedup(cls, value: float) -> Bar:
@@ -133,6 +149,18 @@ interval (what a precision repair and the report read), and no more. (Until 2026
 took 4 more blocks each.)"""
 
 
+def failed_accuracy(bar: Bar | None) -> Bar:
+    """The bar of a candidate that failed accuracy in a search racing against `bar`.
+
+    As `FAILED_ACCURACY`, but timed on while the t interval of its ratios holds
+    ``bar.speedup`` (up to `FAILED_PAIRS`): whether a repair of it could reach the bar
+    is what its figure is read for. On the recogniser, OpenVINO's FP16 route at 0.994x
+    [0.934, 1.060] after 3 blocks held the bar of 1.03x, and its repair then ran 6
+    trials (about 60 s) that could not reach it.
+    """
+    return FAILED_ACCURACY if bar is None else replace(FAILED_ACCURACY, repair=bar.speedup)
+
+
 def out_of_race(blocks: Sequence[Block], bar: Bar, candidate: int = 0,
                 base: int = 1) -> Speedup | None:
     """The candidate's paired speed-up if it is out of the race, else None.
@@ -151,14 +179,31 @@ def out_of_race(blocks: Sequence[Block], bar: Bar, candidate: int = 0,
         base: The base engine's index.
     """
     ratios = _final_ratios(blocks, candidate, base)
-    if len(ratios) >= EARLY_PAIRS and (math.isinf(bar.speedup)
-                                       or far_below(ratios[:EARLY_PAIRS], bar.speedup)):
+    if math.isinf(bar.speedup):
+        return _failed_figure(blocks, ratios, bar, candidate, base)
+    if len(ratios) >= EARLY_PAIRS and far_below(ratios[:EARLY_PAIRS], bar.speedup):
         paired = paired_speedup(blocks, candidate, base)
         low, high = _t_interval(ratios[:EARLY_PAIRS])
         return replace(paired, ci_low=low, ci_high=high)
     if len(ratios) >= RACE_PAIRS and max(ratios[:RACE_PAIRS]) < bar.speedup:
         return paired_speedup(blocks, candidate, base)
     return None
+
+
+def _failed_figure(blocks: Sequence[Block], ratios: Sequence[float], bar: Bar,
+                   candidate: int, base: int) -> Speedup | None:
+    """The figure of a candidate that failed accuracy, once it is timed enough.
+
+    At `EARLY_PAIRS` final ratios or more, with the 95% t interval of them all; later
+    while that interval holds ``bar.repair``, up to `FAILED_PAIRS`.
+    """
+    if len(ratios) < EARLY_PAIRS:
+        return None
+    low, high = _t_interval(ratios[:FAILED_PAIRS])
+    if bar.repair is not None and len(ratios) < FAILED_PAIRS and low <= bar.repair <= high:
+        return None
+    paired = paired_speedup(blocks, candidate, base)
+    return replace(paired, ci_low=low, ci_high=high)
 
 
 def far_below(ratios: Sequence[float], bar: float) -> bool:
@@ -181,9 +226,10 @@ def _log_mean(ratios: Sequence[float]) -> tuple[float, float]:
 
 
 def _t_interval(ratios: Sequence[float]) -> tuple[float, float]:
-    """The 95% t interval of the ratios' geometric mean (`EARLY_CI_T`), as ratios."""
+    """The 95% t interval of the ratios' geometric mean, as ratios (`T_975`)."""
     mean, error = _log_mean(ratios)
-    return math.exp(mean - EARLY_CI_T * error), math.exp(mean + EARLY_CI_T * error)
+    t = T_975[len(ratios) - 1]
+    return math.exp(mean - t * error), math.exp(mean + t * error)
 
 
 def _final_ratios(blocks: Sequence[Block], candidate: int, base: int) -> list[float]:

@@ -11,12 +11,14 @@ from routetune.timing.race import (
     EARLY_ERROR,
     EARLY_PAIRS,
     FAILED_ACCURACY,
+    FAILED_PAIRS,
     HOPELESS,
     RACE_ERROR,
     RACE_PAIRS,
     Bar,
     clears_early,
     decided,
+    failed_accuracy,
     out_of_race,
 )
 
@@ -120,6 +122,26 @@ def test_a_candidate_that_failed_accuracy_is_timed_for_three_ratios_whatever_its
         # its interval is the t interval of those three ratios, not their full range
         assert stopped.ci_low < min(ratios) and stopped.ci_high > max(ratios)
         assert stopped.ci_low < true < stopped.ci_high
+
+
+def test_a_failed_candidate_is_timed_on_while_its_interval_holds_a_repairs_bar() -> None:
+    """A repair keeps nodes in FP32, so it is no faster than the failed route: where the
+    failed route's interval holds the bar a repair would race against, a few more
+    blocks (up to 7) tell whether a repair is worth its trials."""
+    rng = np.random.default_rng(4)
+    for true in (0.5, 3.0):  # far from the bar either way: three ratios tell
+        pairs, _ = raced(stream(true, rng), failed_accuracy(BAR))
+        assert pairs == EARLY_STOP
+    tie = stream(1.0, np.random.default_rng(7))
+    three = out_of_race(tie[:2 * EARLY_PAIRS], FAILED_ACCURACY)
+    assert three is not None and three.ci_low < BAR.speedup < three.ci_high  # holds it
+    pairs, timed = raced(tie, failed_accuracy(BAR))
+    assert pairs is not None and EARLY_STOP < pairs <= FAILED_PAIRS + 1
+    stopped = out_of_race(timed, failed_accuracy(BAR))
+    assert stopped is not None and stopped.ci_high - stopped.ci_low < three.ci_high - three.ci_low
+    assert stopped.ci_low < 1.0 < stopped.ci_high  # still a 95% interval of the truth
+    # without a bar (no racing), three ratios as before
+    assert raced(tie, failed_accuracy(None))[0] == EARLY_STOP
 
 
 def test_the_decision_rests_on_the_first_six_final_ratios() -> None:

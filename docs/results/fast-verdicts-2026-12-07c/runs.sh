@@ -1,6 +1,6 @@
 # The runs of this folder: bash runs.sh OUT "old cls 1" "new cls 1" ...
 # before: a copy of 37fcf83's package (core/ as routetune, passes/ and plugins/ in it)
-# after: the same of 45873f7 (the side-by-side pace)
+# after: the same of 254b7cf (the side-by-side pace, and the fastest quiet figure as the pace)
 set -u
 R=$1; shift; mkdir -p $R
 cd /tmp
