@@ -100,6 +100,9 @@ def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDU
     if not faster:
         why = (f"no accurate route was more than {min_speedup:g}x faster than the base route "
                "(--min-speedup)")
+        if trusted:  # what that rests on: the search's figure of the fastest
+            best = min(trusted, key=rank_key)
+            why += f" in the search (the fastest, '{best.route}', at {best.figure})"
         if above:
             best = min(above, key=rank_key)
             why = (f"no accurate route was shown faster than the base route in the search "

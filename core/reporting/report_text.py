@@ -34,7 +34,8 @@ def render_markdown(data: dict[str, Any]) -> str:
                      f"{s.get('error_pairs', '')} |")
     lines.append("\n## Trials\n")
     lines.append("Speed-up: search-time, paired blocks with the base route (median "
-                 "[95% interval]); *noisy*: timed while the machine was busy.\n")
+                 "[95% interval]); *noisy*: timed while the machine was busy (other "
+                 "processes' load, or slower than it was).\n")
     other = next((r for r in data["trials"] if r.get("other_p50_ms") is not None), None)
     extra = (f" {'device' if other['latency_kind'] == 'end-to-end' else 'host-to-host'} "
              "p50 ms | device MiB |") if other else ""
@@ -281,7 +282,8 @@ def conditions_text(run: dict[str, Any]) -> str:
         start = run.get("conditions_at_start", {})
         return f"load average at start {start.get('loadavg', '?')}" if start else "not recorded"
     text = (f"{c['noisy']} of {c['measured']} measured trials noisy (timed while other "
-            f"processes loaded the machine)")
+            f"processes loaded the machine, or while it ran slower than it was with none "
+            f"to blame)")
     if c["noisy_routes"]:
         text += ": " + ", ".join(c["noisy_routes"][:5]) + ("…" if c["noisy"] > 5 else "")
     text += f"; waited {c['waited_s']} s for a quiet machine"
