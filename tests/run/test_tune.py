@@ -211,6 +211,7 @@ def test_the_learned_search_asks_for_no_route_the_memory_expects_below_the_floor
     assert len(free.trials) > 1
 
 
+@pytest.mark.serial  # other tests' load would be the reason given first
 @pytest.mark.parametrize(("pace_ms", "marked"), [(1e-4, True), (1e6, False)])
 def test_a_base_trial_slower_than_the_pace_timed_before_the_search_is_busy(
         registry: Registry, tmp_path: Path, pace_ms: float, marked: bool) -> None:
