@@ -225,8 +225,9 @@ def test_a_base_trial_slower_than_the_pace_timed_before_the_search_is_busy(
     model = matmul_chain(tmp_path / "m.onnx", depth=2, width=64, batch=8)
     opts = quick_spec(model=model, output=tmp_path / "out", seasonings=("ort-threads",),
                       search="exhaustive", max_depth=1, busy_machine="warn")
-    trials = {t.route: t for t in tune(opts, registry, pace_ms=pace_ms).trials}
-    noted = trials["base"].noisy.startswith("the base route ran")
-    assert noted == marked, trials["base"].noisy
-    if marked:
-        assert f"its p50 earlier in this run ({pace_ms:.3g} ms)" in trials["base"].noisy
+    trials = tune(opts, registry, pace_ms=pace_ms).trials
+    # foreign load, where there is some (another worker starting), is the reason given
+    # first; every trial's base route figure is over a pace of 1e-4 ms
+    paced = [t for t in trials if t.noisy.startswith("the base route ran")]
+    assert bool(paced) == marked, [t.noisy for t in trials]
+    assert all(f"its p50 earlier in this run ({pace_ms:.3g} ms)" in t.noisy for t in paced)
