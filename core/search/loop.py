@@ -158,7 +158,7 @@ class SearchLoop:
                          for t in ours if t.engine_sha256}
         self.leader = Leader(settings.min_speedup, settings.busy_machine, floor)
         self.busy_machine = settings.busy_machine
-        self.pace_ms: float | None = None  # the base route's p50 alone in this search
+        self.pace_ms = pace_ms  # the base route's fastest quiet p50 (`_keep_pace`)
         self.same_engine = SameEngine(lambda name: registry.seasoning(name).info.stage,
                                       len(self.base_passes))
         for t in ours:
@@ -410,14 +410,20 @@ class SearchLoop:
         return {route: done[route] for route in routes if route in done}
 
     def _keep_pace(self, trial: Trial) -> Trial:
-        """`trial`; the base route's, measured on a quiet machine, sets `pace_ms`.
+        """`trial`; its base route figure, measured on a quiet machine, may lower `pace_ms`.
 
-        A confirmation times the base route alone when its figure there is slower than
-        this pace: a machine that runs it slower than in the search is slower than it
-        was (`routetune.timing.conditions.pace_note`).
+        The pace is the base route's fastest quiet p50 in this run: the side-by-side
+        loop's before the search (`TrialInputs.pace_ms`), the base trial's, or a later
+        trial's base route figure below them, as the workers keep it
+        (`routetune.candidate.pairing.PairedTiming.watched`): a base trial timed while
+        the host had a vCPU away gives way. A confirmation times the base route alone
+        when its figure there is slower than this pace: a machine that runs it slower
+        than in the search is slower than it was (`routetune.timing.conditions.pace_note`).
         """
-        if trial.steps.is_base and trial.latency is not None and not trial.noisy:
-            self.pace_ms = trial.latency.p50
+        figure = trial.latency if trial.steps.is_base else trial.base_latency
+        if figure is not None and not trial.noisy and (
+                self.pace_ms is None or figure.p50 < self.pace_ms):
+            self.pace_ms = figure.p50
         return trial
 
     def _as_measured(self, route: Route, done: Mapping[Route, Trial]) -> Trial | None:

@@ -352,3 +352,19 @@ def test_a_faster_exact_route_wins_and_is_confirmed_side_by_side(
     assert all(CLEAR_PAIRS <= r.pairs < 30 for r in confirmed.repeats)
     assert confirmed.conditions["cleared"] == 1.03
     assert result.winner_speedup > 2  # six 256x256 MatMuls removed, only a Relu left
+
+
+@pytest.mark.serial  # other tests' load would be the reason given first
+def test_a_confirmation_is_judged_against_the_pace_from_before_the_search(
+        test_registry: Registry, tmp_path: Path) -> None:
+    """The search's pace for its confirmations starts from the one given before it (a
+    multi-backend run's side-by-side loop): a confirmation whose base route runs far
+    slower is marked (under ``ignore``, which lets marked figures win, so that the
+    trials marked in the search are confirmed at all)."""
+    result = tune(quick_spec(model=wasteful(tmp_path / "w.onnx"), output=tmp_path / "out",
+                             search="exhaustive", seasonings=("drop-waste",),
+                             accuracy="linf<=0", busy_machine="ignore"),
+                  test_registry, pace_ms=1e-4)
+    assert result.winner.route == "drop-waste", result.reason
+    busy = [c.conditions.get("busy", "") for c in result.confirmations]
+    assert busy and any("its p50 earlier in this run (0.0001 ms)" in b for b in busy), busy
