@@ -150,10 +150,12 @@ class PairedTiming:
             alone.extend([] if ms is None else [ms])
             return pace_note(ms, pace)
 
-        def slower(result: T) -> str:
+        def slower(result: T, foreign: bool) -> str:
             ms = None if base_ms is None else base_ms(result)
             if not pace_note(ms, pace):
                 return ""
+            if foreign:  # busy already: its own figure only, no timing alone
+                return pace_note(ms, pace, paired=True, foreign=True)
             return pace_note(ms, pace, paired=True) or look()
 
         result, conditions = measure_watched(policy, self.status(), timed, settled,

@@ -294,7 +294,8 @@ def gpu_conditions(gpu: str, own: set[int]) -> dict[str, Any]:
     return out
 
 
-def pace_note(ms: float | None, pace_ms: float | None, paired: bool = False) -> str:
+def pace_note(ms: float | None, pace_ms: float | None, paired: bool = False,
+              foreign: bool = False) -> str:
     """Why a base route timed at `ms` shows the machine slower than at `pace_ms`.
 
     Args:
@@ -302,6 +303,8 @@ def pace_note(ms: float | None, pace_ms: float | None, paired: bool = False) -> 
         pace_ms: Its p50 alone earlier in the run (ms), or None where none is known.
         paired: `ms` is a measurement's own figure (paired with another engine, as a
             rule), not one timed alone for this check: its bar is `PAIRED_SLOWER`.
+        foreign: Other processes loaded the machine meanwhile: the note then states
+            the figures only, blaming nothing (the load is named beside it).
 
     Returns:
         The reason, or "" where `ms` is within the bar times `pace_ms`.
@@ -310,8 +313,11 @@ def pace_note(ms: float | None, pace_ms: float | None, paired: bool = False) -> 
     if ms is None or not pace_ms or ms <= pace_ms * bar:
         return ""
     how = "in this measurement" if paired else "alone"
-    return (f"the base route ran {how} at {ms:.3g} ms (p50), {ms / pace_ms:.2f}x its p50 "
-            f"earlier in this run ({pace_ms:.3g} ms), with no other process to blame: "
+    note = (f"the base route ran {how} at {ms:.3g} ms (p50), {ms / pace_ms:.2f}x its p50 "
+            f"earlier in this run ({pace_ms:.3g} ms)")
+    if foreign:
+        return note
+    return (f"{note}, with no other process to blame: "
             "this machine is slower than it was (a core or clock taken away)")
 
 
@@ -420,7 +426,7 @@ class Steady:
 
 def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], Any],
                     settled: Callable[[Any], bool] | None = None,
-                    slower: Callable[[Any], str] | None = None,
+                    slower: Callable[[Any, bool], str] | None = None,
                     look: Callable[[], str] | None = None,
                     through: Callable[[], Any] | None = None,
                     steady: Steady | None = None,
@@ -453,7 +459,8 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
         settled: Whether a result needs no quiet re-measurement; None: every busy
             result does.
         slower: Why a result itself shows the machine slower than it was (`pace_note`),
-            or "": such an attempt counts as busy.
+            or "": such an attempt counts as busy. Its second argument says whether
+            other processes loaded the machine meanwhile (their load is named first).
         look: What ``wait`` checks besides foreign load while it waits (the base
             route's pace now, `pace_note`).
         through: The longer measurement tried once, at once, on a busy attempt that
@@ -493,8 +500,9 @@ def measure_watched(policy: BusyPolicy, status: Path | None, run: Callable[[], A
         watch.start()
         result = now()
         conditions = watch.stop()
-        if not conditions["busy"] and slower is not None:
-            conditions["busy"] = slower(result)
+        if slower is not None:  # both causes named where both are seen
+            conditions["busy"] = "; ".join(filter(None, (
+                conditions["busy"], slower(result, bool(conditions["busy"])))))
         if steady is not None and not conditions["busy"]:
             steady.busy = ""  # a quiet attempt: the steady load is over
         left = policy.max_wait_s - waited

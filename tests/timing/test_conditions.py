@@ -21,6 +21,7 @@ from routetune.timing.conditions import (
     Steady,
     Watch,
     measure_watched,
+    pace_note,
     read_statuses,
 )
 
@@ -130,6 +131,29 @@ def test_wait_gives_up_after_its_bound_and_marks_the_measurement(tmp_path: Path)
         _, c = measure_watched(BusyPolicy("wait", max_wait_s=2.0), status, run)
     assert c["busy"].startswith("other processes used")
     assert 2.0 <= c["waited_s"] < 5.0
+
+
+def test_a_slower_base_route_under_foreign_load_is_named_beside_the_load() -> None:
+    """Both causes, where both are seen: the load first, then the base route's figure
+    (told the load is there: no timing alone, and no "no other process to blame")."""
+    seen: list[bool] = []
+
+    def slower(result: float, foreign: bool) -> str:
+        seen.append(foreign)
+        return pace_note(result, 1.0, paired=True, foreign=foreign)
+
+    with foreign_load(cores=1):
+        _, c = measure_watched(BusyPolicy("warn"), None, lambda: time.sleep(0.5) or 5.0,
+                               slower=slower)
+    assert seen == [True], seen
+    load, pace = c["busy"].split("; ")
+    assert load.startswith("other processes used"), c
+    assert pace == ("the base route ran in this measurement at 5 ms (p50), 5.00x its p50 "
+                    "earlier in this run (1 ms)"), c
+    # with no load seen, the same figure is the only cause, and it blames the machine
+    assert pace_note(5.0, 1.0, paired=True).endswith(
+        "with no other process to blame: this machine is slower than it was (a core or "
+        "clock taken away)")
 
 
 def test_wait_keeps_a_busy_result_that_is_settled_and_waits_only_for_the_others(
