@@ -62,7 +62,11 @@ def load_outputs(path: Path) -> list[dict[str, np.ndarray]]:
 
 def write_winner(run: Prepared, result: TuneResult, opts: RunSpec, records: Path
                   ) -> dict[str, Path]:
-    """Write ``winner.onnx``, ``winner.json`` and ``winner.toml`` into `records`."""
+    """Write ``winner.onnx``, ``winner.json`` and ``winner.toml`` into `records`.
+
+    ``winner.json``'s ``stopped`` says why the search ended before its course (the
+    budget, or an interrupt: the best so far, not the search's verdict), or is null.
+    """
     winner, reason = result.winner, result.winner_reason
     model_path = records / "winner.onnx"
     if winner.artifact:  # with external data: winner.onnx and one winner.onnx.data
@@ -81,6 +85,7 @@ def write_winner(run: Prepared, result: TuneResult, opts: RunSpec, records: Path
         "settings": dict(winner.settings) or run.backend.full_settings(run.backend_options),
         "status": winner.status,
         "reason": reason,
+        "stopped": result.stopped,
         "settings_hash": run.settings_hash,
         **verdict_figures(result),
     }

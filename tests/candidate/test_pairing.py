@@ -153,9 +153,11 @@ def test_a_machine_slower_than_it_was_marks_the_trial_noisy(tmp_path: Path) -> N
     trials = _slowed(tmp_path, "warn")
     assert not trials["base"].noisy
     slowed = trials["take-a-core"]
-    assert slowed.noisy.startswith("the base route ran "), slowed.noisy
+    assert "the base route ran " in slowed.noisy, slowed.noisy
     assert "its p50 earlier in this run" in slowed.noisy
-    assert "this machine is slower than it was" in slowed.noisy
+    # blamed on the machine unless the host's own load was seen too (named first)
+    assert "this machine is slower than it was" in slowed.noisy or slowed.noisy.startswith(
+        "other processes used"), slowed.noisy
     assert slowed.conditions["attempts"] == 1 and slowed.conditions["waited_s"] == 0
 
 
@@ -167,7 +169,7 @@ def test_a_pace_slower_than_the_base_trial_gives_way_to_it(tmp_path: Path) -> No
     trial, so a core taken later still shows."""
     trials = _slowed(tmp_path, "warn", pace_ms=1e6)
     slowed = trials["take-a-core"]
-    assert "this machine is slower than it was" in slowed.noisy, slowed.noisy
+    assert "its p50 earlier in this run" in slowed.noisy, slowed.noisy
     assert "(1e+06 ms)" not in slowed.noisy  # judged against the base trial's figure
 
 

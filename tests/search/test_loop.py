@@ -314,6 +314,7 @@ def test_winner_files_are_written(registry: Registry, tmp_path: Path) -> None:
     assert recipe["schema_version"] == 2
     settings = json.loads((out / "winner.json").read_text())
     assert settings["settings"]["onnxruntime.graph_optimization_level"] == "all"
+    assert settings["stopped"] is None  # the search ran its course
     sess = ort.InferenceSession(str(out / "winner.onnx"), providers=["CPUExecutionProvider"])
     y = sess.run(None, {"x": np.zeros((1, 3, 32, 32), np.float32)})[0]
     assert y.shape == (1, 16, 32, 32)
