@@ -82,7 +82,7 @@ def test_ctrl_c_writes_the_best_so_far_and_the_same_command_resumes(model: Path,
     assert "winner: " in text and "Traceback" not in stderr
     assert (out / "report.html").exists()
     # the winner file says it is the best so far, not the search's verdict
-    assert json.loads((out / "winner.json").read_text())["stopped"] == (
+    assert json.loads((out / "winner.json").read_text())["stopped"].startswith(
         "interrupted (Ctrl-C): no new trials")
     before = stored(out)
     again = start(model, out, SEASONINGS, *BOUNDED)

@@ -227,7 +227,8 @@ def test_a_base_trial_slower_than_the_pace_timed_before_the_search_is_busy(
                       search="exhaustive", max_depth=1, busy_machine="warn")
     trials = tune(opts, registry, pace_ms=pace_ms).trials
     # foreign load, where there is some (another worker starting), is named first and
-    # the pace beside it; every trial's base route figure is over a pace of 1e-4 ms
-    paced = [t for t in trials if "the base route ran" in t.noisy]
+    # the pace beside it; every trial's base route figure is over a pace of 1e-4 ms, and
+    # none marked against 1e6 ms (a trial in a slow stretch of the host may still be
+    # marked against the search's own, faster, pace)
+    paced = [t for t in trials if f"its p50 earlier in this run ({pace_ms:.3g} ms)" in t.noisy]
     assert bool(paced) == marked, [t.noisy for t in trials]
-    assert all(f"its p50 earlier in this run ({pace_ms:.3g} ms)" in t.noisy for t in paced)
