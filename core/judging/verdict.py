@@ -98,17 +98,22 @@ def pick_winner(trials: Sequence[Trial], min_speedup: float = DEFAULT_MIN_SPEEDU
     busy = sorted((t for t in accurate if t not in trusted and t.paired is not None
                    and t.paired.ci_low > min_speedup), key=rank_key)  # clearly, if busy
     if not faster:
-        why = (f"no accurate route was more than {min_speedup:g}x faster than the base route "
-               "(--min-speedup)")
-        if trusted:  # what that rests on: the search's figure of the fastest
+        # what it rests on: the trusted figures alone, where some were timed while busy
+        quiet = "" if len(trusted) == len(accurate) else " timed on a quiet machine"
+        if not trusted:
+            why = (f"every accurate route was timed while the machine was busy, and a noisy "
+                   f"figure cannot win (--busy-machine {busy_machine}), so none was confirmed")
+        else:  # the search's figure of the fastest
             best = min(trusted, key=rank_key)
-            why += f" in the search (the fastest, '{best.route}', at {best.figure})"
+            why = (f"no accurate route{quiet} was more than {min_speedup:g}x faster than the "
+                   f"base route (--min-speedup) in the search (the fastest, '{best.route}', "
+                   f"at {best.figure})")
         if above:
             best = min(above, key=rank_key)
-            why = (f"no accurate route was shown faster than the base route in the search "
-                   f"(the fastest, '{best.route}' at {best.figure}, has a 95% interval "
-                   f"reaching 1), so none was confirmed; {len(above)} had an estimate above "
-                   f"--min-speedup {min_speedup:g}")
+            why = (f"no accurate route{quiet} was shown faster than the base route in the "
+                   f"search (the fastest, '{best.route}' at {best.figure}, has a 95% "
+                   f"interval reaching 1), so none was confirmed; {len(above)} had an "
+                   f"estimate above --min-speedup {min_speedup:g}")
         if busy:
             why += ("; faster beyond the 95% interval, but only while the machine was "
                     "busy, so not confirmed: " + ", ".join(

@@ -85,9 +85,20 @@ def test_noisy_trials_never_win_under_wait_and_warn_but_may_under_ignore() -> No
     for mode in ("wait", "warn"):
         order, why = pick_winner(trials, busy_machine=mode)
         assert order == []
+        # the verdict rests on the quiet figures, and says so: no contradiction with the
+        # busy routes listed after it
+        assert why.startswith("no accurate route timed on a quiet machine was more than "
+                              "1.03x faster than the base route (--min-speedup) in the "
+                              "search (the fastest, 'steady', at 1.01x"), why
         assert ("faster beyond the 95% interval, but only while the machine was busy, so not "
                 "confirmed: 'fast-when-busy' (1.70x [1.68, 1.72])") in why
         assert "unclear-when-busy" not in why  # 1.20x [0.95, 1.45]: not faster at all
+    # every accurate route timed while busy (a new user's --busy-machine warn under load)
+    order, why = pick_winner(trials[:3], busy_machine="warn")
+    assert order == [] and why.startswith(
+        "every accurate route was timed while the machine was busy, and a noisy figure "
+        "cannot win (--busy-machine warn), so none was confirmed; faster beyond the 95% "
+        "interval, but only while the machine was busy"), why
     confirm, _ = confirmer({"fast-when-busy": 1.6})
     winner, reason, _ = confirm_winner(trials, confirm, busy_machine="ignore")
     assert winner.route == "fast-when-busy"
