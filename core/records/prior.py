@@ -94,6 +94,25 @@ class Prior:
         return known + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def model_summary(found: list[Lesson]) -> tuple[float, float, float]:
+    """Mean log speed-up, its variance, and share failed, of one step's lessons on one model.
+
+    The share counts lessons that failed or missed the accuracy constraint. A step never
+    timed on the model (every lesson a failure) has no effect, with variance
+    ``PRIOR_SD ** 2``.
+
+    Args:
+        found: The lessons of one step on one model and device (at least one).
+    """
+    logs = [math.log(x.speedup) for x in found
+            if x.speedup is not None and x.outcome != Outcome.FAILED]
+    fail = sum(x.outcome in (Outcome.FAILED, Outcome.INACCURATE) for x in found) / len(found)
+    if not logs:
+        return 0.0, PRIOR_SD ** 2, fail
+    mean = sum(logs) / len(logs)
+    return mean, sum((v - mean) ** 2 for v in logs) / len(logs), fail
+
+
 def prior_of(lessons: Iterable[Lesson], signature: ModelSignature, device: str,
              skipped: int = 0) -> Prior:
     """What `lessons` (of one backend) say of each step on a model like `signature`.
@@ -126,17 +145,10 @@ def prior_of(lessons: Iterable[Lesson], signature: ModelSignature, device: str,
             found = by_step.get(step)
             if not found:
                 continue
-            logs = [math.log(x.speedup) for x in found
-                    if x.speedup is not None and x.outcome != Outcome.FAILED]
-            if logs:
-                mean = sum(logs) / len(logs)
-                means.append(mean)
-                spreads.append(sum((v - mean) ** 2 for v in logs) / len(logs))
-            else:
-                means.append(0.0)
-                spreads.append(PRIOR_SD ** 2)
-            fails.append(sum(x.outcome in (Outcome.FAILED, Outcome.INACCURATE)
-                             for x in found) / len(found))
+            mean, spread, fail = model_summary(found)
+            means.append(mean)
+            spreads.append(spread)
+            fails.append(fail)
             ws.append(weights[key])
         total = sum(ws)
         mean = sum(w * m for w, m in zip(ws, means, strict=True)) / (total + 1.0)

@@ -23,7 +23,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import replay_search as rs  # noqa: E402
 
 import routetune.records.prior as prior_module  # noqa: E402
-from routetune.records.lessons import Outcome  # noqa: E402
 from routetune.search.learned import Learned  # noqa: E402
 
 TABLES = [json.loads(p.read_text()) for p in sorted((ROOT / "benchmarks" / "tables").glob("*.json"))]
@@ -61,14 +60,10 @@ def variant(fail_half: bool = True, speed_half: bool = True, power: float = 2.0,
                 found = by_step.get(step)
                 if not found:
                     continue
-                logs = [math.log(x.speedup) for x in found
-                        if x.speedup is not None and x.outcome != Outcome.FAILED]
-                mean = sum(logs) / len(logs) if logs else 0.0
+                mean, spread, failed = prior_module.model_summary(found)
                 means.append(mean)
-                spreads.append(sum((v - mean) ** 2 for v in logs) / len(logs) if logs
-                               else prior_module.PRIOR_SD ** 2)
-                fails.append(sum(x.outcome in (Outcome.FAILED, Outcome.INACCURATE)
-                                 for x in found) / len(found))
+                spreads.append(spread)
+                fails.append(failed)
                 ws.append(speed_w[key])
                 fws.append(fail_w[key])
             total = sum(ws)
