@@ -105,9 +105,18 @@ class Runner:
             host and device (a GPU engine): then device compute (`prepare`, `timed`)
             and host-to-host time (`prepare_end_to_end`, `wall_timed`) differ, and the
             search records both (``--latency`` says which one it optimises).
+        calls_like_infer: Whether a prepared call (`prepare`) runs the engine as `infer`
+            does, with no request, binding or buffer of its own (ONNX Runtime on a CPU:
+            both are ``session.run``). A candidate whose accuracy pass has run every
+            input set through `infer` then needs no first run of each call before its
+            timing, only `routetune.timing.measure.MeasureSettings.warmup` runs to
+            wake its threads (`routetune.timing.measure.measure_blocks`). False where a
+            call holds state of its own that its first run sets up (an OpenVINO infer
+            request, an I/O binding on a GPU).
     """
 
     host_copies: ClassVar[bool] = False
+    calls_like_infer: ClassVar[bool] = False
 
     def __enter__(self) -> Runner:
         return self

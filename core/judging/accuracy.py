@@ -37,7 +37,7 @@ from routetune.judging.constraint import (
     check_outputs,
     parse_accuracy,
 )
-from routetune.judging.metrics import TaskMetric, finite_pair
+from routetune.judging.metrics import Metric, TaskMetric, finite_pair
 from routetune.registry import Registry
 
 __all__ = [
@@ -264,6 +264,7 @@ def measure_accuracy(
             continue
         out, ref = out.astype(np.float64, copy=False), ref.astype(np.float64, copy=False)
         _, kept, mismatches = finite_pair(out, ref)  # every metric reads these float64 copies
+        finite = kept.size == ref.size  # every value finite: each set's too
         if mismatches:
             faults.append(f"{name}: {mismatches} NaN/Inf value(s) that differ from the "
                           "reference's (the same infinity, or NaN where it is NaN, match)")
@@ -274,12 +275,12 @@ def measure_accuracy(
         if not all(isinstance(r, np.ndarray) and is_cache_output(name, r.ndim)
                    for r in refs):  # a decoder's cache: no classes, no task metrics
             task, task_sets = task_values(registry, outs, refs, params)
-        metrics[name] = {**{m: e.item(out, ref, atol, rtol) for m, e in registry.metrics.items()
-                            if not isinstance(e.item, TaskMetric)}, **task}
+        metrics[name] = {**_tensor_metrics(registry, out, ref, atol, rtol, finite), **task}
         if len(references) > 1:
             per_set[name] = tuple(
                 {**tensor, **each} if tensor else {}
-                for tensor, each in zip(_set_metrics(registry, out, ref, outs, refs, atol, rtol),
+                for tensor, each in zip(_set_metrics(registry, out, ref, outs, refs, atol, rtol,
+                                                     finite),
                                         task_sets, strict=True))
         span = float(np.ptp(kept)) if kept.size else 0.0
         if span <= atol:
@@ -292,8 +293,21 @@ def measure_accuracy(
                                 for n in references[0]}, per_set)
 
 
+def _tensor_metrics(registry: Registry, out: np.ndarray, ref: np.ndarray, atol: float,
+                    rtol: float, finite: bool) -> dict[str, float]:
+    """Every tensor metric of `out` against `ref` (flat, float64), by name.
+
+    `finite`: both are known to be finite everywhere, so each metric skips its own check
+    (`Metric.of_finite`: the same value).
+    """
+    return {name: (e.item.of_finite if finite and isinstance(e.item, Metric) else e.item)(
+                out, ref, atol, rtol)
+            for name, e in registry.metrics.items() if not isinstance(e.item, TaskMetric)}
+
+
 def _set_metrics(registry: Registry, out: np.ndarray, ref: np.ndarray, outs: Sequence[Any],
-                 refs: Sequence[Any], atol: float, rtol: float) -> Iterator[dict[str, float]]:
+                 refs: Sequence[Any], atol: float, rtol: float,
+                 finite: bool) -> Iterator[dict[str, float]]:
     """Every tensor metric of each input set's output, computed as `measure_accuracy` does.
 
     Args:
@@ -304,13 +318,12 @@ def _set_metrics(registry: Registry, out: np.ndarray, ref: np.ndarray, outs: Seq
         refs: The reference's.
         atol: The absolute tolerance of the metrics that take one.
         rtol: The relative tolerance.
+        finite: `out` and `ref` are finite everywhere (`_tensor_metrics`).
 
     Yields:
         One dict per set; empty when its size differs from the reference's (the pooled
         sizes may agree).
     """
-    tensor_metrics = [(m, e.item) for m, e in registry.metrics.items()
-                      if not isinstance(e.item, TaskMetric)]
     o_end = r_end = 0
     for o_set, r_set in zip(outs, refs, strict=True):
         o_start, r_start = o_end, r_end
@@ -319,8 +332,8 @@ def _set_metrics(registry: Registry, out: np.ndarray, ref: np.ndarray, outs: Seq
         if o_end - o_start != r_end - r_start:
             yield {}
             continue
-        o, r = out[o_start:o_end], ref[r_start:r_end]
-        yield {m: metric(o, r, atol, rtol) for m, metric in tensor_metrics}
+        yield _tensor_metrics(registry, out[o_start:o_end], ref[r_start:r_end], atol, rtol,
+                              finite)
 
 
 def check_accuracy(

@@ -184,6 +184,11 @@ class GuardedRunner(Runner):
         """The wrapped runner's."""
         return self.inner.host_copies
 
+    @property
+    def calls_like_infer(self) -> bool:  # type: ignore[override]
+        """The wrapped runner's."""
+        return self.inner.calls_like_infer
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 

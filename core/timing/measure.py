@@ -392,9 +392,11 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: M
     (`routetune.timing.race.out_of_race`). Warm-up is `MeasureSettings.warmup` runs per
     input set; a runner whose index is in `warm` has already run every input set (a
     candidate after its accuracy pass) and runs each prepared call once, and
-    `MeasureSettings.warmup` runs in all at least. A runner timed before on the same
-    input sets (the base route's engine, kept open in a worker from one candidate to
-    the next) reuses its calls, which have all run (`Runner.prepared`): it runs
+    `MeasureSettings.warmup` runs in all at least; where its calls run the engine as its
+    accuracy pass did (`Runner.calls_like_infer`), `MeasureSettings.warmup` runs only.
+    A runner timed before on the same input sets (the base route's engine, kept open in
+    a worker from one candidate to the next) reuses its calls, which have all run
+    (`Runner.prepared`): it runs
     `MeasureSettings.warmup` of them, to wake its threads, not one per input set.
 
     Returns:
@@ -408,7 +410,7 @@ def measure_blocks(runners: Sequence[Runner], feeds: Sequence[Feed], settings: M
     timers = [runner.wall_timed if end_to_end else runner.timed for runner in runners]
     for i, (runner, prepared) in enumerate(zip(runners, kept, strict=True)):
         n = len(prepared.calls)
-        runs = (settings.warmup if prepared.ran
+        runs = (settings.warmup if prepared.ran or (i in warm and runner.calls_like_infer)
                 else max(n, settings.warmup) if i in warm else n * settings.warmup)
         for k in range(runs):
             prepared.calls[k % n]()

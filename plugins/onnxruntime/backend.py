@@ -262,6 +262,8 @@ def _owned(value: Any) -> Any:
 class OnnxRuntimeRunner(Runner):
     """Runs an `onnxruntime.InferenceSession` on host arrays."""
 
+    calls_like_infer = True  # `prepare` and `infer` are both `session.run`
+
     def __init__(self, session: ort.InferenceSession) -> None:
         self.session = session
         self.output_names = [o.name for o in session.get_outputs()]

@@ -241,3 +241,23 @@ def test_a_decoders_cache_outputs_get_the_tensor_metrics_only(registry: Registry
     same_name = [{"present.0.key": r["logits"]} for r in refs]  # rank 3: not a cache
     assert "top1" in measure_accuracy(registry, same_name, same_name, {}).metrics[
         "present.0.key"]
+
+
+def test_finite_outputs_are_checked_once_and_give_every_metric_its_own_value(
+        registry: Registry) -> None:
+    # measure_accuracy checks a finite output once (`Metric.of_finite`), not once per
+    # metric and input set; each figure must still be the metric's own, bit for bit
+    rng = np.random.default_rng(3)
+    refs = [{"y": rng.standard_normal((2, 7, 30)).astype(np.float32)} for _ in range(4)]
+    outs = [{"y": r["y"] + rng.normal(0, 1e-3, r["y"].shape).astype(np.float32)}
+            for r in refs]
+    measured = measure_accuracy(registry, outs, refs, {"y": (1e-3, 1e-3)})
+    flat_out = np.concatenate([o["y"].ravel() for o in outs])
+    flat_ref = np.concatenate([r["y"].ravel() for r in refs])
+    tensor = {name: e.item for name, e in registry.metrics.items()
+              if name in ("l0", "l1", "l2", "linf", "cos", "rel_l2")}
+    assert 0 < measured.metrics["y"]["l0"] < 1  # a fraction, where n / size could round
+    for name, metric in tensor.items():
+        assert measured.metrics["y"][name] == metric(flat_out, flat_ref, 1e-3, 1e-3), name
+        for k, (o, r) in enumerate(zip(outs, refs, strict=True)):
+            assert measured.per_set["y"][k][name] == metric(o["y"], r["y"], 1e-3, 1e-3), name

@@ -81,6 +81,23 @@ def test_an_engine_that_ran_every_input_set_warms_up_once_per_set() -> None:
     assert len(one_set.calls) == 3 + lat.n
 
 
+class InferLikeRunner(SleepRunner):
+    """Its prepared calls run the engine as `infer` does (ONNX Runtime on a CPU)."""
+
+    calls_like_infer = True
+
+
+def test_an_engine_whose_calls_are_its_accuracy_pass_warms_up_warmup_runs_only() -> None:
+    settings = MeasureSettings(warmup=3, min_runs=6, min_time_s=0.02, min_blocks=6)
+    cold, warm = InferLikeRunner(), InferLikeRunner()
+    sets = [{"k": k} for k in "abcd"]
+    measure_blocks([cold, warm], sets, settings, warm=frozenset({1}))
+    assert cold.calls[:12] == list("abcd" * 3)  # not warm: 3 per input set, as any engine
+    # warm: every set ran in its accuracy pass; 3 runs wake its threads, not 4 (one per
+    # input set, as `test_an_engine_that_ran_every_input_set_warms_up_once_per_set`)
+    assert warm.calls[:3] == list("abc") and warm.calls[3:5] == ["a", "b"]  # timed from here
+
+
 class CountingRunner(SleepRunner):
     """Counts its `prepare` calls."""
 
