@@ -175,7 +175,7 @@ def test_the_type_checker_sees_the_package_as_python_imports_it() -> None:
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("errors", "options", "signals", "logs", "stash", "digests",
-                     "libraries")),
+                     "libraries", "install")),
     ("the model and its inputs", ("model/", "feeds/")),
     ("the plugin contract", ("seasoning", "backend", "option_seasoning", "hookspecs",
                              "registry", "plugin_manager")),

@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 from routetune.backend import Engine, Feed, OptionSpec, Runner
 from routetune.errors import BuildError
+from routetune.install import pip_install
 from routetune.plugins.cuda import cuda_versions, device_memory_used, event_timed
 from routetune.plugins.onnxruntime.backend import (
     NS,
@@ -49,7 +50,7 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
         """Why not: no CUDA provider in this onnxruntime, no CuPy, or no GPU."""
         if PROVIDER not in ort.get_available_providers():
             return ("this onnxruntime has no CUDAExecutionProvider; install onnxruntime-gpu "
-                    "(pip install 'routetune[gpu]')")
+                    f"({pip_install('gpu')})")
         try:
             import cupy
 

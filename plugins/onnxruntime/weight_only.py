@@ -47,6 +47,7 @@ import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
 from routetune.backend import Backend
+from routetune.install import pip_install
 from routetune.model.loading import name_nodes
 from routetune.passes.graph.constants import copy_graph, replace_graph
 from routetune.passes.precision.lowering import LOWERED, Lowering
@@ -160,7 +161,7 @@ def quantizer_missing() -> str | None:
     """Why ONNX Runtime's MatMulNBits quantizer cannot import here (``onnx-ir``), or None."""
     if importlib.util.find_spec("onnx_ir") is None:
         return ("ONNX Runtime's MatMulNBits quantizer needs onnx-ir, which is not "
-                "installed: pip install 'routetune[int4]'")
+                f"installed: {pip_install('int4')}")
     return None
 
 
@@ -255,14 +256,13 @@ class WeightOnly(Seasoning):
                              "symmetric=false, or algorithm=rtn for symmetric blocks")
         if algorithm == "hqq" and not HQQ:
             raise ValueError("int4-weights{algorithm=hqq} needs torch (ONNX Runtime's HQQ "
-                             "quantizer uses it): pip install 'routetune[int4-hqq]'")
+                             f"quantizer uses it): {pip_install('int4-hqq')}")
         try:
             from onnxruntime.quantization import matmul_nbits_quantizer as nbits
             from onnxruntime.quantization.quant_utils import QuantFormat
         except ImportError as e:
             raise ImportError(f"{name} needs ONNX Runtime's MatMulNBits quantizer, "
-                              f"which failed to import ({e}): pip install "
-                              "'routetune[int4]'") from e
+                              f"which failed to import ({e}): {pip_install('int4')}") from e
         graph = state.model_graph()
         head = output_projections(graph) if p["keep_head"] else []
         excluded = [*p["nodes_to_exclude"], *head]

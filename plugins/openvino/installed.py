@@ -14,14 +14,15 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from routetune.install import pip_install
+
 DEVICE = "CPU"
-INSTALL = "pip install 'routetune[openvino]'"
 
 
 def missing() -> str | None:
     """None with the openvino package installed; else why not, in one line."""
     if importlib.util.find_spec("openvino") is None:
-        return f"the openvino package is not installed; {INSTALL}"
+        return f"the openvino package is not installed; {pip_install('openvino')}"
     return None
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import onnx_graphsurgeon as gs
 
+from routetune.install import pip_install
 from routetune.model.loading import name_nodes
 from routetune.passes.graph.constants import replace_graph
 from routetune.plugins.onnxruntime.calibration import low_precision, quantized_ops
@@ -44,7 +45,7 @@ WEIGHTED_OPS = ("Conv", "MatMul", "Gemm", "ConvTranspose")
 def nncf_missing() -> str | None:
     """Why nncf cannot run here (not installed, with the install line), or None."""
     if importlib.util.find_spec("nncf") is None:
-        return "NNCF is not installed: pip install 'routetune[nncf]'"
+        return f"NNCF is not installed: {pip_install('nncf')}"
     return None
 
 

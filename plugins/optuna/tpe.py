@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from routetune.errors import UsageError
+from routetune.install import pip_install
 from routetune.options import option
 from routetune.records.trial import Status
 from routetune.routes.route import Route
@@ -59,8 +60,7 @@ class Tpe(Strategy):
         try:
             import optuna
         except ImportError as e:
-            raise UsageError("--search tpe needs Optuna: pip install 'routetune[optuna]'"
-                             ) from e
+            raise UsageError(f"--search tpe needs Optuna: {pip_install('optuna')}") from e
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._optuna = optuna
         sampler = optuna.samplers.TPESampler(seed=self.options.seed,

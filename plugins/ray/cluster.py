@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from routetune.install import pip_install
 from routetune.options import OptionError
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,8 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError as e:
-        raise OptionError("executor", " ray: Ray is not installed; pip install "
-                          "'routetune[ray]' on this machine and on every node") from e
+        raise OptionError("executor", f" ray: Ray is not installed; {pip_install('ray')} "
+                          "on this machine and on every node") from e
     return ray
 
 

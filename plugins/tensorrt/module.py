@@ -14,6 +14,8 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
+from routetune.install import pip_install
+
 CANDIDATES = ("tensorrt", "tensorrt_rtx", "tensorrt_rtx_bindings")
 MIN_TENSORRT_MAJOR = 11
 
@@ -60,7 +62,7 @@ def find_tensorrt() -> TensorRtModule:
         return TensorRtModule(module, name, version)
     reason = ("no TensorRT Python module (" + "; ".join(skipped)[:300] + "); install "
               "tensorrt>=11 from NVIDIA's index, or TensorRT-RTX with "
-              "`pip install 'routetune[tensorrt]'`")
+              f"`{pip_install('tensorrt')}`")
     return TensorRtModule(None, reason=reason)
 
 

@@ -8,6 +8,7 @@ are MatMuls on constant weights, judged on the example's rendered text lines.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from quick import quick_spec
 
 from routetune.errors import UsageError
 from routetune.feeds.examples import load_inputs
+from routetune.install import pip_install
 from routetune.passes.precision.repair import PrecisionRepair
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.onnxruntime.weight_only import (
@@ -165,7 +167,7 @@ def test_excluded_nodes_keep_their_matmul() -> None:
 def test_hqq_quantizes_where_torch_imports_and_says_what_to_install_where_not() -> None:
     model = mlp()
     if not HQQ:
-        with pytest.raises(ValueError, match=r"needs torch .*routetune\[int4-hqq\]"):
+        with pytest.raises(ValueError, match="needs torch .*" + re.escape(pip_install("int4-hqq"))):
             season(model, algorithm="hqq")
         return
     result, quantized = season(model, algorithm="hqq")
@@ -196,8 +198,7 @@ def test_without_onnx_ir_it_is_not_offered_and_asked_for_it_says_what_to_install
         capture_output=True, text=True, timeout=120)
     assert asked.returncode == 2, asked.stderr
     assert len(asked.stderr.strip().splitlines()) == 1, asked.stderr
-    assert "needs onnx-ir, which is not installed: pip install 'routetune[int4]'" in \
-        asked.stderr
+    assert f"needs onnx-ir, which is not installed: {pip_install('int4')}" in asked.stderr
     assert not out.exists()
 
 

@@ -13,6 +13,7 @@ from graphs import conv_bn, kv_decoder, matmul_chain
 from routetune.errors import BackendError, BuildError
 from routetune.feeds.decoder import DecoderSettings, phase_sets, signature
 from routetune.feeds.profile import ShapeProfile, make_profile
+from routetune.install import pip_install
 from routetune.model.loading import prepare
 from routetune.option_seasoning import check_option_keys
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
@@ -31,8 +32,8 @@ from routetune.registry import Registry
 from routetune.seasoning import RouteContext, RouteState
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("openvino") is None,
-                                reason="openvino is not installed: pip install "
-                                       "'routetune[openvino]'")
+                                reason="openvino is not installed: "
+                                       + pip_install("openvino"))
 
 
 def rel_l2(out: np.ndarray, ref: np.ndarray) -> float:

@@ -10,12 +10,13 @@ import pytest
 from graphs import conv_bn, product
 
 import routetune
+from routetune.install import pip_install
 from routetune.plugin_manager import load_registry
 from routetune.testing import check_seasoning
 
 HERE = Path(__file__).parents[2]
-ov = pytest.importorskip("openvino", reason="openvino is not installed: pip install "
-                         "'routetune[nncf]'")  # `pytest -m gpu` on a GPU-only machine
+ov = pytest.importorskip("openvino", reason="openvino is not installed: "
+                         + pip_install("nncf"))  # `pytest -m gpu` on a GPU-only machine
 
 
 def test_nncf_int8_calibrates_and_openvino_runs_it_in_int8(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import onnx_graphsurgeon as gs
 import pytest
 
 import routetune
+from routetune.install import pip_install
 from routetune.plugins.onnxruntime.backend import OnnxRuntimeBackend
 from routetune.plugins.openvino.backend import OpenVinoBackend
 from routetune.plugins.openvino.nncf_weights import NncfInt4
@@ -19,8 +20,8 @@ from routetune.seasoning import RouteContext, RouteState
 sys.path.insert(0, str(Path(__file__).parents[1] / "onnxruntime"))
 from test_weight_only import mlp  # noqa: E402 - the same seeded MLP as int4-weights'
 
-ov = pytest.importorskip("openvino", reason="openvino is not installed: pip install "
-                         "'routetune[nncf]'")
+ov = pytest.importorskip("openvino", reason="openvino is not installed: "
+                         + pip_install("nncf"))
 
 
 def compressed(**params: object) -> tuple[routetune.seasoning.PassResult, onnx.ModelProto]:

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from graphs import conv_bn
 
+from routetune.install import pip_install
+
 needs_openvino = pytest.mark.skipif(importlib.util.find_spec("openvino") is None,
-                                    reason="openvino is not installed: pip install "
-                                           "'routetune[openvino]'")
+                                    reason="openvino is not installed: "
+                                           + pip_install("openvino"))
 
 TUNE = """
 import sys
@@ -108,8 +110,8 @@ def test_without_openvino_the_backend_is_unavailable_and_says_how_to_install(
                              text=True, timeout=120)
     assert refused.returncode == 2
     assert refused.stderr.startswith("routetune: error: --backend openvino: not available "
-                                     "here (the openvino package is not installed; pip "
-                                     "install 'routetune[openvino]')"), refused.stderr
+                                     "here (the openvino package is not installed; "
+                                     f"{pip_install('openvino')})"), refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
 
 
