@@ -61,8 +61,9 @@ def source_tree() -> Path | None:
 
 
 def _recorded() -> tuple[str, bool] | None:
-    """Where pip installed routetune from (``direct_url.json``), as pip takes it, and
-    whether it is an editable install; None for an install from an index (which records
+    """Where pip installed routetune from, as pip takes it, and whether it is editable.
+
+    Read from ``direct_url.json``; None for an install from an index (which records
     none) or a file that does not say.
     """
     try:
