@@ -57,6 +57,12 @@ class Engine:
             what identifies the compiled engine where the backend can say (OpenVINO:
             `routetune.plugins.openvino.backend.compiled_identity`); empty otherwise.
             Two routes with equal hashes and run-time options are one engine, timed once.
+        kernels: For a backend that can say: what the engine runs, its weights' values
+            aside, as a sha256 (hex; OpenVINO's execution graph and resolved properties,
+            `routetune.plugins.openvino.backend.runtime_graph`); empty otherwise. A route
+            whose kernels are those of a shorter route within it that met the accuracy
+            constraint runs as fast as that route and is not timed
+            (`routetune.search.loop`).
         reused: True when `Backend.build` returned that kept file instead of building.
             The search then opens it only if its `sha256` is the one recorded for the
             trial when it was built, and otherwise builds again (SECURITY.md).
@@ -73,6 +79,7 @@ class Engine:
     size_bytes: int
     handle: Any = field(default=None, compare=False, repr=False)
     sha256: str = ""
+    kernels: str = ""
     reused: bool = False
     float_env: Any = field(default=None, compare=False, repr=False)
 

@@ -16,7 +16,7 @@ from rich.text import Text
 from routetune.feeds.decoder import per_token
 from routetune.libraries import CUSTOM_OPS, EXTENSIONS
 from routetune.options import options_of
-from routetune.records.trial import Confirmation, Status, Trial
+from routetune.records.trial import SAME_KERNELS, Confirmation, Status, Trial
 from routetune.registry import Registry
 from routetune.reporting.report import ERROR_METRIC, worst_error
 from routetune.reporting.report_text import ROUTE_WIDTH, short_route, speedup_figure, wrap_route
@@ -517,18 +517,21 @@ def racing_line(result: TuneResult) -> str:
     """What racing, the same-engine rule and the coarser rule spared this run's trials.
 
     Empty if nothing. The rules: `routetune.timing.race`, `routetune.search.same_engine`
-    (and `Engine.sha256`), `routetune.search.coarser`.
+    (and `Engine.sha256`, `Engine.kernels`), `routetune.search.coarser`.
     """
     ours = [t for t in result.trials if t.fingerprint in result.fresh]
     out = sum(t.raced is not None for t in ours)
     figure = sum(any(n.startswith("timed for") for n in t.notes) for t in ours)
     same = sum(t.reason.startswith("same engine as") for t in ours)
+    kernels = sum(t.reason.startswith(SAME_KERNELS) for t in ours)
     coarser = sum(t.reason.startswith(COARSER) for t in ours)
     parts = [f"{out} out of the race (timed {EARLY_PAIRS} or {RACE_PAIRS + 1} paired "
              "blocks, not built on)"
              if out else "",
              f"{figure} that failed accuracy timed for a figure only" if figure else "",
              f"{same} the same engine as another route (not timed)" if same else "",
+             f"{kernels} the same kernels as a shorter route that met the constraint "
+             "(not timed)" if kernels else "",
              f"{coarser} quantizing more coarsely than one that failed accuracy (not built)"
              if coarser else ""]
     text = "; ".join(p for p in parts if p)

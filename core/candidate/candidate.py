@@ -162,6 +162,8 @@ class Candidate:
             fields["build_ms"] = (time.perf_counter_ns() - t0) / 1e6
             fields["engine_bytes"] = engine.size_bytes
             fields["engine_sha256"] = engine.sha256
+            if engine.kernels:
+                fields["engine_kernels"] = engine.kernels
         except Exception as e:  # a backend may raise anything for a model it refuses
             return Outcome(Status.BUILD_FAILED, describe(e), fields)
         return Outcome(BUILT, "", fields)

@@ -180,6 +180,8 @@ class Built(TypedDict, total=False):
     build_ms: float
     engine_bytes: int
     engine_sha256: str | None
+    engine_kernels: str
+    """`routetune.backend.Engine.kernels`, where the backend says; not stored."""
 
 
 class Timing(TypedDict, total=False):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from routetune.model.signature import ModelSignature
-from routetune.records.trial import Status, Trial
+from routetune.records.trial import SAME_KERNELS, Status, Trial
 from routetune.routes.route import Route
 
 MAX_TEXT = 2000
@@ -32,7 +32,8 @@ class Outcome(str, Enum):
     FAILED = "failed"
     """It made the build fail, crash or time out (`Lesson.reason`)."""
     NO_OP = "no-op"
-    """It changed nothing: the same engine as its parent."""
+    """It changed nothing the engine runs: the same engine, or the same kernels on other
+    weight values (`routetune.backend.Engine.kernels`), as its parent."""
 
     def __str__(self) -> str:
         return self.value
@@ -129,7 +130,9 @@ def _taught(trial: Trial, parent: Trial
     if trial.status == Status.SKIPPED:
         same = trial.reason.startswith("same engine as") and (
             trial.candidate_sha256 == parent.candidate_sha256)
-        return (Outcome.NO_OP, None, None, None, "") if same else None
+        parent_name = "the base route" if parent.steps.is_base else f"route '{parent.route}'"
+        kernels = trial.reason.startswith(f"{SAME_KERNELS} {parent_name}:")
+        return (Outcome.NO_OP, None, None, None, "") if same or kernels else None
     if trial.status.failed:
         return None if parent.status.failed else (Outcome.FAILED, None, None, None,
                                                   trial.reason[:MAX_TEXT])

@@ -14,6 +14,10 @@ from typing import Any
 from routetune.routes.route import Route, parse_route
 from routetune.timing.measure import Latency, Speedup
 
+SAME_KERNELS = "same kernels as"
+"""How the reason of a route recorded as running a shorter route's kernels starts
+(`routetune.search.same_engine.same_kernels_reason`)."""
+
 
 class Status(str, Enum):
     """A trial's status. Only ``ok`` can win.

@@ -50,7 +50,7 @@ from routetune.registry import Registry
 from routetune.routes.route import Route, Step
 from routetune.search.coarser import Coarser, coarser_reason
 from routetune.search.leader import Leader
-from routetune.search.same_engine import SameEngine, same_engine_reason
+from routetune.search.same_engine import SameEngine, same_engine_reason, same_kernels_reason
 from routetune.search.strategy import Result, Strategy
 from routetune.signals import interrupted
 from routetune.timing.race import Bar
@@ -156,6 +156,7 @@ class SearchLoop:
         self._runtime = sorted(k for k, spec in backend.options().items() if spec.runtime)
         self._engines = {self._engine_key(t.engine_sha256, t.settings): t.route
                          for t in ours if t.engine_sha256}
+        self._kernels: dict[str, list[Route]] = {}  # routes measured, by `Engine.kernels`
         self.leader = Leader(settings.min_speedup, settings.busy_machine, floor)
         self.busy_machine = settings.busy_machine
         self.pace_ms = pace_ms  # the base route's fastest quiet p50 (`_keep_pace`)
@@ -383,6 +384,7 @@ class SearchLoop:
         for job, outcome in self.executor.run(jobs(), self._after_build):
             assert outcome.status != BUILT
             route, fingerprint, fields = job.route, job.fingerprint, Measured(**outcome.fields)
+            fields.pop("engine_kernels", None)  # compared while the search runs, not stored
             if outcome.status == Status.CRASHED and (
                     FULL in outcome.reason or "No space left on device" in outcome.reason):
                 # a full disk: every trial after it would crash alike, so the search
@@ -466,10 +468,16 @@ class SearchLoop:
         same = self._candidates.setdefault(built.fields["candidate_sha256"], route)
         why = f"same model and settings as route '{same}'"
         engine = built.fields.get("engine_sha256")
+        settings = self.backend.full_settings(built.fields["settings"])
         if same == route and engine:
-            key = self._engine_key(engine, self.backend.full_settings(built.fields["settings"]))
-            same = self._engines.setdefault(key, route)
+            same = self._engines.setdefault(self._engine_key(engine, settings), route)
             why = f"same engine as route '{same}' (equal engine sha256 and run-time options)"
+        kernels = built.fields.get("engine_kernels")
+        if same == route and kernels:
+            within = self._within(job.route, self._engine_key(kernels, settings))
+            if within is None:
+                return None
+            same, why = str(within), same_kernels_reason(self.backend.name, within, job.route)
         if same == route:
             return None
         fields = Measured(candidate_sha256=built.fields["candidate_sha256"],
@@ -477,6 +485,24 @@ class SearchLoop:
         if engine:
             fields["engine_sha256"] = engine
         return Outcome(Status.SKIPPED, why, fields)
+
+    def _within(self, route: Route, kernels: str) -> Route | None:
+        """A measured route within `route` whose engine runs the same kernels, if any.
+
+        Within: its steps are among `route`'s. That route met the accuracy constraint
+        (it has a figure, judged ``ok``), so `route` can at best tie it, with more
+        steps, and is not timed. Otherwise `route` is noted under `kernels` (an engine
+        key of `Engine.kernels`) as one to be measured.
+        """
+        steps = set(route.steps)
+        seen = self._kernels.setdefault(kernels, [])
+        for other in seen:
+            trial = self.store.get(self.fingerprint(other))
+            if (set(other.steps) <= steps and trial is not None
+                    and trial.status == Status.OK and trial.latency is not None):
+                return other
+        seen.append(route)
+        return None
 
     def _engine_key(self, engine_sha256: str, settings: Mapping[str, Any]) -> str:
         """An engine file's sha256 with the run-time options it runs under."""

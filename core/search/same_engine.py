@@ -13,6 +13,12 @@ after ``fp16`` may fold what it could not before), so a step is known to change
 nothing only after the same effective steps: the key is the shortest equal route of
 the steps before it, in the order they are applied (graph and precision steps first,
 then build steps; `routetune.candidate.application.RouteApplier.apply`).
+
+A step can also change the model and still leave the engine's kernels as they were
+(OpenVINO folds batch norms into convolutions itself): a backend that can say so gives
+each engine its kernels (`routetune.backend.Engine.kernels`), and a route whose kernels
+are those of a measured route within it that met the accuracy constraint runs as fast
+as that one, with more steps; it is recorded with `same_kernels_reason`, not timed.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from routetune.records.trial import SAME_KERNELS
 from routetune.routes.route import Route, Step
 
 
@@ -93,3 +100,13 @@ def same_engine_reason(shortest: Route, dropped: Sequence[Step]) -> str:
     name = "the base route" if shortest.is_base else f"route '{shortest}'"
     return (f"same engine as {name}: {steps} {verb} nothing on this model there "
             "(no build or timing of its own)")
+
+
+def same_kernels_reason(backend: str, within: Route, route: Route) -> str:
+    """The reason recorded for a route whose engine runs `within`'s kernels (one line)."""
+    extra = [s for s in route if s not in within.steps]
+    steps = ", ".join(f"'{s}'" for s in extra)
+    name = "the base route" if within.is_base else f"route '{within}'"
+    return (f"{SAME_KERNELS} {name}: with {steps} {backend} compiles the same layers, "
+            "kernels, precisions and properties, on other weight values, so it runs as "
+            "fast, with more steps (not timed or checked for accuracy)")

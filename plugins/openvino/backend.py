@@ -174,7 +174,8 @@ class OpenVinoBackend(Backend):
         them share one blob; a route that sets a `COMPILE_ONLY` property is compiled
         without the cache. The engine's `Engine.sha256` is `compiled_identity`: two
         routes whose properties OpenVINO resolves alike (``ENABLE_HYPER_THREADING=NO``
-        where it is off already) are one engine, measured once.
+        where it is off already) are one engine, measured once. Its `Engine.kernels` is
+        the sha256 of `runtime_graph`: the same without the weights' values.
 
         Raises:
             BuildError: OpenVINO refused the model, the shapes or a property.
@@ -184,8 +185,10 @@ class OpenVinoBackend(Backend):
             cache = cache_folder()
             cache.mkdir(parents=True, exist_ok=True)
         compiled = self.compile(model_path, settings, cache)
+        graph = runtime_graph(compiled.model)
         return Engine(model_path, dict(settings), model_path, model_path.stat().st_size,
-                      handle=compiled, sha256=compiled_identity(model_path, compiled.model))
+                      handle=compiled, sha256=compiled_identity(model_path, graph),
+                      kernels=hashlib.sha256(graph).hexdigest())
 
     def compile(self, model_path: Path, settings: Mapping[str, Any],
                 cache: Path | None) -> Compiled:
@@ -276,26 +279,46 @@ OpenVINO's "Runtime information" of the CPU plugin) that say what a layer runs; 
 names (numbered anew by each compile) and timings are left out."""
 
 
-def compiled_identity(model_path: Path, compiled: Any) -> str:
+def compiled_identity(model_path: Path, graph: bytes) -> str:
     """What makes a compiled model the engine it is, as a sha256 (hex).
 
     The candidate ONNX file's bytes (its weights, or for external data their
     content-addressed locations, `routetune.model.weights`: routes that differ only in a
-    constant's value compile to the same layers), then OpenVINO's execution graph (each layer's
-    type, kernel, runtime precision, layouts and order, its inputs by position, its
-    outputs' types and shapes) and every property of the compiled model as OpenVINO
-    resolved it (``compiled.get_property(name)`` over ``SUPPORTED_PROPERTIES``, less
-    `IGNORED_PROPERTIES`). Equal identities run the same kernels on the same weights
-    under the same threads, streams, pinning and precision.
+    constant's value compile to the same layers), then its `runtime_graph`. Equal
+    identities run the same kernels on the same weights under the same threads,
+    streams, pinning and precision.
 
     Args:
         model_path: The ONNX file the engine was compiled from.
-        compiled: The ``openvino.CompiledModel``.
+        graph: `runtime_graph` of the compiled model.
     """
     digest = hashlib.sha256()
     with model_path.open("rb") as f:  # streamed: a decoder's file can be large
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
+    digest.update(graph)
+    return digest.hexdigest()
+
+
+def runtime_graph(compiled: Any) -> bytes:
+    """What a compiled model runs, its weights' values aside, as JSON bytes.
+
+    OpenVINO's execution graph (each layer's type, kernel, runtime precision, layouts
+    and order, its inputs by position, its outputs' types and shapes) and every property
+    of the compiled model as OpenVINO resolved it (``compiled.get_property(name)`` over
+    ``SUPPORTED_PROPERTIES``, less `IGNORED_PROPERTIES`). Two compiled models with an equal
+    graph run the same kernels on weights of the same types and shapes under the same
+    threads, streams, pinning and precision, so they run equally fast: on ppocr-cls,
+    ``fold-constants``, ``fuse-bn-into-conv`` and ``fp16`` compile to the base route's
+    kernels (OpenVINO folds constants and batch norms, and widens FP16 weights, itself).
+    Their weights' values may differ, and with them the outputs; values change the speed
+    only through denormal arithmetic, which OpenVINO's ``CPU_DENORMALS_OPTIMIZATION``
+    (a property, so in the graph's properties) governs. Its sha256 is the engine's
+    `Engine.kernels`.
+
+    Args:
+        compiled: The ``openvino.CompiledModel``.
+    """
     ops = compiled.get_runtime_model().get_ordered_ops()
     position = {op.get_friendly_name(): i for i, op in enumerate(ops)}
     layers = []
@@ -313,8 +336,7 @@ def compiled_identity(model_path: Path, compiled: Any) -> str:
                 properties[str(name)] = str(compiled.get_property(name))
             except Exception:  # a property the CPU plugin lists but cannot read
                 continue
-    digest.update(json.dumps([layers, sorted(properties.items())]).encode())
-    return digest.hexdigest()
+    return json.dumps([layers, sorted(properties.items())]).encode()
 
 
 def _numpy_type(element_type: Any) -> np.dtype | None:

@@ -121,7 +121,7 @@ def test_properties_reach_the_compiled_model_and_the_cache_serves_a_second_build
     assert str(auto.get_property("TBB_PARTITIONER")).endswith("AUTO")
 
 
-def test_an_engines_identity_is_its_weights_layers_and_resolved_properties(
+def test_an_engines_identity_is_its_weights_layers_and_resolved_properties_its_kernels_less_weights(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import onnx
 
@@ -129,21 +129,25 @@ def test_an_engines_identity_is_its_weights_layers_and_resolved_properties(
     model = conv_bn(tmp_path / "m.onnx")
     backend = OpenVinoBackend()
 
+    kernels: dict[str, str] = {}
+
     def build(path: Path, **options: object) -> tuple[str, object]:
         engine = backend.build(path, backend.full_settings(
             {NS + k: v for k, v in options.items()}), tmp_path / "artifacts")
+        kernels[engine.sha256] = engine.kernels
         return engine.sha256, engine.handle.model
 
     base, compiled = build(model)
-    assert len(base) == 64
+    assert len(base) == len(kernels[base]) == 64 and kernels[base] != base
     threads = compiled.get_property("INFERENCE_NUM_THREADS")
     # the same compile again, from OpenVINO's cache: one engine
     again, imported = build(model)
     assert imported.get_property("LOADED_FROM_CACHE") is True and again == base
     # a property set to the value OpenVINO resolved it to already: one engine
     assert build(model, INFERENCE_NUM_THREADS=threads)[0] == base
-    # one it resolves otherwise, or another precision: another engine
-    assert build(model, INFERENCE_NUM_THREADS=1 if threads != 1 else 2)[0] != base
+    # one it resolves otherwise, or another precision: another engine, other kernels
+    fewer = build(model, INFERENCE_NUM_THREADS=1 if threads != 1 else 2)[0]
+    assert fewer != base and kernels[fewer] != kernels[base]
     assert build(model, INFERENCE_PRECISION_HINT="f32")[0] != base or (
         str(compiled.get_property("INFERENCE_PRECISION_HINT")) == "<Type: 'float32'>")
     # the same layers on other weights: another engine
@@ -154,7 +158,10 @@ def test_an_engines_identity_is_its_weights_layers_and_resolved_properties(
     weight.CopyFrom(onnx.numpy_helper.from_array(values, weight.name))
     other = tmp_path / "other.onnx"
     onnx.save(proto, other)
-    assert build(other)[0] != base
+    changed = build(other)[0]
+    assert changed != base
+    # ... running the same kernels, so equally fast (`Engine.kernels`)
+    assert kernels[changed] == kernels[base]
 
 
 def test_bad_options_and_bad_models_are_one_line_errors(tmp_path: Path) -> None:

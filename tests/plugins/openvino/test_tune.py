@@ -97,6 +97,49 @@ BLOCK = ("import sys\n"
          "main(sys.argv[1:])\n")
 
 
+KERNELS = """
+import sys
+import routetune
+
+if __name__ == "__main__":
+    routetune.tune(sys.argv[1], output=sys.argv[2], backend="openvino", shapes="x:2x3x32x32",
+                   search="one-at-a-time", seasonings=["fuse-bn-into-conv", "ov-threads"],
+                   space={"ov-threads": {"threads": [1]}}, min_runs=5, min_time_s=0.02,
+                   accuracy=sys.argv[3], memory=sys.argv[4], busy_machine="ignore")
+"""
+
+
+@needs_openvino
+@pytest.mark.parametrize("accuracy", ["cos>=0.99", "linf<=0"])  # bf16 meets the first
+def test_a_route_on_an_accurate_shorter_routes_kernels_is_not_timed(
+        tmp_path: Path, accuracy: str) -> None:
+    model = conv_bn(tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    (tmp_path / "s.py").write_text(KERNELS)
+    memory = tmp_path / "memory.sqlite"
+    done = subprocess.run([sys.executable, str(tmp_path / "s.py"), str(model), str(out),
+                           accuracy, str(memory)], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r[0]: r[1:] for r in sqlite3.connect(out / "trials.sqlite").execute(
+        "SELECT route, status, reason, latency, passes FROM trials")}
+    assert rows["ov-threads"][2] is not None, rows  # another property: other kernels, timed
+    fused = rows["fuse-bn-into-conv"]
+    assert json.loads(fused[3])[-1]["modified"] is True, fused  # the batch norm folded
+    if accuracy == "cos>=0.99":  # OpenVINO folds the batch norm itself: the same kernels
+        assert rows["base"][0] == "ok", rows
+        assert fused[0] == "skipped" and fused[2] is None, rows
+        assert fused[1].startswith("same kernels as the base route: with 'fuse-bn-into-conv' "
+                                   "openvino compiles the same layers, kernels"), fused
+        # the memory learns that the step changes nothing the engine runs here
+        taught = sqlite3.connect(memory).execute(
+            "SELECT outcome FROM lessons WHERE parent = 'base' AND step = 'fuse-bn-into-conv'")
+        assert [r[0] for r in taught] == ["no-op"]
+    else:  # the base route missed the constraint: the other weights may meet it, so timed
+        assert rows["base"][0] == "accuracy-failed", rows
+        assert fused[0] in ("ok", "accuracy-failed") and fused[2] is not None, rows
+
+
 def test_without_openvino_the_backend_is_unavailable_and_says_how_to_install(
         tmp_path: Path) -> None:
     listed = subprocess.run([sys.executable, "-c", BLOCK, "seasonings"], capture_output=True,
