@@ -138,7 +138,8 @@ class PairedTiming:
                 `settled`, before waiting (`measure_watched`).
 
         Returns:
-            Its result, and the machine's conditions meanwhile.
+            Its result, and the machine's conditions meanwhile, with ``pace_x``: the
+            base route's p50 in the result over its pace, where both are known on a CPU.
         """
         policy = self.policy()
         pace = min((p for p in (self._pace_ms, pace_ms) if p), default=None)
@@ -162,6 +163,8 @@ class PairedTiming:
                                              slower if paced else None,
                                              look if paced else None, through, self._steady)
         ms = base_ms(result) if base_ms is not None else None
+        if paced and ms is not None and pace:
+            conditions["pace_x"] = round(ms / pace, 3)
         if ms is not None and (pace is None or ms < pace) and not conditions["busy"]:
             self._pace_ms = ms  # the fastest quiet figure yet: the machine runs it so fast
         elif (paced and alone and conditions["busy"] == pace_note(alone[-1], pace)

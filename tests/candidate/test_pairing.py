@@ -159,6 +159,8 @@ def test_a_machine_slower_than_it_was_marks_the_trial_noisy(tmp_path: Path) -> N
     assert "this machine is slower than it was" in slowed.noisy or slowed.noisy.startswith(
         "other processes used"), slowed.noisy
     assert slowed.conditions["attempts"] == 1 and slowed.conditions["waited_s"] == 0
+    # the base route's figure over its pace, as `--busy-machine ignore` judges it
+    assert slowed.conditions["pace_x"] > 1.3, slowed.conditions
 
 
 @pytest.mark.serial
