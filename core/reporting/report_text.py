@@ -119,7 +119,7 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
         "plugin libraries": _libraries_text(run.get("libraries"), "plugins"),
         "backend options": ", ".join(f"{k}={v}" for k, v in
                                      backend.get("options", {}).items()) or "defaults",
-        "pinned routes": ", ".join(run.get("pinned", [])) or "none",
+        "pinned routes": ", ".join(f"'{r}'" for r in run.get("pinned", [])) or "none",
         "route space": f"{run['space']['size']} route{'s' * (run['space']['size'] != 1)} "
                        f"from {n} seasoning{'s' * (n != 1)} (max depth "
                        f"{run['space']['max_depth']}): "
@@ -223,7 +223,7 @@ def winner_text(winner: dict[str, Any]) -> str:
     for c in winner.get("confirmations", []):
         if c["route"] != winner["route"]:
             p = c["paired"]
-            parts.append(f"Not confirmed: {c['route']} {p['value']:.2f}x [{p['ci_low']:.2f}, "
+            parts.append(f"Not confirmed: '{c['route']}' {p['value']:.2f}x [{p['ci_low']:.2f}, "
                          f"{p['ci_high']:.2f}] (search "
                          f"{_num(c.get('search_speedup'), '.2f', 'x')}).")
     return " ".join(parts)
@@ -285,7 +285,8 @@ def conditions_text(run: dict[str, Any]) -> str:
             f"processes loaded the machine, or while it ran slower than it was with none "
             f"to blame)")
     if c["noisy_routes"]:
-        text += ": " + ", ".join(c["noisy_routes"][:5]) + ("…" if c["noisy"] > 5 else "")
+        text += ": " + ", ".join(f"'{r}'" for r in c["noisy_routes"][:5]) + (
+            "…" if c["noisy"] > 5 else "")
     text += f"; waited {c['waited_s']} s for a quiet machine"
     if c.get("foreign_cores_max") is not None:
         text += (f"; other processes' CPU use at most {c['foreign_cores_max']:.2f} cores, "

@@ -381,3 +381,15 @@ def test_the_html_trial_table_has_a_column_for_the_metric_the_verdict_used(
     assert "<th>top1</th>" in page
     base = page.split("<tbody>")[-1].split("</tr>")[0]  # the winner's row first
     assert "<td data-v='1' class='num'>1</td>" in base
+
+
+def test_routes_listed_in_a_line_are_quoted_so_their_own_commas_read_apart(
+        outdir: Path) -> None:
+    from routetune.reporting.report_text import conditions_text, environment
+
+    data = build_report(outdir)
+    run = {**data["run"], "pinned": ["fold-constants,ort-no-spinning", "fp16"],
+           "conditions": {**data["run"]["conditions"], "noisy": 2, "measured": 9,
+                          "noisy_routes": ["fold-constants,ort-no-spinning", "fp16"]}}
+    assert environment(run)["pinned routes"] == "'fold-constants,ort-no-spinning', 'fp16'"
+    assert ": 'fold-constants,ort-no-spinning', 'fp16'; waited" in conditions_text(run)
