@@ -77,6 +77,8 @@ def test_ctrl_c_writes_the_best_so_far_and_the_same_command_resumes(model: Path,
     text = " ".join(stdout.split())
     assert "stopped early: interrupted (Ctrl-C): no new trials" in text
     assert "the best so far stands" in text
+    # the progress line (on stderr) says it stopped, not that the search is done
+    assert "stopped (Ctrl-C); best so far " in stderr and "done; winner" not in stderr
     shown = int(text.split(" trials: ")[0].split()[-1])
     assert shown >= 3  # every trial stored before the Ctrl-C, from the batch in flight too
     assert "winner: " in text and "Traceback" not in stderr

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from routetune import signals
 from routetune.errors import StorageError, UsageError
 from routetune.execution.executor import Executor, ExecutorSettings
 from routetune.execution.local_pool import TIMELINE
@@ -331,7 +332,9 @@ def _tune_locked(
         winner, reason, confirmations = confirm_winner(
             trials, confirm, opts.min_speedup, opts.busy_machine, opts.confirm_repeats)
         elapsed = time.monotonic() - started
-        on_status(f"done; winner {winner.route}")  # the bar counts trials (not skipped ones)
+        stop = signals.interrupted_by()  # the bar counts trials (not skipped ones)
+        on_status(f"stopped ({stop}); best so far {winner.route}" if stop
+                  else f"done; winner {winner.route}")
         if winner.status == Status.OK:
             outputs = loop.outputs(winner)
             if outputs is not None:  # the winner file is checked again, not trusted
