@@ -99,7 +99,7 @@ def load_model(path: Path, allow_outside: bool = False) -> tuple[onnx.ModelProto
         and its sha256, hex: of the file's bytes, followed by its data files'.
 
     Raises:
-        UsageError: The file is missing, unreadable, truncated or not an ONNX model, or
+        UsageError: The file is missing, unreadable, empty, truncated or not an ONNX model, or
             one of its external data files is missing, unreadable, too short, or
             outside the model's folder.
     """
@@ -112,6 +112,8 @@ def load_model(path: Path, allow_outside: bool = False) -> tuple[onnx.ModelProto
         raise UsageError(f"{path}: no such file; {fix}") from e
     except OSError as e:
         raise UsageError(f"{path}: cannot read ({e.strerror}); {fix}") from e
+    if not data:  # protobuf reads no bytes as an empty model
+        raise UsageError(f"{path}: the file is empty (0 bytes); {fix}")
     try:
         model = onnx.load_from_string(data)
     except (DecodeError, ValueError, RuntimeError) as e:

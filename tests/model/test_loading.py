@@ -43,7 +43,7 @@ def test_sanitize_names_nodes_drops_initializer_inputs_and_names_dims() -> None:
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(None, "no such file"), (b"hello world", "not a"), (b"", "not an ONNX model")],
+    [(None, "no such file"), (b"hello world", "not a"), (b"", r"the file is empty \(0 bytes\)")],
 )
 def test_bad_files(tmp_path: Path, content: bytes | None, message: str) -> None:
     path = tmp_path / "m.onnx"
