@@ -56,7 +56,7 @@ def test_a_route_holds_only_if_it_clears_in_every_fresh_process() -> None:
     confirm, asked = confirmer({"a": [1.45, 1.02, 1.50], "b": [1.30, 1.20, 1.25]})
     winner, reason, done = confirm_winner(trials, confirm)
     assert asked == ["a", "a", "b", "b", "b"]  # a's second repeat fails: no third
-    assert "'a' did not hold: 1.23x [1.01, 1.46] confirmed in 2 fresh processes" in reason
+    assert "'a' did not hold: 1.02x [1.01, 1.46] confirmed in 2 fresh processes" in reason
     assert winner.route == "b"
     assert "1.25x [1.19, 1.31] confirmed in 3 fresh processes" in reason
     assert [r.value for r in done[1].repeats] == [1.30, 1.20, 1.25]

@@ -252,9 +252,13 @@ def test_a_slow_differential_drift_needs_several_loops() -> None:
     assert combined.ci_high == max(p.ci_high for p in loops) > 2.2
     assert combined.value == sorted(p.value for p in loops)[1]
     assert combined.clears(1.03) is None and combined.pairs == 90  # a win, held in each
-    tie = across_repeats([*loops, Speedup(1.0, 0.97, 1.03, 30, 0.01)])
+    tie_parts = [*loops, Speedup(1.0, 0.97, 1.03, 30, 0.01)]
+    tie = across_repeats(tie_parts)
     assert tie.clears(1.03) is not None  # one repeat without the win: no win
     assert across_repeats(loops[:1]) is loops[0]
+    # two repeats: the lower estimate, not their mean (a figure neither measured)
+    assert across_repeats(loops[:2]).value == min(p.value for p in loops[:2])
+    assert tie.value == sorted(p.value for p in tie_parts)[1]
     with pytest.raises(ValueError, match="no repeats"):
         across_repeats([])
 
