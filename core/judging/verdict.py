@@ -136,7 +136,7 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
     against the base route `repeats` times (`confirm`: each a fresh process, engines
     built anew, paired blocks), stopping at the first repeat that does not clear. It
     holds when the repeats' combined speed-up (`routetune.timing.measure.across_repeats`: every
-    repeat's interval above) clears `min_speedup`
+    repeat's interval above) and each repeat's own clear `min_speedup`
     (`routetune.timing.measure.Speedup.clears`) and the confirmation was not noisy (under
     ``ignore``: its base route stayed within `PAIRED_SLOWER` times its pace, `_refused`);
     otherwise the next one is tried, and after the last
@@ -196,7 +196,9 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
         figure = (f"{p.figure} confirmed in {where} "
                   f"(search: {trial.speedup:.2f}x)")
         busy = c.conditions.get("busy", "")
-        why_not = p.clears(min_speedup) or _refused(c, busy_machine) or None
+        why_not = p.clears(min_speedup) or _refused(c, busy_machine) or next(
+            (f"repeat {i} of {n}: {why}" for i, r in enumerate(c.repeats, 1)
+             if (why := r.clears(min_speedup))), None)
         if why_not is not None:
             failed.append(f"'{trial.route}' did not hold: {figure}: {why_not}")
             continue

@@ -65,6 +65,32 @@ def test_a_route_holds_only_if_it_clears_in_every_fresh_process() -> None:
     assert winner.route == "a" and asked == ["a"] and len(done[0].repeats) == 1
 
 
+def test_a_repeat_that_does_not_clear_keeps_the_route_from_holding() -> None:
+    """ppocr-cls, `ort-threads`: 2.43x [1.08, 2.47], then 1.07x [1.05, 1.10] with the
+    base route drifting by 29%, more than the effect; combined, the interval clears, but
+    the second repeat does not, so the route does not hold."""
+    trials = [trial("base", None), trial("ort-threads", 1.09, half=0.06)]
+    figures = iter([Speedup(2.43, 1.08, 2.47, 30, 0.05), Speedup(1.07, 1.05, 1.10, 12, 0.29)])
+
+    def confirm(t: Trial) -> Confirmation:
+        return Confirmation(t.route, LAT, LAT, next(figures), {"busy": "", "waited_s": 0.0})
+
+    winner, reason, done = confirm_winner(trials, confirm)
+    assert winner.route == "base" and len(done[0].repeats) == 2, reason
+    assert ("'ort-threads' did not hold: 1.07x [1.05, 2.47] confirmed in 2 fresh processes "
+            "(search: 1.09x): the base route's own speed drifted by ±29.0%") in reason, reason
+    # the third repeat fails where the combined figure (1.50x [1.15, 1.65], drift 30%
+    # below its 50% effect) would clear: the repeat decides
+    figures = iter([Speedup(1.50, 1.45, 1.55, 30, 0.05), Speedup(1.60, 1.55, 1.65, 30, 0.05),
+                    Speedup(1.20, 1.15, 1.25, 30, 0.30)])
+    winner, reason, done = confirm_winner(trials, confirm)
+    assert done[0].paired.clears(1.03) is None  # combined, it would hold
+    assert winner.route == "base", reason
+    assert ("'ort-threads' did not hold: 1.50x [1.15, 1.65] confirmed in 3 fresh processes "
+            "(search: 1.09x): repeat 3 of 3: the base route's own speed drifted by ±30.0%"
+            ) in reason, reason
+
+
 def test_nothing_holds_so_the_base_route_stands_and_says_why() -> None:
     trials = [trial("base", None), trial("a", 1.30), trial("b", 1.20)]
     confirm, asked = confirmer({"a": 1.0, "b": 1.02})
