@@ -196,9 +196,10 @@ def confirm_winner(trials: Sequence[Trial], confirm: Callable[[Trial], Confirmat
         figure = (f"{p.figure} confirmed in {where} "
                   f"(search: {trial.speedup:.2f}x)")
         busy = c.conditions.get("busy", "")
-        why_not = p.clears(min_speedup) or _refused(c, busy_machine) or next(
-            (f"repeat {i} of {n}: {why}" for i, r in enumerate(c.repeats, 1)
-             if (why := r.clears(min_speedup))), None)
+        missed = [f"repeat {i} of {n}: {r.clears(min_speedup)}"
+                  for i, r in enumerate(c.repeats, 1) if r.clears(min_speedup) is not None]
+        why_not = p.clears(min_speedup) or _refused(c, busy_machine) or (
+            missed[0] if missed else None)
         if why_not is not None:
             failed.append(f"'{trial.route}' did not hold: {figure}: {why_not}")
             continue
