@@ -477,7 +477,7 @@ class SearchLoop:
             within = self._within(job.route, self._engine_key(kernels, settings))
             if within is None:
                 return None
-            same, why = str(within), same_kernels_reason(self.backend.name, within, job.route)
+            same, why = str(within), same_kernels_reason(self.backend.name, within)
         if same == route:
             return None
         fields = Measured(candidate_sha256=built.fields["candidate_sha256"],

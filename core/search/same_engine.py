@@ -102,11 +102,13 @@ def same_engine_reason(shortest: Route, dropped: Sequence[Step]) -> str:
             "(no build or timing of its own)")
 
 
-def same_kernels_reason(backend: str, within: Route, route: Route) -> str:
-    """The reason recorded for a route whose engine runs `within`'s kernels (one line)."""
-    extra = [s for s in route if s not in within.steps]
-    steps = ", ".join(f"'{s}'" for s in extra)
+def same_kernels_reason(backend: str, within: Route) -> str:
+    """The reason recorded for a route whose engine runs `within`'s kernels (one line).
+
+    The same for every such route of `within`, so that a summary counts them as one
+    reason; the route's own steps are in its name.
+    """
     name = "the base route" if within.is_base else f"route '{within}'"
-    return (f"{SAME_KERNELS} {name}: with {steps} {backend} compiles the same layers, "
-            "kernels, precisions and properties, on other weight values, so it runs as "
-            "fast, with more steps (not timed or checked for accuracy)")
+    return (f"{SAME_KERNELS} {name}: {backend} compiles this route's model to the same "
+            "layers, kernels, precisions and properties, its weight values aside, so it "
+            "runs as fast and can at best tie it (not timed or checked for accuracy)")
